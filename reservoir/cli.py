@@ -1,0 +1,168 @@
+"""The ``reservoir`` command line: thin wrappers over the Python API.
+
+torch, transformers and zarr are imported inside the commands, so
+``reservoir --help`` answers at once. Bad input prints one line and exits
+with status 2; nothing that claims to be complete is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from reservoir import __version__
+from reservoir.errors import ReservoirError
+
+
+class _Group(click.Group):
+    """Turns :class:`ReservoirError` into one line on stderr and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ReservoirError as err:
+            click.echo(f"Error: {err}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; rerun the same command to resume.", err=True)
+            ctx.exit(130)
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"expected KEY=VALUE, found {pair!r}", param_hint="--param")
+        key, value = pair.split("=", 1)
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value
+    return params
+
+
+def _parse_layers(value: str | None) -> int | list[int] | None:
+    if value is None or value == "all":
+        return None
+    try:
+        if "," in value:
+            return [int(v) for v in value.split(",") if v.strip()]
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="reservoir")
+def main() -> None:
+    """Frozen pretrained transformers as fixed feature machines.
+
+    Extract hidden states once (`reservoir extract`), then fit readouts from
+    the store in seconds (`reservoir fit-linear`).
+    """
+
+
+@main.command()
+@click.option("--task", required=True, help="Task name (see `reservoir tasks`).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).")
+@click.option("--backbone", default="minilm", show_default=True,
+              help="minilm, tiny-gpt2, tiny-bert, a hub id (gpt2, gpt2-medium) or a local model folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
+              help="Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std redraw.")
+@click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
+@click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: cache/<task>-<backbone>-<init>.zarr")
+@click.option("--format", "fmt", default=None, type=click.Choice(["zarr", "hdf5"]), help="Store backend; default from the suffix.")
+@click.option("--batch-size", default=64, show_default=True, type=int, help="Sequences per forward pass.")
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]), help="Stored feature dtype.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
+              help="Autocast dtype on CUDA (auto: bf16 where supported).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random/stats inits and the input projection.")
+@click.option("--gain", default=1.41, show_default=True, type=float, help="Gain of the orthogonal input projection.")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, device, amp, seed, gain, revision, quiet):
+    """Run a task through a frozen backbone once and store every layer's features."""
+    from reservoir.extract import ExtractConfig, extract as run_extract
+    from reservoir.store import FeatureStore
+
+    config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
+                           task_params=_parse_params(params), seed=seed, projection_gain=gain, batch_size=batch_size,
+                           dtype=dtype, device=device, amp=amp, revision=revision)
+    path = run_extract(config, progress=not quiet)
+    with FeatureStore.open(path) as store:
+        shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
+        click.echo(f"wrote {path} ({store.format}): {shapes}; layers {store.layers}")
+
+
+@main.command()
+@click.argument("store", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the store's attributes as JSON.")
+def info(store, as_json):
+    """Print a store's provenance, splits, shapes, layers and completeness."""
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(store) as st:
+        if as_json:
+            click.echo(json.dumps(st.attrs, indent=2))
+            return
+        a = st.attrs
+        bb, task = a["backbone"], a["task"]
+        click.echo(f"store      {st.path} ({st.format}, schema {a['schema']}, reservoir {a.get('reservoir_version')})")
+        click.echo(f"complete   {st.complete}   created {a.get('created')}")
+        click.echo(f"backbone   {bb['id']} ({bb['family']}, {bb['n_layer']} layers, {bb['n_dim']} dim) "
+                   f"init={bb['init']} seed={bb['seed']} revision={bb.get('revision')}")
+        click.echo(f"weights    sha256 {bb['weights_sha256'][:16]}...")
+        click.echo(f"task       {task['name']} {json.dumps(task['params'], sort_keys=True)}")
+        click.echo(f"           fingerprint {task['fingerprint'][:16]}...  classes {task['n_classes']}  "
+                   f"label shape {task['label_shape']}")
+        p = a["projection"]
+        click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
+        click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
+                   f"dtype {a['dtype']}   final norm {'stored' if st.final_norm() is not None else 'none'}")
+        for split in st.splits:
+            done = st.done(split)
+            click.echo(f"  {split:<10} features {tuple(st.features(split).shape)}  labels "
+                       f"{tuple(st.labels(split).shape)}  chunks {int(done.sum())}/{len(done)} done")
+
+
+@main.command("fit-linear")
+@click.argument("store", type=click.Path())
+@click.option("--layer", default="all", show_default=True, help="Layer K, a list like 0,3,6, or 'all' (a depth sweep).")
+@click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic"]), help="Readout kind.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
+@click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device for the fit.")
+@click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
+def fit_linear(store, layer, readout, seed, results_dir, device, no_final_norm):
+    """Fit a linear readout on stored features; print train/val/test accuracy per layer."""
+    from reservoir.readouts.run import fit_linear as run_fit
+
+    layers = "all" if layer == "all" else _parse_layers(layer)
+    click.echo(f"{'layer':>5}  {'train':>7}  {'val':>7}  {'test':>7}  {'alpha':>7}  {'fit s':>6}")
+    for k in ([layers] if not isinstance(layers, list) else layers):
+        for row in run_fit(store, k, readout, seed, results_dir, device, not no_final_norm):
+            m = row["metrics"]
+            click.echo(f"{row['config']['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
+                       f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {row['timings']['fit_s']:6.1f}")
+    click.echo(f"results in {results_dir}/")
+
+
+@main.command()
+def tasks():
+    """List the registered tasks, their defaults and where their data comes from."""
+    from reservoir.tasks import TASKS
+
+    for name in sorted(TASKS):
+        spec = TASKS[name]
+        click.echo(f"{name:<14} {spec.summary}")
+        click.echo(f"{'':<14} data: {spec.source}")
+        click.echo(f"{'':<14} params: {json.dumps(spec.defaults)}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Bit tasks from FPT (Lu et al. 2021): bit XOR and bit memory.
+
+Both are generated from a seeded :func:`numpy.random.default_rng`; the train
+split is drawn first, then the test split, from the one generator. Inputs are
+continuous (``kind="continuous"``): every token is a small float32 vector.
+
+``bit-xor``
+    Two bitstrings ``a``, ``b`` of ``n_bits`` bits, one bit per token:
+    inputs ``(N, 2*n_bits, 1)`` in {0, 1} (``a`` then ``b``), labels
+    ``(N, n_bits) = a XOR b``. The readout reads the last token.
+``bit-memory``
+    ``n_patterns`` patterns of ``n_bits`` bits in {-1, +1}, then a query: one
+    of the patterns, chosen uniformly, with each bit set to 0 with probability
+    0.5. Everything is cut into tokens of ``bits_per_token`` bits: inputs
+    ``(N, (n_patterns+1)*n_bits/bits_per_token, bits_per_token)``. Labels are
+    the unmasked chosen pattern as {0, 1} bits, ``(N, n_out_tokens,
+    bits_per_token)`` with ``n_out_tokens = n_bits/bits_per_token``: the readout
+    reads the last ``n_out_tokens`` tokens (those of the query), one bit per
+    class head.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+from reservoir.tasks.base import Split, TaskData, TaskSpec, register
+
+__all__ = ["make_bit_xor", "make_bit_memory", "build_bit_xor", "build_bit_memory"]
+
+
+def _int_param(task: str, name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """Return ``value`` as an int in ``[lo, hi]`` or raise a one-line ReservoirError."""
+    bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ReservoirError(f"task {task!r}: {name} must be an integer {bound}; found {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ReservoirError(f"task {task!r}: {name} must be an integer {bound}; found {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- XOR
+
+
+def make_bit_xor(rng: np.random.Generator, n: int, n_bits: int) -> Split:
+    """Draw ``n`` bit-XOR examples from ``rng``.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Source of randomness (advanced by one ``integers`` call).
+    n : int
+        Number of examples.
+    n_bits : int
+        Bits per string.
+
+    Returns
+    -------
+    Split
+        inputs float32 ``(n, 2*n_bits, 1)`` in {0, 1}; lengths int64 ``(n,)``
+        all ``2*n_bits``; labels int64 ``(n, n_bits)`` equal to ``a ^ b``.
+    """
+    bits = rng.integers(0, 2, size=(n, 2, n_bits), dtype=np.int8)  # (n, 2, n_bits): a, b
+    labels = np.bitwise_xor(bits[:, 0], bits[:, 1]).astype(np.int64)  # (n, n_bits)
+    inputs = bits.reshape(n, 2 * n_bits, 1).astype(np.float32)  # (n, 2*n_bits, 1)
+    lengths = np.full(n, 2 * n_bits, dtype=np.int64)  # (n,)
+    return Split(inputs=inputs, lengths=lengths, labels=labels)
+
+
+def build_bit_xor(n_bits: int = 5, n_train: int = 4000, n_test: int = 1000, seed: int = 0) -> TaskData:
+    """Build the ``bit-xor`` task (see the module docstring).
+
+    Parameters
+    ----------
+    n_bits : int
+        Bits per string, 1..256.
+    n_train, n_test : int
+        Examples per split (>= 1).
+    seed : int
+        Seed of the one ``default_rng`` used for train then test (>= 0).
+
+    Returns
+    -------
+    TaskData
+        ``kind="continuous"``, ``d_in=1``, ``n_classes=2``, ``n_out_tokens=1``.
+    """
+    name = "bit-xor"
+    n_bits = _int_param(name, "n_bits", n_bits, 1, 256)
+    n_train = _int_param(name, "n_train", n_train, 1)
+    n_test = _int_param(name, "n_test", n_test, 1)
+    seed = _int_param(name, "seed", seed, 0)
+    rng = np.random.default_rng(seed)
+    splits = {
+        "train": make_bit_xor(rng, n_train, n_bits),
+        "test": make_bit_xor(rng, n_test, n_bits),
+    }
+    params = {"n_bits": n_bits, "n_train": n_train, "n_test": n_test, "seed": seed}
+    return TaskData(
+        name=name, params=params, kind="continuous", d_in=1, n_classes=2, splits=splits, n_out_tokens=1
+    )
+
+
+# ------------------------------------------------------------------------ memory
+
+
+def make_bit_memory(
+    rng: np.random.Generator, n: int, n_bits: int, n_patterns: int, bits_per_token: int
+) -> Split:
+    """Draw ``n`` bit-memory examples from ``rng``.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Source of randomness (patterns, then query choice, then mask).
+    n : int
+        Number of examples.
+    n_bits : int
+        Bits per pattern; a multiple of ``bits_per_token``.
+    n_patterns : int
+        Patterns shown before the query.
+    bits_per_token : int
+        Bits per input token.
+
+    Returns
+    -------
+    Split
+        inputs float32 ``(n, (n_patterns+1)*n_bits/bits_per_token,
+        bits_per_token)`` with patterns in {-1, +1} and the query in
+        {-1, 0, +1}; lengths int64 all equal; labels int64 ``(n,
+        n_bits/bits_per_token, bits_per_token)`` in {0, 1}, the chosen pattern
+        as ``(x + 1) / 2``.
+    """
+    patterns = rng.integers(0, 2, size=(n, n_patterns, n_bits), dtype=np.int8) * 2 - 1  # (n, P, n_bits) ±1
+    chosen = rng.integers(0, n_patterns, size=n)  # (n,)
+    target = patterns[np.arange(n), chosen]  # (n, n_bits) ±1
+    keep = rng.integers(0, 2, size=(n, n_bits), dtype=np.int8)  # (n, n_bits): 0 = masked (p = 0.5)
+    query = target * keep  # (n, n_bits) in {-1, 0, 1}
+    seq = np.concatenate([patterns, query[:, None, :]], axis=1)  # (n, P+1, n_bits)
+    n_tokens = (n_patterns + 1) * n_bits // bits_per_token
+    inputs = seq.reshape(n, n_tokens, bits_per_token).astype(np.float32)  # (n, T, bits_per_token)
+    labels = ((target + 1) // 2).astype(np.int64).reshape(n, n_bits // bits_per_token, bits_per_token)
+    lengths = np.full(n, n_tokens, dtype=np.int64)  # (n,)
+    return Split(inputs=inputs, lengths=lengths, labels=labels)
+
+
+def build_bit_memory(
+    n_bits: int = 1000,
+    n_patterns: int = 5,
+    bits_per_token: int = 50,
+    n_train: int = 2000,
+    n_test: int = 500,
+    seed: int = 0,
+) -> TaskData:
+    """Build the ``bit-memory`` task (see the module docstring).
+
+    Parameters
+    ----------
+    n_bits : int
+        Bits per pattern; must be a multiple of ``bits_per_token``.
+    n_patterns : int
+        Patterns shown before the query (>= 1).
+    bits_per_token : int
+        Bits per input token (>= 1); also ``d_in``.
+    n_train, n_test : int
+        Examples per split (>= 1).
+    seed : int
+        Seed of the one ``default_rng`` used for train then test (>= 0).
+
+    Returns
+    -------
+    TaskData
+        ``kind="continuous"``, ``d_in=bits_per_token``, ``n_classes=2``,
+        ``n_out_tokens=n_bits // bits_per_token``.
+    """
+    name = "bit-memory"
+    n_bits = _int_param(name, "n_bits", n_bits, 1)
+    n_patterns = _int_param(name, "n_patterns", n_patterns, 1)
+    bits_per_token = _int_param(name, "bits_per_token", bits_per_token, 1)
+    n_train = _int_param(name, "n_train", n_train, 1)
+    n_test = _int_param(name, "n_test", n_test, 1)
+    seed = _int_param(name, "seed", seed, 0)
+    if n_bits % bits_per_token:
+        raise ReservoirError(
+            f"task {name!r}: n_bits must be a multiple of bits_per_token={bits_per_token}; found n_bits={n_bits}"
+        )
+    rng = np.random.default_rng(seed)
+    args = (n_bits, n_patterns, bits_per_token)
+    splits = {
+        "train": make_bit_memory(rng, n_train, *args),
+        "test": make_bit_memory(rng, n_test, *args),
+    }
+    params = {
+        "n_bits": n_bits,
+        "n_patterns": n_patterns,
+        "bits_per_token": bits_per_token,
+        "n_train": n_train,
+        "n_test": n_test,
+        "seed": seed,
+    }
+    return TaskData(
+        name=name,
+        params=params,
+        kind="continuous",
+        d_in=bits_per_token,
+        n_classes=2,
+        splits=splits,
+        n_out_tokens=n_bits // bits_per_token,
+    )
+
+
+register(
+    TaskSpec(
+        name="bit-xor",
+        build=build_bit_xor,
+        defaults={"n_bits": 5, "n_train": 4000, "n_test": 1000, "seed": 0},
+        summary="two 5-bit strings, one bit per token; predict their XOR",
+        source="generated (seeded)",
+    )
+)
+
+register(
+    TaskSpec(
+        name="bit-memory",
+        build=build_bit_memory,
+        defaults={"n_bits": 1000, "n_patterns": 5, "bits_per_token": 50, "n_train": 2000, "n_test": 500, "seed": 0},
+        summary="five 1000-bit ±1 patterns, then one of them half-masked, 50 bits per token; reproduce it",
+        source="generated (seeded)",
+    )
+)
