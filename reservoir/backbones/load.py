@@ -74,8 +74,10 @@ def _seeded_init(make, seed: int):
 
 def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_implementation: str):
     """Return ``(hf_model, id, revision)`` with weights as the init asks."""
-    from transformers import AutoConfig, AutoModel, CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # reservoir shows its own progress
     kwargs = dict(attn_implementation=attn_implementation)
     if name in TINY_CONFIGS:
         spec = dict(TINY_CONFIGS[name])

@@ -7,7 +7,7 @@ classes.
 
 Features are whitened first (centred and rotated onto the principal axes of
 the training covariance, each axis scaled to unit variance; directions with
-variance below ``1e-8`` of the largest are dropped). Hidden states of
+variance below ``1e-10`` of the largest are dropped). Hidden states of
 transformers are badly conditioned (condition numbers of 1e6 and more are
 common), and L-BFGS on whitened inputs converges in tens of iterations where
 it otherwise needs thousands. The objective is
@@ -147,7 +147,7 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
             return mean.astype(np.float32), np.diag(1.0 / np.where(sd > 1e-12, sd, 1.0)).astype(np.float32)
         cov = Xc.T @ Xc / max(len(X), 1)  # (d, d)
         lam, V = np.linalg.eigh(cov)
-        keep = lam > max(lam.max(), 1e-30) * 1e-8
+        keep = lam > max(lam.max(), 1e-30) * 1e-10
         if not keep.any():  # constant features: nothing to learn from them
             keep = lam >= lam.max()
             lam = np.where(keep, 1.0, lam)

@@ -1,0 +1,157 @@
+"""Backbones: equality with Hugging Face's own forward, padding invariance, early exit, inits."""
+
+import numpy as np
+import pytest
+import torch
+
+from reservoir.backbones import ARCHS, load_backbone, orthogonal_projection
+from reservoir.backbones.load import _load_hf
+from reservoir.errors import ReservoirError
+
+TINY = ["tiny-gpt2", "tiny-bert"]
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_features_equal_hf_output_hidden_states(name, attn):
+    """Layer k at the last real token == HF's own forward with output_hidden_states."""
+    bb = load_backbone(name, d_in=3, attn_implementation=attn)
+    hf, _, _ = _load_hf(name, "pretrained", 0, None, attn)
+    hf.eval()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 11, 3, generator=g)
+    lengths = torch.tensor([11, 6, 1, 9])
+    with torch.no_grad():
+        feats = bb.features(x, lengths, [0, 1, 2])  # (4, 3, 1, 32)
+        mask = (torch.arange(11)[None] < lengths[:, None]).long()
+        ref = hf(inputs_embeds=bb.project(x), attention_mask=mask, output_hidden_states=True).hidden_states
+    rows = torch.arange(4)
+    for k in range(3):
+        ours = feats[:, k, 0]
+        if k == 2 and bb.final_norm is not None:  # HF's last entry comes after ln_f
+            ours = bb.final_norm(ours)
+        torch.testing.assert_close(ours, ref[k][rows, lengths - 1], atol=1e-5, rtol=1e-5)
+
+
+def test_minilm_matches_hf():
+    bb = load_backbone("minilm", d_in=15, depth=6)
+    hf, _, _ = _load_hf("minilm", "pretrained", 0, None, "sdpa")
+    hf.eval()
+    ids = torch.randint(0, 15, (2, 20), generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([20, 13])
+    with torch.no_grad():
+        feats = bb.features(ids, lengths, list(range(7)))
+        mask = (torch.arange(20)[None] < lengths[:, None]).long()
+        ref = hf(inputs_embeds=bb.project(ids), attention_mask=mask, output_hidden_states=True).hidden_states
+    for k in range(7):
+        torch.testing.assert_close(feats[:, k, 0], ref[k][torch.arange(2), lengths - 1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_padding_does_not_move_features(name):
+    """The same sequence padded to different lengths gives the same features."""
+    bb = load_backbone(name, d_in=15)
+    seq = torch.randint(0, 15, (1, 7), generator=torch.Generator().manual_seed(2))
+    outs = []
+    for pad in (0, 3, 25):
+        x = torch.cat([seq, torch.randint(0, 15, (1, pad))], dim=1)
+        other = torch.randint(0, 15, (1, 7 + pad))  # a second row so batches differ too
+        with torch.no_grad():
+            f = bb.features(torch.cat([x, other]), torch.tensor([7, 7 + pad]), [0, 1, 2], n_out_tokens=3)
+        outs.append(f[0])
+    for f in outs[1:]:
+        torch.testing.assert_close(f, outs[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_early_exit_never_runs_upper_blocks(name, monkeypatch):
+    """depth=1 keeps one block; features for layer 0 only run no block at all."""
+    calls = []
+    bb = load_backbone(name, d_in=1, depth=1)
+    assert len(bb.blocks) == 1
+    hf, _, _ = _load_hf(name, "pretrained", 0, None, "sdpa")
+    full = load_backbone(name, d_in=1)
+    for i, block in enumerate(full.blocks):
+        block.register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+    x, lengths = torch.zeros(2, 5, 1), torch.tensor([5, 3])
+    with torch.no_grad():
+        full.features(x, lengths, [0, 1])
+    assert calls == [0]
+    calls.clear()
+    with torch.no_grad():
+        full.features(x, lengths, [0])
+    assert calls == []
+    # the truncated model gives the same layer-1 features as the full one
+    with torch.no_grad():
+        torch.testing.assert_close(bb.features(x, lengths, [1]), full.features(x, lengths, [1]))
+
+
+def test_inits_differ_and_are_seeded():
+    pre = load_backbone("tiny-gpt2", d_in=1)
+    rnd = load_backbone("tiny-gpt2", d_in=1, init="random", seed=5)
+    rnd2 = load_backbone("tiny-gpt2", d_in=1, init="random", seed=5)
+    st = load_backbone("tiny-gpt2", d_in=1, init="stats", seed=5)
+    assert rnd.info.weights_sha256 == rnd2.info.weights_sha256
+    assert len({pre.info.weights_sha256, rnd.info.weights_sha256, st.info.weights_sha256}) == 3
+    # stats init keeps each tensor's mean and std (up to sampling noise)
+    p_pre = dict(pre.blocks.named_parameters())["0.mlp.c_fc.weight"]
+    p_st = dict(st.blocks.named_parameters())["0.mlp.c_fc.weight"]
+    assert abs(p_st.mean() - p_pre.mean()) < 0.01
+    assert abs(p_st.std() / p_pre.std() - 1) < 0.05
+    assert not torch.equal(p_st, p_pre)
+
+
+def test_backbone_is_frozen_and_in_eval():
+    bb = load_backbone("tiny-bert", d_in=4)
+    assert not bb.training
+    assert not any(p.requires_grad for p in bb.parameters())
+
+
+def test_orthogonal_projection():
+    proj = orthogonal_projection(15, 32, gain=1.41, seed=3)
+    W = proj.weight.detach()  # (32, 15)
+    torch.testing.assert_close(W.t() @ W, 1.41**2 * torch.eye(15), atol=1e-4, rtol=1e-4)
+    assert torch.equal(W, orthogonal_projection(15, 32, gain=1.41, seed=3).weight)
+    assert not torch.equal(W, orthogonal_projection(15, 32, gain=1.41, seed=4).weight)
+    assert torch.count_nonzero(proj.bias) == 0
+
+
+def test_one_hot_tokens_equal_dense_one_hot():
+    bb = load_backbone("tiny-gpt2", d_in=15)
+    ids = torch.randint(0, 15, (3, 8))
+    dense = torch.nn.functional.one_hot(ids, 15).float()
+    torch.testing.assert_close(bb.project(ids), bb.project(dense))
+
+
+def test_bad_names_are_one_line_errors(tmp_path):
+    with pytest.raises(ReservoirError, match="unknown init"):
+        load_backbone("tiny-gpt2", d_in=1, init="warm")
+    with pytest.raises(ReservoirError, match="depth 3 is beyond"):
+        load_backbone("tiny-gpt2", d_in=1, depth=3)
+    with pytest.raises(ReservoirError) as err:
+        load_backbone(str(tmp_path / "no-model"), d_in=1)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_architecture_names_supported(tmp_path):
+    from transformers import T5Config
+
+    T5Config(num_layers=1, d_model=8, num_heads=1, d_kv=8, d_ff=8).save_pretrained(tmp_path)
+    with pytest.raises(ReservoirError, match="unsupported architecture 't5'.*bert.*gpt2"):
+        load_backbone(str(tmp_path), d_in=1, init="random")
+
+
+def test_arch_table_paths_exist():
+    for name in TINY:
+        hf, _, _ = _load_hf(name, "pretrained", 0, None, "sdpa")
+        facts = ARCHS[hf.config.model_type]
+        from reservoir.backbones.arch import get_module
+
+        for path in (facts.blocks, facts.positions, facts.embed_dropout, facts.token_type, facts.embed_norm,
+                     facts.final_norm):
+            if path is not None:
+                assert get_module(hf, path) is not None
+        block = get_module(hf, facts.blocks)[0]
+        for sub in facts.attention + facts.feedforward:
+            assert isinstance(get_module(block, sub), torch.nn.Module)
+        assert np.isfinite(getattr(hf.config, facts.max_positions_attr))
