@@ -23,6 +23,9 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as err:
+            err.ctx = None  # one line: no usage banner, no "Try --help" hint
+            raise
         except ReservoirError as err:
             click.echo(f"Error: {err}", err=True)
             ctx.exit(2)
@@ -143,12 +146,16 @@ def fit_linear(store, layer, readout, seed, results_dir, device, no_final_norm):
     from reservoir.readouts.run import fit_linear as run_fit
 
     layers = "all" if layer == "all" else _parse_layers(layer)
-    click.echo(f"{'layer':>5}  {'train':>7}  {'val':>7}  {'test':>7}  {'alpha':>7}  {'fit s':>6}")
-    for k in ([layers] if not isinstance(layers, list) else layers):
-        for row in run_fit(store, k, readout, seed, results_dir, device, not no_final_norm):
-            m = row["metrics"]
-            click.echo(f"{row['config']['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
-                       f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {row['timings']['fit_s']:6.1f}")
+
+    def show(row):
+        if row is None:
+            click.echo(f"{'layer':>5}  {'train':>7}  {'val':>7}  {'test':>7}  {'alpha':>7}  {'fit s':>6}")
+            return
+        m = row["metrics"]
+        click.echo(f"{row['config']['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
+                   f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {row['timings']['fit_s']:6.1f}")
+
+    run_fit(store, layers, readout, seed, results_dir, device, not no_final_norm, on_result=show)
     click.echo(f"results in {results_dir}/")
 
 
@@ -160,6 +167,8 @@ def tasks():
     for name in sorted(TASKS):
         spec = TASKS[name]
         click.echo(f"{name:<14} {spec.summary}")
+        click.echo(f"{'':<14} tokens: {spec.tokens or '?'}   input dim: {spec.d_in or '?'}   "
+                   f"classes: {spec.classes or '?'}   splits: {spec.splits}")
         click.echo(f"{'':<14} data: {spec.source}")
         click.echo(f"{'':<14} params: {json.dumps(spec.defaults)}")
 

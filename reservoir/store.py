@@ -74,7 +74,7 @@ def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any
     """The first key field (dotted, e.g. ``backbone.init``) whose values differ."""
     for field in KEY_FIELDS:
         a, b = _flat(old.get(field), field), _flat(new.get(field), field)
-        for k in sorted(set(a) | set(b)):
+        for k in [*b, *(k for k in a if k not in b)]:  # the new settings' order: task.params before fingerprint
             if a.get(k) != b.get(k):
                 return k, a.get(k), b.get(k)
     return None

@@ -103,7 +103,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
         ({"layers": 1}, "backbone.depth"),
         ({"dtype": "float32"}, "dtype"),
         ({"projection_gain": 1.0}, "projection.gain"),
-        ({"task_params": {**XOR, "seed": 9}}, "task.fingerprint"),
+        ({"task_params": {**XOR, "seed": 9}}, "task.params.seed"),
     ],
 )
 def test_other_settings_refused_naming_the_field(tmp_path, change, field):

@@ -21,6 +21,7 @@ Inits (Lu et al. Table 2 and 9):
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     source = str(_minilm_path()) if name == "minilm" else name
     model_id = SHORT_NAMES.get(name, name)
     is_folder = Path(source).is_dir()
+    # hub ids are "name" or "org/name"; anything else names a folder
+    if not is_folder and (source.startswith((".", "~", os.sep)) or source.count("/") > 1):
+        raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), found no such folder")
     if not is_folder and revision is None:
         revision = "main"
     hub_kwargs = {} if is_folder else dict(revision=revision)

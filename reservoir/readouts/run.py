@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ def fit_linear(
     results_dir: str | Path | None = "results/fit-linear",
     device: str = "cpu",
     final_norm: bool = True,
+    on_result: Callable[[dict[str, Any] | None], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Fit a linear readout on each asked layer of a store; return (and write) one result per layer.
 
@@ -39,6 +40,9 @@ def fit_linear(
     else on a validation split carved from train (``val_fraction`` of it,
     seeded). Accuracy is on the full test split (each bit counts once for bit
     tasks).
+
+    ``on_result`` is called with ``None`` once every layer has been checked,
+    then with each result as soon as it is ready (the CLI prints a table row).
 
     Examples
     --------
@@ -58,6 +62,8 @@ def fit_linear(
             wanted = list(layers)
         for k in wanted:
             store.layer_index(k)
+        if on_result is not None:
+            on_result(None)
         rows = []
         for k in wanted:
             t0 = time.perf_counter()
@@ -92,4 +98,6 @@ def fit_linear(
                 name = Path(store_path).name.split(".")[0]
                 result["path"] = str(write_result(Path(results_dir) / name / f"{readout}-layer{k}.json", result))
             rows.append(result)
+            if on_result is not None:
+                on_result(result)
         return rows

@@ -125,6 +125,10 @@ class TaskSpec:
     defaults: dict[str, Any]
     summary: str
     source: str
+    tokens: str = ""
+    d_in: str = ""
+    classes: str = ""
+    splits: str = "train, test"
 
 
 TASKS: dict[str, TaskSpec] = {}

@@ -219,6 +219,9 @@ register(
         defaults={"n_bits": 5, "n_train": 4000, "n_test": 1000, "seed": 0},
         summary="two 5-bit strings, one bit per token; predict their XOR",
         source="generated (seeded)",
+        tokens="2*n_bits (10)",
+        d_in="1",
+        classes="2 per bit, n_bits heads",
     )
 )
 
@@ -229,5 +232,8 @@ register(
         defaults={"n_bits": 1000, "n_patterns": 5, "bits_per_token": 50, "n_train": 2000, "n_test": 500, "seed": 0},
         summary="five 1000-bit ±1 patterns, then one of them half-masked, 50 bits per token; reproduce it",
         source="generated (seeded)",
+        tokens="(n_patterns+1)*n_bits/bits_per_token (120); output: last 20",
+        d_in="bits_per_token (50)",
+        classes="2 per bit, 50 heads per output token",
     )
 )

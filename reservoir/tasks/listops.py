@@ -467,5 +467,9 @@ register(
                       n_train=4000, n_val=0, n_test=1000, seed=0, max_tokens=None),  # fmt: skip
         summary="nested MIN/MAX/MED/SM expressions over digits (LRA ListOps); predict the value 0-9",
         source="generated (seeded, LRA process) or the LRA release files basic_{train,val,test}.tsv",
+        tokens="min_length..max_length (20..300); LRA files up to 2000",
+        d_in="15 (lra) or 14 (fpt) one-hot",
+        classes="10",
+        splits="train, [val], test",
     )
 )
