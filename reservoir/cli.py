@@ -87,15 +87,23 @@ def main() -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random/stats inits and the input projection.")
 @click.option("--gain", default=1.41, show_default=True, type=float, help="Gain of the orthogonal input projection.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--truncate", is_flag=True,
+              help="Keep the first max-positions tokens of longer sequences (recorded in the store) instead of failing.")
+@click.option("--download", is_flag=True,
+              help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, device, amp, seed, gain, revision, quiet):
+def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, device, amp, seed, gain, revision,
+            truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.extract import ExtractConfig, extract as run_extract
     from reservoir.store import FeatureStore
 
+    task_params = _parse_params(params)
+    if download:
+        task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
-                           task_params=_parse_params(params), seed=seed, projection_gain=gain, batch_size=batch_size,
-                           dtype=dtype, device=device, amp=amp, revision=revision)
+                           task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
+                           dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate)
     path = run_extract(config, progress=not quiet)
     with FeatureStore.open(path) as store:
         shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
@@ -166,11 +174,11 @@ def tasks():
 
     for name in sorted(TASKS):
         spec = TASKS[name]
-        click.echo(f"{name:<14} {spec.summary}")
-        click.echo(f"{'':<14} tokens: {spec.tokens or '?'}   input dim: {spec.d_in or '?'}   "
+        click.echo(f"{name:<16} {spec.summary}")
+        click.echo(f"{'':<16} tokens: {spec.tokens or '?'}   input dim: {spec.d_in or '?'}   "
                    f"classes: {spec.classes or '?'}   splits: {spec.splits}")
-        click.echo(f"{'':<14} data: {spec.source}")
-        click.echo(f"{'':<14} params: {json.dumps(spec.defaults)}")
+        click.echo(f"{'':<16} data: {spec.source}")
+        click.echo(f"{'':<16} params: {json.dumps(spec.defaults)}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,6 +44,9 @@ class ExtractConfig:
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
     amp: str = field(default="auto", metadata={"help": "CUDA autocast: bf16 | fp16 | none | auto"})
     revision: str | None = field(default=None, metadata={"help": "hub revision for hub ids"})
+    truncate: bool = field(default=False, metadata={
+        "help": "cut sequences longer than the backbone's positions to their first max_positions tokens "
+                "(recorded in the store); without it such sequences are an error"})
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -122,6 +125,23 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     return out
 
 
+def truncate_task(task, max_tokens: int) -> dict[str, Any]:
+    """Keep the first ``max_tokens`` positions of every sequence, in place; return what was cut.
+
+    The fingerprint stays that of the full task; the store records the cut
+    (``task.truncated``), so a truncated store never passes for a full one.
+    """
+    from reservoir.tasks import Split
+
+    if task.n_out_tokens > 1:
+        raise ReservoirError(f"task {task.name!r} reads its last {task.n_out_tokens} tokens; it cannot be truncated")
+    counts = {}
+    for name, split in task.splits.items():
+        counts[name] = int((split.lengths > max_tokens).sum())
+        task.splits[name] = Split(split.inputs[:, :max_tokens], np.minimum(split.lengths, max_tokens), split.labels)
+    return {"max_tokens": max_tokens, "rows_cut": counts}
+
+
 def extract(config: ExtractConfig, progress: bool = True) -> Path:
     """Run ``config.task`` through the backbone once and write (or resume) a feature store.
 
@@ -156,11 +176,15 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
         revision=config.revision,
     )
     layers = resolve_layers(config.layers, backbone.depth)
+    truncated = None
     if task.max_length > backbone.info.max_positions:
-        raise ReservoirError(
-            f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone {config.backbone!r} "
-            f"has {backbone.info.max_positions} positions"
-        )
+        if not config.truncate:
+            raise ReservoirError(
+                f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone {config.backbone!r} "
+                f"has {backbone.info.max_positions} positions (pass --truncate to keep the first "
+                f"{backbone.info.max_positions})"
+            )
+        truncated = truncate_task(task, backbone.info.max_positions)
     backbone.to(device)
     out = config.out or config.default_out()
     attrs = {
@@ -168,7 +192,8 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
         "projection": {"kind": "orthogonal", "gain": config.projection_gain, "seed": config.seed, "d_in": task.d_in,
                        "input": task.kind},
         "task": {"name": task.name, "params": task.params, "fingerprint": task.fingerprint,
-                 "n_classes": task.n_classes, "label_shape": list(task.label_shape), "vocab": task.vocab},
+                 "n_classes": task.n_classes, "label_shape": list(task.label_shape), "vocab": task.vocab,
+                 "truncated": truncated},
         "layers": layers,
         "pooling": {"kind": "last_real_token", "n_out_tokens": task.n_out_tokens},
         "dtype": config.dtype,

@@ -5,6 +5,6 @@ Importing this package registers the built-in tasks; build one with
 """
 
 from reservoir.tasks.base import TASKS, Split, TaskData, TaskSpec, get_task, register
-from reservoir.tasks import bits, listops  # noqa: F401  (register their tasks)
+from reservoir.tasks import bits, homology, images, listops  # noqa: F401  (register their tasks)
 
 __all__ = ["TASKS", "Split", "TaskData", "TaskSpec", "get_task", "register"]

@@ -112,7 +112,7 @@ def fingerprint(name: str, params: dict[str, Any], splits: dict[str, Split]) -> 
         for arr in (split.inputs, split.lengths, split.labels):
             arr = np.ascontiguousarray(arr)
             h.update(f"{arr.dtype.str}{arr.shape}".encode())
-            h.update(arr.tobytes())
+            h.update(memoryview(arr).cast("B"))
     return h.hexdigest()
 
 

@@ -1,0 +1,73 @@
+"""Extraction details: local model folders, sequences beyond the positions, length bucketing."""
+
+import numpy as np
+import pytest
+import torch
+
+from reservoir.errors import ReservoirError
+from reservoir.extract import ExtractConfig, extract, extract_rows, resolve_layers
+from reservoir.store import FeatureStore
+
+LISTOPS = {"n_train": 30, "n_test": 10, "min_length": 40, "max_length": 90}
+
+
+@pytest.fixture(scope="module")
+def short_gpt2(tmp_path_factory):
+    """A GPT-2 with only 64 positions, saved as a local model folder."""
+    from transformers import GPT2Config, GPT2Model
+
+    path = tmp_path_factory.mktemp("gpt2-64")
+    torch.manual_seed(0)
+    GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64)).save_pretrained(path)
+    return str(path)
+
+
+def test_local_folder_backbone(short_gpt2, tmp_path):
+    out = extract(ExtractConfig(task="bit-xor", backbone=short_gpt2, out=str(tmp_path / "x.zarr"),
+                                task_params={"n_train": 20, "n_test": 10}), progress=False)
+    with FeatureStore.open(out) as store:
+        assert store.attrs["backbone"]["family"] == "gpt2"
+        assert store.attrs["backbone"]["max_positions"] == 64
+        assert store.layers == [0, 1]
+
+
+def test_too_long_sequences_are_refused_then_truncated_on_request(short_gpt2, tmp_path):
+    out = tmp_path / "lo.zarr"
+    with pytest.raises(ReservoirError, match="up to .* tokens; backbone .* has 64 positions .*--truncate"):
+        extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out), task_params=LISTOPS), progress=False)
+    assert not out.exists()
+    extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out), task_params=LISTOPS, truncate=True),
+            progress=False)
+    with FeatureStore.open(out) as store:
+        cut = store.attrs["task"]["truncated"]
+        assert cut["max_tokens"] == 64
+        assert cut["rows_cut"]["train"] > 0
+    # a store of cut sequences is never reused for other data
+    with pytest.raises(ReservoirError, match="written with task.params.min_length=40, this run has 20"):
+        extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out),
+                              task_params={**LISTOPS, "max_length": 60, "min_length": 20}), progress=False)
+
+
+def test_bucketing_keeps_row_order():
+    """Rows are processed sorted by length but written back in their own order."""
+    from reservoir.backbones import load_backbone
+
+    bb = load_backbone("tiny-bert", d_in=15)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, 50)
+    ids = rng.integers(0, 15, (50, 30)).astype(np.uint8)
+    got = extract_rows(bb, ids, lengths, [0, 2], 1, batch_size=7, device=torch.device("cpu"))
+    for i in (0, 17, 49):
+        with torch.no_grad():
+            one = bb.features(torch.from_numpy(ids[i:i + 1, :lengths[i]]), torch.tensor([lengths[i]]), [0, 2])
+        np.testing.assert_allclose(got[i], one[0].numpy(), atol=1e-5)
+
+
+def test_resolve_layers():
+    assert resolve_layers(2, 6) == [0, 1, 2]
+    assert resolve_layers([6, 0, 3, 3], 6) == [0, 3, 6]
+    assert resolve_layers(None, 4) == [0, 1, 2, 3, 4]
+    with pytest.raises(ReservoirError, match="within 0..6"):
+        resolve_layers(7, 6)
+    with pytest.raises(ReservoirError, match="within 0..6"):
+        resolve_layers([-1, 2], 6)
