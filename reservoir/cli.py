@@ -163,7 +163,8 @@ def fit_linear(store, layer, readout, seed, results_dir, device, no_final_norm):
         click.echo(f"{row['config']['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
                    f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {row['timings']['fit_s']:6.1f}")
 
-    run_fit(store, layers, readout, seed, results_dir, device, not no_final_norm, on_result=show)
+    rows = run_fit(store, layers, readout, seed, results_dir, device, not no_final_norm, on_result=show)
+    click.echo(f"majority-class test accuracy: {rows[-1]['metrics']['chance']:.2%}")
     click.echo(f"results in {results_dir}/")
 
 

@@ -24,7 +24,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch.nn import functional as F
 
-DEFAULT_ALPHAS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+DEFAULT_ALPHAS = (10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 
 
 class LogisticReadout(ClassifierMixin, BaseEstimator):
@@ -34,7 +34,11 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     ----------
     alphas : sequence of float, optional
         Candidate L2 strengths (on the mean loss), tried from strongest to
-        weakest with warm starts. One value skips validation.
+        weakest with warm starts; the path stops once validation accuracy
+        has been below its best for ``patience`` candidates in a row (weak
+        penalties cost the most iterations). One value skips validation.
+    patience : int
+        See ``alphas``.
     val_fraction : float
         Share of the training rows held out to choose ``alpha`` when
         ``fit`` gets no ``validation_data``.
@@ -71,9 +75,10 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     True
     """
 
-    def __init__(self, alphas=None, val_fraction=0.1, whiten=True, max_iter=500, tol=1e-7,
+    def __init__(self, alphas=None, val_fraction=0.1, whiten=True, max_iter=500, tol=1e-7, patience=2,
                  random_state=0, device="cpu"):
         self.alphas = alphas
+        self.patience = patience
         self.val_fraction = val_fraction
         self.whiten = whiten
         self.max_iter = max_iter
@@ -108,6 +113,7 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         b = torch.zeros(n_heads * len(self.classes_), device=self.device)
         self.val_scores_ = {}
         best = (-1.0, alphas[0])
+        worse = 0
         if Xv is not None:
             Xt_t, Yt_t = self._tensor(Xt), torch.as_tensor(Yt, device=self.device)
             Xv_t = self._tensor(Xv)
@@ -118,6 +124,11 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
                 if acc > best[0]:
                     best = (acc, alpha)
                     best_W, best_b = W, b
+                    worse = 0
+                else:
+                    worse += 1
+                    if worse >= self.patience:
+                        break
         self.alpha_ = float(best[1])
         if Xv is not None:  # refit on all rows, warm-started from the chosen solution
             W, b = best_W, best_b
