@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -87,13 +88,15 @@ def main() -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random/stats inits and the input projection.")
 @click.option("--gain", default=1.41, show_default=True, type=float, help="Gain of the orthogonal input projection.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--full-seq-layer", default=None, type=int,
+              help="Also store every position's state at this layer: a split-point store for `train --from-store`.")
 @click.option("--truncate", is_flag=True,
               help="Keep the first max-positions tokens of longer sequences (recorded in the store) instead of failing.")
 @click.option("--download", is_flag=True,
               help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, device, amp, seed, gain, revision,
-            truncate, download, quiet):
+            full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.extract import ExtractConfig, extract as run_extract
     from reservoir.store import FeatureStore
@@ -103,7 +106,8 @@ def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, d
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
                            task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
-                           dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate)
+                           dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
+                           full_seq_layer=full_seq_layer)
     path = run_extract(config, progress=not quiet)
     with FeatureStore.open(path) as store:
         shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
@@ -144,12 +148,15 @@ def info(store, as_json):
 @main.command("fit-linear")
 @click.argument("store", type=click.Path())
 @click.option("--layer", default="all", show_default=True, help="Layer K, a list like 0,3,6, or 'all' (a depth sweep).")
-@click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic"]), help="Readout kind.")
+@click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]),
+              help="Multinomial logistic (L-BFGS, whitened) or closed-form ridge (one-vs-rest, streamed statistics).")
+@click.option("--stream", default="off", show_default=True, type=click.Choice(["off", "on", "auto"]),
+              help="Fit from store chunks instead of loading the layer; auto streams above 2 GiB of float32 features.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device for the fit.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
-def fit_linear(store, layer, readout, seed, results_dir, device, no_final_norm):
+def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy per layer."""
     from reservoir.readouts.run import fit_linear as run_fit
 
@@ -163,9 +170,73 @@ def fit_linear(store, layer, readout, seed, results_dir, device, no_final_norm):
         click.echo(f"{row['config']['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
                    f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {row['timings']['fit_s']:6.1f}")
 
-    rows = run_fit(store, layers, readout, seed, results_dir, device, not no_final_norm, on_result=show)
+    rows = run_fit(store, layers, readout, seed, results_dir, device, not no_final_norm, on_result=show,
+                   stream={"off": False, "on": True, "auto": "auto"}[stream])
     click.echo(f"majority-class test accuracy: {rows[-1]['metrics']['chance']:.2%}")
     click.echo(f"results in {results_dir}/")
+
+
+@main.command()
+@click.option("--task", default=None, help="Task name (see `reservoir tasks`); not needed with --from-store.")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--from-store", default=None, type=click.Path(),
+              help="Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
+              help="Backbone weights.")
+@click.option("--layers", default=None, type=int, help="Depth K: keep blocks 1..K (default all).")
+@click.option("--finetune", default="fpt", show_default=True,
+              help="Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
+                   "input, positions, layernorm, attention, feedforward, output.")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--lr-sweep", default=None, metavar="LOW:HIGH:N",
+              help="Sweep N log-spaced learning rates; pick by mean validation accuracy (Rothermel et al.).")
+@click.option("--seeds", default=1, show_default=True, type=int, help="Seeds per learning rate (with --lr-sweep).")
+@click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000 unless --epochs).")
+@click.option("--epochs", default=None, type=float, help="Passes over the training split.")
+@click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
+@click.option("--eval-every", default=100, show_default=True, type=int, help="Steps between validation passes.")
+@click.option("--dropout", default=0.0, show_default=True, type=float, help="Dropout inside the backbone in training.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of inits, projection, head and data order.")
+@click.option("--split-layer", default=0, show_default=True, type=int,
+              help="Train only blocks above this layer (what a split-point store at this layer allows).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_sweep, seeds, steps, epochs, batch_size,
+          eval_every, dropout, seed, split_layer, device, out, quiet):
+    """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
+    from reservoir.train import TrainConfig, parse_lr_sweep, sweep
+    from reservoir.train import train as run_train
+
+    if seeds < 1:
+        raise click.BadParameter(f"expected at least 1, found {seeds}", param_hint="--seeds")
+    if from_store is not None:
+        from reservoir.store import FeatureStore
+
+        with FeatureStore.open(from_store) as st:  # the store says which task, init and seed
+            a = st.attrs
+            task, params, init, seed = a["task"]["name"], (), a["backbone"]["init"], a["backbone"]["seed"]
+            split_layer = st.full_seq_layer if st.full_seq_layer is not None else split_layer
+    elif task is None:
+        raise click.UsageError("Missing option '--task' (or pass --from-store).")
+    config = TrainConfig(task=task, task_params=_parse_params(params), backbone=backbone, init=init, layers=layers,
+                         finetune=finetune, lr=lr, steps=steps, epochs=epochs, batch_size=batch_size,
+                         eval_every=eval_every, dropout=dropout, seed=seed, split_layer=split_layer, device=device,
+                         out=out, from_store=from_store)
+    if lr_sweep is not None:
+        r = sweep(config, parse_lr_sweep(lr_sweep), seeds, progress=not quiet)
+        m = r["metrics"]
+        for lr_value, acc in r["mean_val_by_lr"].items():
+            click.echo(f"lr {float(lr_value):8.2e}  mean val {acc:7.2%}")
+        click.echo(f"best lr {r['best_lr']:.2e}: test {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%} "
+                   f"over {seeds} seed(s)")
+        return
+    r = run_train(config, progress=not quiet)
+    m = r["metrics"]
+    click.echo(f"test accuracy {m['test_accuracy']:.2%} (best val {m['best_val_accuracy']:.2%} at step "
+               f"{m['best_step']}; within 1 point of best from step {m['steps_to_converge']})")
+    click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
 
 
 @main.command()

@@ -44,6 +44,8 @@ class ExtractConfig:
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
     amp: str = field(default="auto", metadata={"help": "CUDA autocast: bf16 | fp16 | none | auto"})
     revision: str | None = field(default=None, metadata={"help": "hub revision for hub ids"})
+    full_seq_layer: int | None = field(default=None, metadata={
+        "help": "also store every position's state at this layer (a split-point store for `train --from-store`)"})
     truncate: bool = field(default=False, metadata={
         "help": "cut sequences longer than the backbone's positions to their first max_positions tokens "
                 "(recorded in the store); without it such sequences are an error"})
@@ -105,12 +107,20 @@ def _to_device(arr: np.ndarray, device):
 
 
 def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list[int], n_out_tokens: int,
-                 batch_size: int, device, amp: str = "auto", progress=None) -> np.ndarray:
-    """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length."""
+                 batch_size: int, device, amp: str = "auto", progress=None, full_seq_layer: int | None = None,
+                 max_length: int | None = None):
+    """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length.
+
+    With ``full_seq_layer`` also every position's state at that layer,
+    ``(N, max_length, n_dim)`` zero-padded, as a second return value.
+    """
     import torch
 
     n = len(inputs)
     out = np.empty((n, len(layers), n_out_tokens, backbone.n_dim), dtype=np.float32)
+    full = None
+    if full_seq_layer is not None:
+        full = np.zeros((n, max_length or inputs.shape[1], backbone.n_dim), dtype=np.float32)
     order = np.argsort(lengths, kind="stable")
     with torch.inference_mode(), _autocast(device, amp):
         for lo in range(0, n, batch_size):
@@ -118,11 +128,16 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
             L = int(lengths[rows].max())
             x = _to_device(inputs[rows, :L], device)
             lens = _to_device(lengths[rows].astype(np.int64), device)
-            feats = backbone.features(x, lens, layers, n_out_tokens)  # (b, n_layers, n_out, n_dim)
+            res = backbone.features(x, lens, layers, n_out_tokens, full_seq_layer)
+            feats = res if full is None else res[0]  # (b, n_layers, n_out, n_dim)
             out[rows] = feats.float().cpu().numpy()
+            if full is not None:
+                states = res[1].float().cpu().numpy()  # (b, L, n_dim)
+                states *= (np.arange(L)[None, :] < lengths[rows][:, None])[..., None]  # padding stays zero
+                full[rows, :L] = states
             if progress is not None:
                 progress.update(len(rows))
-    return out
+    return out if full is None else (out, full)
 
 
 def truncate_task(task, max_tokens: int) -> dict[str, Any]:
@@ -176,6 +191,10 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
         revision=config.revision,
     )
     layers = resolve_layers(config.layers, backbone.depth)
+    s_layer = config.full_seq_layer
+    if s_layer is not None and not 0 <= s_layer < max(layers):
+        raise ReservoirError(f"--full-seq-layer must be below the depth {max(layers)} (blocks above it train from the "
+                             f"store), found {s_layer}")
     truncated = None
     if task.max_length > backbone.info.max_positions:
         if not config.truncate:
@@ -197,6 +216,7 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
         "layers": layers,
         "pooling": {"kind": "last_real_token", "n_out_tokens": task.n_out_tokens},
         "dtype": config.dtype,
+        "full_seq_layer": s_layer,
     }
     final_norm = None
     if backbone.final_norm is not None:
@@ -209,6 +229,7 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
         projection_weight=backbone.input.weight.detach().cpu().t().numpy(),
         final_norm=final_norm,
         fmt=config.format,
+        states_length=task.max_length if s_layer is not None else None,
     )
     with store:
         if store.complete:
@@ -221,8 +242,12 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
             with bar:
                 for c in todo:
                     lo, hi = c * r, min((c + 1) * r, len(split))
-                    feats = extract_rows(backbone, split.inputs[lo:hi], split.lengths[lo:hi], layers,
-                                         task.n_out_tokens, config.batch_size, device, config.amp, bar)
-                    store.write_chunk(name, int(c), feats.astype(config.dtype), split.labels[lo:hi])
+                    res = extract_rows(backbone, split.inputs[lo:hi], split.lengths[lo:hi], layers,
+                                       task.n_out_tokens, config.batch_size, device, config.amp, bar,
+                                       s_layer, task.max_length)
+                    feats, states = res if s_layer is not None else (res, None)
+                    store.write_chunk(name, int(c), feats.astype(config.dtype), split.labels[lo:hi],
+                                      states=None if states is None else states.astype(config.dtype),
+                                      lengths=split.lengths[lo:hi])
         store.mark_complete()
     return Path(out)

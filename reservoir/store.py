@@ -8,7 +8,10 @@ Layout (same names in both backends)::
     final_norm/weight, bias    (n_dim,)           when the backbone has one
     {split}/features           (N, n_layers, n_out_tokens, n_dim)
     {split}/labels             (N, ...)
+    {split}/lengths            (N,)               real length of each sequence
     {split}/done               (n_chunks,) bool   which row chunks are fully written
+    {split}/states             (N, L, n_dim)      split-point stores only: every position at
+                                                  layer ``full_seq_layer``, zero past the length
 
 Rows are chunked (at least ~1 MiB of features per chunk). A chunk's ``done``
 flag is set only after its features and labels are written, so an interrupted
@@ -34,7 +37,7 @@ from reservoir.errors import ReservoirError
 
 SCHEMA = "reservoir.features/1"
 #: Attributes that shape the features; a store is refused if any differs.
-KEY_FIELDS = ("schema", "backbone", "projection", "task", "layers", "pooling", "dtype")
+KEY_FIELDS = ("schema", "backbone", "projection", "task", "layers", "pooling", "dtype", "full_seq_layer")
 MIN_CHUNK_BYTES = 1 << 20
 Format = Literal["zarr", "hdf5"]
 
@@ -209,6 +212,7 @@ class FeatureStore:
         projection_weight: np.ndarray,
         final_norm: dict[str, np.ndarray] | None = None,
         fmt: str | None = None,
+        states_length: int | None = None,
     ) -> "FeatureStore":
         """Create a store, or reopen one written with identical settings to resume it.
 
@@ -220,6 +224,8 @@ class FeatureStore:
             ``split -> (n_rows, label_shape)``.
         feature_shape : tuple
             ``(n_layers, n_out_tokens, n_dim)``.
+        states_length : int, optional
+            Sequence length of the full-sequence states of a split-point store.
         """
         p = Path(path)
         fmt = detect_format(p, fmt)
@@ -255,13 +261,18 @@ class FeatureStore:
             w[...] = projection_weight
             for name, arr in (final_norm or {}).items():
                 backend.create(f"final_norm/{name}", arr.shape, "float32", arr.shape[0])[...] = arr
-            row_bytes = int(np.prod(feature_shape)) * dtype.itemsize
+            n_dim = feature_shape[-1]
+            row_bytes = (int(np.prod(feature_shape)) + (states_length or 0) * n_dim) * dtype.itemsize
             for split, (n, label_shape) in splits.items():
                 r = rows_per_chunk(row_bytes, n)
                 backend.create(f"{split}/features", (n, *feature_shape), dtype, r)
                 backend.create(f"{split}/labels", (n, *label_shape), "int64", r)
+                backend.create(f"{split}/lengths", (n,), "int64", r)
                 backend.create(f"{split}/done", (math.ceil(n / r),), "bool", 1)
-            backend.write_attrs({"splits": list(splits), "chunk_rows": {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}})
+                if states_length is not None:
+                    backend.create(f"{split}/states", (n, states_length, n_dim), dtype, r)
+            backend.write_attrs({"splits": list(splits),
+                                 "chunk_rows": {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}})
             backend.flush()
         except BaseException:
             backend.close()
@@ -302,6 +313,22 @@ class FeatureStore:
         self._check_split(split)
         return np.asarray(self._b.array(f"{split}/labels")[...])
 
+    def lengths(self, split: str) -> np.ndarray:
+        self._check_split(split)
+        return np.asarray(self._b.array(f"{split}/lengths")[...])
+
+    @property
+    def full_seq_layer(self) -> int | None:
+        return self.attrs.get("full_seq_layer")
+
+    def states(self, split: str):
+        """``(N, L, n_dim)`` layer-``full_seq_layer`` states of a split-point store (lazy)."""
+        self._check_split(split)
+        if self.full_seq_layer is None:
+            raise ReservoirError(f"{self.path}: expected a split-point store (extract --full-seq-layer S), "
+                                 "found one without full-sequence states")
+        return self._b.array(f"{split}/states")
+
     def done(self, split: str) -> np.ndarray:
         self._check_split(split)
         return np.asarray(self._b.array(f"{split}/done")[...], dtype=bool)
@@ -325,13 +352,18 @@ class FeatureStore:
         return {k: self.attrs.get(k) for k in (*KEY_FIELDS, "reservoir_version", "created")}
 
     # -- writing -----------------------------------------------------------
-    def write_chunk(self, split: str, chunk: int, features: np.ndarray, labels: np.ndarray) -> None:
+    def write_chunk(self, split: str, chunk: int, features: np.ndarray, labels: np.ndarray,
+                    lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
         """Write rows of one chunk, then mark it done."""
         r = self.chunk_rows(split)
         lo = chunk * r
         hi = lo + len(features)
         self._b.array(f"{split}/features")[lo:hi] = features
         self._b.array(f"{split}/labels")[lo:hi] = labels
+        if lengths is not None:
+            self._b.array(f"{split}/lengths")[lo:hi] = lengths
+        if states is not None:
+            self._b.array(f"{split}/states")[lo:hi] = states
         self._b.flush()
         self._b.array(f"{split}/done")[chunk] = True
         self._b.flush()

@@ -7,6 +7,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_configure(config):
+    import torch
+
+    # Tiny models run fastest on one thread, and tests never fight each other for the cores.
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

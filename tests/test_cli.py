@@ -413,11 +413,11 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
     original = FeatureStore.write_chunk
     calls: list[tuple[str, int]] = []
 
-    def interrupted(self, split, chunk, features, labels):
+    def interrupted(self, split, chunk, features, labels, **kw):
         calls.append((split, chunk))
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return original(self, split, chunk, features, labels)
+        return original(self, split, chunk, features, labels, **kw)
 
     monkeypatch.setattr(FeatureStore, "write_chunk", interrupted)
     result = invoke(*args, "--out", out)
@@ -440,9 +440,9 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
 
     calls.clear()
 
-    def recording(self, split, chunk, features, labels):
+    def recording(self, split, chunk, features, labels, **kw):
         calls.append((split, chunk))
-        return original(self, split, chunk, features, labels)
+        return original(self, split, chunk, features, labels, **kw)
 
     monkeypatch.setattr(FeatureStore, "write_chunk", recording)
     result = invoke(*args, "--out", out)

@@ -1,5 +1,6 @@
-"""Readouts: the scikit-learn contract, separable data, multi-head labels, fit-linear from a store."""
+"""Readouts: the scikit-learn contract, separable data, multi-head labels, streaming, fit-linear from a store."""
 
+import itertools
 import json
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from reservoir.readouts import LogisticReadout, load_layer
-from reservoir.readouts.features import layer_norm
+from reservoir.readouts.features import holdout_mask, iter_layer, layer_norm
+from reservoir.readouts.ridge import RidgeReadout
 
 
 @parametrize_with_checks([LogisticReadout(max_iter=100)])
@@ -77,3 +79,118 @@ def test_fit_linear_from_store_applies_final_norm(tmp_path):
     assert saved["store"]["task"]["name"] == "bit-memory"
     assert 0.0 <= saved["metrics"]["test_accuracy"] <= 1.0
     assert saved["metrics"]["n_test"] == 20 * 10
+
+
+# -- ridge, streaming -----------------------------------------------------------
+
+
+@parametrize_with_checks([RidgeReadout()])
+def test_ridge_sklearn_contract(estimator, check):
+    check(estimator)
+
+
+def _chunks(X, y, cuts):
+    return [(X[lo:hi], y[lo:hi]) for lo, hi in itertools.pairwise(cuts)]
+
+
+def _noisy(seed, n=700, multi=False):
+    """Badly scaled features with a large offset; labels (n,) in 3 classes or (n, 3) bits."""
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, 12))
+    X = (Z @ np.diag(np.logspace(-1, 2, 12)) @ rng.normal(size=(12, 12)) + 300).astype(np.float32)
+    if multi:
+        return X, np.stack([(Z[:, i] + 0.5 * rng.normal(size=n) > 0).astype(int) for i in range(3)], 1)
+    return X, (Z[:, 0] + 0.5 * Z[:, 1] + 0.3 * rng.normal(size=n) > 0).astype(int) + (Z[:, 2] > 1)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_ridge_streamed_equals_whole(multi):
+    X, y = _noisy(4, multi=multi)
+    val = (X[600:], y[600:])
+    whole = RidgeReadout().fit(X[:600], y[:600], validation_data=val)
+    cuts = [0, 1, 37, 250, 251, 600]  # uneven, one single row
+    streamed = RidgeReadout().fit_chunks(lambda: iter(_chunks(X, y, cuts)), val_chunks=[val])
+    assert streamed.alpha_ == pytest.approx(whole.alpha_, rel=1e-9)
+    assert list(streamed.val_scores_.values()) == list(whole.val_scores_.values())
+    np.testing.assert_allclose(streamed.coef_, whole.coef_, rtol=1e-6, atol=1e-8 * np.abs(whole.coef_).max())
+    np.testing.assert_allclose(streamed.intercept_, whole.intercept_, rtol=1e-6, atol=1e-8)
+    assert whole.coef_.shape == ((3, 2, 12) if multi else (1, 3, 12))
+    assert whole.decision_function(X).shape == (700, 3)  # 3 binary heads, or 3 classes
+    assert len(whole.val_scores_) == 9 and whole.val_scores_[whole.alpha_] == max(whole.val_scores_.values())
+    # a carved split is by row index, so it is the same however the rows are chunked
+    carved, carved_chunks = RidgeReadout().fit(X, y), RidgeReadout().fit_chunks(_chunks(X, y, [0, 300, 301, 700]))
+    assert carved.alpha_ == pytest.approx(carved_chunks.alpha_, rel=1e-9)
+    np.testing.assert_allclose(carved_chunks.coef_, carved.coef_, rtol=1e-6, atol=1e-8 * np.abs(carved.coef_).max())
+    with pytest.raises(TypeError, match="one-shot"):
+        RidgeReadout().fit_chunks(iter(_chunks(X, y, cuts)))
+
+
+def test_ridge_separable_reaches_100_percent():
+    rng = np.random.default_rng(5)
+    centers = rng.normal(size=(4, 20)) * 5
+    y = rng.integers(0, 4, 600)
+    X = centers[y] + rng.normal(size=(600, 20))
+    est = RidgeReadout().fit(X[:400], y[:400])
+    assert est.score(X[400:], y[400:]) == 1.0
+    assert np.array_equal(est.predict(X[400:]), est.classes_[est.decision_function(X[400:]).argmax(1)])
+
+
+def test_holdout_mask_is_seeded_and_chunk_independent():
+    whole = holdout_mask(0, 10_000, 0.1, seed=3)
+    assert np.array_equal(np.concatenate([holdout_mask(0, 4321, 0.1, 3), holdout_mask(4321, 5679, 0.1, 3)]), whole)
+    assert 0.08 < whole.mean() < 0.12 and not np.array_equal(holdout_mask(0, 10_000, 0.1, seed=4), whole)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_logistic_fit_chunks_equals_fit(multi):
+    X, y = _noisy(6, multi=multi)
+    val, alphas = (X[600:], y[600:]), (1.0, 1e-2, 1e-4)
+    ref = LogisticReadout(alphas=alphas).fit(X[:600], y[:600], validation_data=val)
+    est = LogisticReadout(alphas=alphas).fit_chunks(lambda: iter(_chunks(X, y, [0, 37, 250, 251, 600])), [val])
+    assert est.alpha_ == ref.alpha_
+    np.testing.assert_allclose(est._proba(X), ref._proba(X), atol=2e-3)
+    np.testing.assert_allclose(est.coef_, ref.coef_, atol=2e-3 * np.abs(ref.coef_).max())
+    assert (est.predict(X) == ref.predict(X)).mean() > 0.99
+    carved = LogisticReadout(alphas=alphas).fit_chunks(_chunks(X, y, [0, 350, 700]))  # validation by row hash
+    assert carved.score(*val) > 0.7 and carved.alpha_ in carved.val_scores_
+
+
+@pytest.fixture(scope="module")
+def xor_store(tmp_path_factory):
+    from reservoir.extract import ExtractConfig, extract
+
+    out = tmp_path_factory.mktemp("xor") / "s.zarr"
+    return extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2, out=str(out),
+                                 task_params={"n_train": 200, "n_test": 50}), progress=False)
+
+
+def test_iter_layer_concatenates_to_load_layer(xor_store):
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(xor_store) as store:
+        for split, final_norm, rows in [("train", True, None), ("train", False, 7), ("test", True, 1000)]:
+            X, y = load_layer(store, split, 2, final_norm)
+            parts = list(iter_layer(store, split, 2, final_norm, rows))
+            assert len(parts) == -(-len(X) // (rows or store.chunk_rows(split)))
+            np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), X)
+            np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), y)
+
+
+def test_fit_linear_ridge_streamed_and_in_memory(xor_store, tmp_path, monkeypatch):
+    from reservoir.readouts import run
+    from reservoir.readouts.run import fit_linear
+
+    mem = fit_linear(xor_store, layers=[2], readout="ridge", results_dir=tmp_path / "mem")[0]
+    streamed = fit_linear(xor_store, layers=[2], readout="ridge", results_dir=tmp_path / "st", stream=True)[0]
+    saved = json.loads((tmp_path / "st" / "s" / "ridge-layer2.json").read_text())
+    assert saved["config"]["readout"] == "ridge" and saved["config"]["stream"] is True
+    assert mem["config"]["stream"] is False and set(saved["metrics"]) == set(mem["metrics"])
+    assert saved["metrics"]["n_train"] == 200 and saved["metrics"]["n_test"] == 50
+    for key in ("train_accuracy", "test_accuracy", "alpha", "chance"):  # the ridge carve is by row index
+        assert streamed["metrics"][key] == pytest.approx(mem["metrics"][key], rel=1e-6)
+    assert fit_linear(xor_store, layers=[2], readout="ridge", results_dir=None, stream="auto")[0]["config"]["stream"] is False
+    monkeypatch.setattr(run, "STREAM_AUTO_BYTES", 200 * 32 * 4 - 1)  # this store's train layer is just above
+    auto = fit_linear(xor_store, layers=[2], readout="ridge", results_dir=None, stream="auto")[0]
+    assert auto["config"]["stream"] is True and auto["metrics"] == streamed["metrics"]
+    with pytest.raises(ValueError, match="expected stream"):
+        fit_linear(xor_store, readout="ridge", stream="sometimes")

@@ -85,7 +85,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
     monkeypatch.setattr(FeatureStore, "write_chunk", original)
     written = []
     monkeypatch.setattr(FeatureStore, "write_chunk",
-                        lambda self, split, c, *a: (written.append((split, c)), original(self, split, c, *a)))
+                        lambda self, split, c, *a, **kw: (written.append((split, c)), original(self, split, c, *a, **kw)))
     extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     assert written == [("train", 1), ("train", 2), ("test", 0)]  # the done chunk was skipped
     with FeatureStore.open(out) as a, FeatureStore.open(full) as b:

@@ -147,7 +147,8 @@ class Backbone(nn.Module):
         lengths: torch.Tensor,
         layers: list[int],
         n_out_tokens: int = 1,
-    ) -> torch.Tensor:
+        full_seq_layer: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Hidden states at the last ``n_out_tokens`` real positions of every layer asked for.
 
         Parameters
@@ -161,12 +162,16 @@ class Backbone(nn.Module):
             are not run.
         n_out_tokens : int
             Positions read per sequence, ending at the last real token.
+        full_seq_layer : int, optional
+            Also return every position's state at this layer (for split-point
+            stores).
 
         Returns
         -------
         torch.Tensor
             ``(B, len(layers), n_out_tokens, n_dim)``, raw residual stream (no
-            final norm).
+            final norm); with ``full_seq_layer`` a pair whose second element
+            is ``(B, L, n_dim)``.
 
         Examples
         --------
@@ -183,10 +188,14 @@ class Backbone(nn.Module):
         mask = self.attention_mask(lengths, L, h.dtype)
         wanted = set(layers)
         out = [h[rows, idx]] if 0 in wanted else []  # each (B, n_out, n_dim)
-        for k, h in self.run_blocks(h, mask, 0, max(layers)):
+        full = h if full_seq_layer == 0 else None
+        for k, h in self.run_blocks(h, mask, 0, max(max(layers), full_seq_layer or 0)):
             if k in wanted:
                 out.append(h[rows, idx])
-        return torch.stack(out, dim=1)  # (B, n_layers, n_out, n_dim)
+            if k == full_seq_layer:
+                full = h  # (B, L, n_dim)
+        feats = torch.stack(out, dim=1)  # (B, n_layers, n_out, n_dim)
+        return feats if full_seq_layer is None else (feats, full)
 
     def apply_final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The final norm a depth-K readout reads through (identity for post-LN models)."""

@@ -13,9 +13,20 @@ common), and L-BFGS on whitened inputs converges in tens of iterations where
 it otherwise needs thousands. The objective is
 ``mean cross-entropy + alpha/2 * ||V||^2`` with ``V`` the weights on the
 whitened features; ``coef_`` maps the original features directly.
+
+``fit`` holds the whitened rows in memory; ``fit_chunks`` fits the same model
+from chunks that are read again at every pass (one pass for the whitening
+statistics, then one per L-BFGS function evaluation, summing each chunk's loss
+and gradient), so the data never has to fit in memory. Both run one alpha path
+and L-BFGS loop over "sources" of chunks: ``fit``'s is a single cached chunk of
+whitened float32 rows (results identical to fitting without chunks);
+``fit_chunks`` folds the whitening into the weights and computes the logits in
+float64 on centred rows, so a pass costs ``n*d*n_heads*C`` flops, not ``n*d*d``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -23,6 +34,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch.nn import functional as F
+
+from reservoir.readouts.features import Moments, checked_chunks, chunk_source, encode_labels, holdout_mask
 
 DEFAULT_ALPHAS = (10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 
@@ -40,8 +53,10 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     patience : int
         See ``alphas``.
     val_fraction : float
-        Share of the training rows held out to choose ``alpha`` when
-        ``fit`` gets no ``validation_data``.
+        Share of the training rows held out to choose ``alpha`` when no
+        validation data is given: a seeded random permutation in ``fit``, a
+        seeded hash of the row index in ``fit_chunks`` (independent of the
+        chunking).
     whiten : bool
         Whiten the features (train statistics) before the fit; otherwise
         only centre and scale each feature to unit variance.
@@ -59,6 +74,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     classes_ : ndarray of shape (n_classes,)
     coef_ : ndarray of shape (n_heads, n_classes, n_features)
     intercept_ : ndarray of shape (n_heads, n_classes)
+        On centred features: logits are ``(X - mean_) @ coef_[h].T + intercept_[h]``.
+    mean_ : ndarray of shape (n_features,)
     alpha_ : float
         The chosen L2 strength.
     val_scores_ : dict of float to float
@@ -87,6 +104,10 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         self.device = device
 
     # -- fitting -------------------------------------------------------------
+    # A source is ``(chunks, n, P)``: ``chunks()`` yields ``(X, Y (m, *heads))`` tensors, X either whitened
+    # float32 ``(m, r)`` (P None: ``fit``) or centred float64 ``(m, d)`` with the whitening ``P (d, r)`` folded
+    # into the weights (``fit_chunks``: ``m*d*n_heads*C`` flops per chunk and pass instead of ``m*d*r``; float64
+    # keeps the gradient on low-variance directions exact, where ``P`` is large).
     def fit(self, X, y, validation_data=None):
         """Fit; ``validation_data=(X_val, y_val)`` replaces the carved validation split."""
         X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32, y_numeric=False)
@@ -96,7 +117,7 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         alphas = sorted(self.alphas or DEFAULT_ALPHAS, reverse=True)
         if validation_data is not None:
             Xv = validate_data(self, validation_data[0], reset=False, dtype=np.float32)
-            Yv = self._encode(np.asarray(validation_data[1]))
+            Yv = encode_labels(self.classes_, validation_data[1])
             Xt, Yt = X, Y
         elif len(alphas) > 1 and len(X) >= 10:
             rng = np.random.default_rng(self.random_state)
@@ -106,20 +127,90 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         else:
             Xv = Yv = None
             Xt, Yt = X, Y
-            alphas = alphas[-1:] if len(alphas) > 1 else alphas
-        self.mean_, self._P = self._whitening(X)
+        moments = Moments(full=self.whiten)
+        moments.update(X)
+        self._set_whitening(moments)
+
+        def cached(A, B):  # one whitened chunk, computed on first use
+            return functools.cache(lambda: [(self._tensor(A), torch.as_tensor(B, device=self.device))]), len(A), None
+
+        train = cached(Xt, Yt)
+        val = cached(Xv, Yv) if Xv is not None else None
         n_heads = 1 if Y.ndim == 1 else Y.shape[1]
-        W = torch.zeros(self._P.shape[1], n_heads * len(self.classes_), device=self.device)
-        b = torch.zeros(n_heads * len(self.classes_), device=self.device)
+        return self._fit_path(alphas, train, val, train if Xt is X else cached(X, Y), n_heads, Y.ndim > 1)
+
+    def fit_chunks(self, train_chunks, val_chunks=None):
+        """Fit from chunks read again at every pass, never holding all rows.
+
+        Parameters
+        ----------
+        train_chunks : callable or list
+            ``train_chunks()`` returns a fresh iterable of ``(X (m, d), y (m,) or (m, n_heads))``.
+        val_chunks : callable or list, optional
+            Validation chunks; without them ``val_fraction`` of the training
+            rows (by a seeded hash of the global row index) choose ``alpha``.
+
+        Examples
+        --------
+        >>> est = LogisticReadout().fit_chunks(lambda: iter_layer(store, "train", 6))  # doctest: +SKIP
+        """
+        train_chunks = chunk_source(train_chunks)
+        alphas = sorted(self.alphas or DEFAULT_ALPHAS, reverse=True)
+        seed = int(np.random.default_rng(self.random_state).integers(2**63))
+        carve = val_chunks is None and len(alphas) > 1
+        moments, classes, y_shape, n_val = Moments(full=self.whiten), [], (), 0
+        for X, y in checked_chunks(self, train_chunks, first=True):  # pass 1: statistics, classes
+            if carve:
+                n_val += int(holdout_mask(moments.n, len(X), self.val_fraction, seed).sum())
+            moments.update(X)
+            classes.append(np.unique(y))
+            y_shape = y.shape[1:]
+        if moments.n == 0:
+            raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
+        self.classes_ = np.unique(np.concatenate(classes))
+        carve = carve and moments.n >= 10 and 0 < n_val < moments.n
+        self._set_whitening(moments)
+        mean = torch.as_tensor(self.mean_, dtype=torch.float64, device=self.device)  # (d,)
+        P = torch.as_tensor(self._P, dtype=torch.float64, device=self.device)  # (d, r)
+
+        def stream(source, keep=None, val=False):  # keep: None (all rows), True (held out), False (the rest)
+            def chunks():
+                start = 0
+                for X, y in source():  # train chunks were validated in pass 1
+                    X = validate_data(self, X, reset=False, dtype=np.float32) if val else np.asarray(X, np.float32)
+                    Y = encode_labels(self.classes_, y, "validation labels" if val else "labels")
+                    if keep is not None:
+                        m = holdout_mask(start, len(X), self.val_fraction, seed) == keep
+                        start, X, Y = start + len(X), X[m], Y[m]
+                    if len(X):
+                        Xc = torch.as_tensor(X, dtype=torch.float64, device=self.device) - mean  # (m, d)
+                        yield Xc, torch.as_tensor(Y, device=self.device)
+            return chunks
+
+        full = (stream(train_chunks), moments.n, P)
+        if val_chunks is not None:
+            val = (stream(chunk_source(val_chunks, "val_chunks"), val=True), None, P)
+            train = full
+        elif carve:
+            val, train = (stream(train_chunks, True), n_val, P), (stream(train_chunks, False), moments.n - n_val, P)
+        else:
+            val, train = None, full
+        return self._fit_path(alphas, train, val, full, int(np.prod(y_shape)), len(y_shape) > 0)
+
+    def _fit_path(self, alphas, train, val, full, n_heads, multi):
+        """The alpha path on ``train`` scored on ``val``, then the refit on ``full`` from the best solution."""
+        C = len(self.classes_)
+        if val is None:
+            alphas = alphas[-1:]
+        W = torch.zeros(self._P.shape[1], n_heads * C, device=self.device)  # (r, n_heads * C)
+        b = torch.zeros(n_heads * C, device=self.device)
         self.val_scores_ = {}
         best = (-1.0, alphas[0])
         worse = 0
-        if Xv is not None:
-            Xt_t, Yt_t = self._tensor(Xt), torch.as_tensor(Yt, device=self.device)
-            Xv_t = self._tensor(Xv)
+        if val is not None:
             for alpha in alphas:
-                W, b = self._lbfgs(Xt_t, Yt_t, alpha, W, b, n_heads)
-                acc = float((self._logits(Xv_t, W, b, n_heads).argmax(-1).cpu().numpy() == Yv.reshape(len(Yv), -1)).mean())
+                W, b = self._lbfgs(train, alpha, W, b, n_heads)
+                acc = self._accuracy(val, W, b, n_heads)
                 self.val_scores_[float(alpha)] = acc
                 if acc > best[0]:
                     best = (acc, alpha)
@@ -130,62 +221,72 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
                     if worse >= self.patience:
                         break
         self.alpha_ = float(best[1])
-        if Xv is not None:  # refit on all rows, warm-started from the chosen solution
+        if val is not None:  # refit on all rows, warm-started from the chosen solution
             W, b = best_W, best_b
-        W, b = self._lbfgs(self._tensor(X), torch.as_tensor(Y, device=self.device), self.alpha_, W, b, n_heads)
-        C = len(self.classes_)
+        W, b = self._lbfgs(full, self.alpha_, W, b, n_heads)
         coef = torch.as_tensor(self._P, device=W.device) @ W  # (d, n_heads * C) on centred features
         self.coef_ = coef.t().reshape(n_heads, C, -1).cpu().numpy()  # (n_heads, C, d)
         self.intercept_ = b.reshape(n_heads, C).cpu().numpy()
         del self._P
-        self.n_heads_ = n_heads if Y.ndim > 1 else 0
+        self.n_heads_ = n_heads if multi else 0
         return self
 
-    def _encode(self, y):
-        idx = np.searchsorted(self.classes_, y)
-        idx = np.clip(idx, 0, len(self.classes_) - 1)
-        if not np.all(self.classes_[idx] == y):
-            raise ValueError(f"validation labels must be among the training classes {self.classes_.tolist()}")
-        return idx
-
-    def _whitening(self, X):
-        """``(mean, P)`` with ``(X - mean) @ P`` white (or standardized when ``whiten=False``)."""
-        X64 = X.astype(np.float64)
-        mean = X64.mean(0)
-        Xc = X64 - mean
+    def _set_whitening(self, moments: Moments):
+        """``mean_`` and ``_P`` with ``(X - mean_) @ _P`` white (or standardized when ``whiten=False``)."""
+        self.mean_ = moments.mean.astype(np.float32)
+        var = moments.scatter() / max(moments.n, 1)  # (d, d), or (d,) when not whitening
         if not self.whiten:
-            sd = Xc.std(0)
-            return mean.astype(np.float32), np.diag(1.0 / np.where(sd > 1e-12, sd, 1.0)).astype(np.float32)
-        cov = Xc.T @ Xc / max(len(X), 1)  # (d, d)
-        lam, V = np.linalg.eigh(cov)
+            sd = np.sqrt(np.maximum(var, 0.0))
+            self._P = np.diag(1.0 / np.where(sd > 1e-12, sd, 1.0)).astype(np.float32)
+            return
+        lam, V = np.linalg.eigh(var)
         keep = lam > max(lam.max(), 1e-30) * 1e-10
         if not keep.any():  # constant features: nothing to learn from them
             keep = lam >= lam.max()
             lam = np.where(keep, 1.0, lam)
-        return mean.astype(np.float32), (V[:, keep] / np.sqrt(lam[keep])).astype(np.float32)  # (d, r)
+        self._P = (V[:, keep] / np.sqrt(lam[keep])).astype(np.float32)  # (d, r)
 
     def _tensor(self, X):
-        return torch.as_tensor((X - self.mean_) @ self._P, dtype=torch.float32, device=self.device)
+        return torch.as_tensor((X - self.mean_) @ self._P, dtype=torch.float32, device=self.device)  # (m, r)
 
     @staticmethod
-    def _logits(X, W, b, n_heads):
-        return (X @ W + b).view(len(X), n_heads, -1)  # (n, n_heads, C)
+    def _logits(X, W, b, n_heads, P=None):
+        if P is not None:  # centred float64 rows: fold the whitening into the weights
+            W, b = P @ W.double(), b.double()  # (d, n_heads * C), (n_heads * C,)
+        return (X @ W + b).view(len(X), n_heads, -1)  # (m, n_heads, C)
 
-    def _lbfgs(self, X, Y, alpha, W0, b0, n_heads):
+    def _accuracy(self, source, W, b, n_heads):
+        """Share of correct (row, head) predictions over the chunks of a source."""
+        chunks, _, P = source
+        correct = total = 0
+        with torch.no_grad():
+            for X, Y in chunks():
+                pred = self._logits(X, W, b, n_heads, P).argmax(-1).cpu().numpy()  # (m, n_heads)
+                hit = pred == Y.cpu().numpy().reshape(len(X), -1)
+                correct, total = correct + int(hit.sum()), total + hit.size
+        return correct / max(total, 1)
+
+    def _lbfgs(self, source, alpha, W0, b0, n_heads):
+        """Minimize ``mean CE * n_heads + alpha/2 ||W||^2`` over the source's chunks (gradients summed)."""
+        chunks, n, P = source
         W = W0.detach().clone().requires_grad_(True)
         b = b0.detach().clone().requires_grad_(True)
         C = len(self.classes_)
-        target = Y.reshape(len(Y), -1).long()  # (n, n_heads)
         opt = torch.optim.LBFGS([W, b], lr=1.0, max_iter=self.max_iter, tolerance_grad=self.tol,
                                 tolerance_change=1e-10, history_size=20, line_search_fn="strong_wolfe")
 
         def closure():
             opt.zero_grad()
-            logits = self._logits(X, W, b, n_heads)  # (n, n_heads, C)
-            loss = F.cross_entropy(logits.reshape(-1, C), target.reshape(-1)) * n_heads
-            loss = loss + 0.5 * alpha * (W * W).sum()
-            loss.backward()
-            return loss
+            total = 0.0
+            for X, Y in chunks():
+                logits = self._logits(X, W, b, n_heads, P)  # (m, n_heads, C)
+                target = Y.reshape(-1).long()  # (m * n_heads,)
+                loss = F.cross_entropy(logits.reshape(-1, C), target) * (n_heads * len(X) / n)
+                loss.backward()
+                total = total + loss.detach()
+            reg = 0.5 * alpha * (W * W).sum()
+            reg.backward()
+            return total + reg.detach()
 
         if C > 1:
             opt.step(closure)

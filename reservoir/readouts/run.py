@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Literal
 
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.readouts.features import load_layer
+from reservoir.readouts.features import iter_layer, load_layer
 from reservoir.results import write_result
 from reservoir.store import FeatureStore
 
-READOUTS = ("logistic",)
+READOUTS = ("logistic", "ridge")
+#: ``stream="auto"`` streams a layer whose train features exceed this many bytes as float32.
+STREAM_AUTO_BYTES = 2 * 1024**3
+#: Bytes (float32) of features per chunk when streaming, rounded to whole store chunks.
+STREAM_CHUNK_BYTES = 64 * 1024**2
 
 
 def _make_readout(kind: str, seed: int, device: str):
@@ -21,7 +26,31 @@ def _make_readout(kind: str, seed: int, device: str):
         from reservoir.readouts.logistic import LogisticReadout
 
         return LogisticReadout(random_state=seed, device=device)
+    if kind == "ridge":
+        from reservoir.readouts.ridge import RidgeReadout
+
+        return RidgeReadout(random_state=seed)
     raise ReservoirError(f"unknown readout {kind!r}; expected one of: {', '.join(READOUTS)}")
+
+
+def layer_bytes(store: FeatureStore, split: str) -> int:
+    """Bytes of one layer of ``split`` as float32 ``(N * n_out_tokens, n_dim)``."""
+    n, _, n_out, d = store.features(split).shape
+    return int(n) * int(n_out) * int(d) * 4
+
+
+def _stream_eval(est, chunks, majority=None):
+    """Accuracy, rows, label counts and the share of labels equal to ``majority``, one pass over the chunks."""
+    hits = same = entries = 0.0
+    rows, counts = 0, np.zeros(0, np.int64)
+    for X, y in chunks():
+        hits += est.score(X, y) * len(X)
+        rows += len(X)
+        c = np.bincount(y.ravel())
+        counts = np.pad(counts, (0, max(0, len(c) - len(counts)))) + np.pad(c, (0, max(0, len(counts) - len(c))))
+        if majority is not None:
+            same, entries = same + float((y == majority).sum()), entries + y.size
+    return hits / max(rows, 1), rows, counts, same / max(entries, 1)
 
 
 def fit_linear(
@@ -33,6 +62,7 @@ def fit_linear(
     device: str = "cpu",
     final_norm: bool = True,
     on_result: Callable[[dict[str, Any] | None], None] | None = None,
+    stream: bool | Literal["auto"] = False,
 ) -> list[dict[str, Any]]:
     """Fit a linear readout on each asked layer of a store; return (and write) one result per layer.
 
@@ -40,6 +70,16 @@ def fit_linear(
     else on a validation split carved from train (``val_fraction`` of it,
     seeded). Accuracy is on the full test split (each bit counts once for bit
     tasks).
+
+    ``readout`` is ``"logistic"`` (:class:`LogisticReadout`) or ``"ridge"``
+    (:class:`RidgeReadout`). ``stream=True`` fits from :func:`iter_layer`
+    chunks (about 64 MB each) with ``fit_chunks`` and scores chunk by chunk,
+    so no split is ever held whole; ``"auto"`` streams a layer whose train
+    features exceed :data:`STREAM_AUTO_BYTES` (2 GiB) as float32. Streaming
+    carves its validation rows by a hash of the row index, not the
+    permutation ``fit`` uses, so the carved split (and the result) differs
+    slightly from an in-memory fit; ``timings.load_s`` is then the time spent
+    reading chunks over all passes, inside and outside ``fit_s``.
 
     ``on_result`` is called with ``None`` once every layer has been checked,
     then with each result as soon as it is ready (the CLI prints a table row).
@@ -49,6 +89,10 @@ def fit_linear(
     >>> rows = fit_linear("cache/bit-xor-minilm-pretrained.zarr", layers=[6])  # doctest: +SKIP
     >>> rows[0]["metrics"]["test_accuracy"]                                    # doctest: +SKIP
     """
+    if readout not in READOUTS:
+        raise ReservoirError(f"unknown readout {readout!r}; expected one of: {', '.join(READOUTS)}")
+    if stream not in (True, False, "auto"):
+        raise ReservoirError(f"expected stream to be true, false or 'auto', found {stream!r}")
     with FeatureStore.open(store_path) as store:
         if not store.complete:
             raise ReservoirError(f"{store_path}: expected a complete store, found an unfinished extraction (rerun it)")
@@ -64,35 +108,31 @@ def fit_linear(
             store.layer_index(k)
         if on_result is not None:
             on_result(None)
+        has_val = "val" in store.splits
+        streamed = stream is True or (stream == "auto" and layer_bytes(store, "train") > STREAM_AUTO_BYTES)
         rows = []
         for k in wanted:
-            t0 = time.perf_counter()
-            X, y = load_layer(store, "train", k, final_norm)
-            Xt, yt = load_layer(store, "test", k, final_norm)
-            val = load_layer(store, "val", k, final_norm) if "val" in store.splits else None
-            t_load = time.perf_counter() - t0
             est = _make_readout(readout, seed, device)
-            t0 = time.perf_counter()
-            est.fit(X, y, validation_data=val)
-            t_fit = time.perf_counter() - t0
-            best_val = max(est.val_scores_.values()) if est.val_scores_ else float("nan")
+            fit = _fit_streamed if streamed else _fit_in_memory
+            metrics, timings = fit(est, store, k, final_norm, has_val)
             result = {
                 "kind": "fit-linear",
                 "config": {"store": str(store_path), "layer": k, "readout": readout, "seed": seed,
                            "final_norm": final_norm, "alphas": sorted(est.val_scores_),
-                           "validation": "store val split" if val is not None else "carved from train"},
+                           "validation": "store val split" if has_val else "carved from train",
+                           "stream": streamed},
                 "store": store.fingerprint(),
                 "metrics": {
-                    "train_accuracy": est.score(X, y),
-                    "val_accuracy": best_val,
-                    "test_accuracy": est.score(Xt, yt),
+                    "train_accuracy": metrics["train_accuracy"],
+                    "val_accuracy": max(est.val_scores_.values()) if est.val_scores_ else float("nan"),
+                    "test_accuracy": metrics["test_accuracy"],
                     "alpha": est.alpha_,
                     "val_scores": {str(a): s for a, s in est.val_scores_.items()},
-                    "n_train": int(len(X)),
-                    "n_test": int(len(Xt)),
-                    "chance": float(np.mean(yt == np.bincount(y.ravel()).argmax())),
+                    "n_train": metrics["n_train"],
+                    "n_test": metrics["n_test"],
+                    "chance": metrics["chance"],
                 },
-                "timings": {"load_s": t_load, "fit_s": t_fit},
+                "timings": timings,
             }
             if results_dir is not None:
                 name = Path(store_path).name.split(".")[0]
@@ -101,3 +141,47 @@ def fit_linear(
             if on_result is not None:
                 on_result(result)
         return rows
+
+
+def _fit_in_memory(est, store, k, final_norm, has_val):
+    t0 = time.perf_counter()
+    X, y = load_layer(store, "train", k, final_norm)
+    Xt, yt = load_layer(store, "test", k, final_norm)
+    val = load_layer(store, "val", k, final_norm) if has_val else None
+    t_load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    est.fit(X, y, validation_data=val)
+    t_fit = time.perf_counter() - t0
+    metrics = {"train_accuracy": est.score(X, y), "test_accuracy": est.score(Xt, yt),
+               "n_train": len(X), "n_test": len(Xt),
+               "chance": float(np.mean(yt == np.bincount(y.ravel()).argmax()))}
+    return metrics, {"load_s": t_load, "fit_s": t_fit}
+
+
+def _fit_streamed(est, store, k, final_norm, has_val):
+    read_s = [0.0]
+
+    def chunks(split):
+        _, _, n_out, d = store.features(split).shape
+        step = store.chunk_rows(split)
+        rows = step * max(1, STREAM_CHUNK_BYTES // max(step * n_out * d * 4, 1))  # whole store chunks
+
+        def source():
+            it = iter_layer(store, split, k, final_norm, rows)
+            while True:
+                t0 = time.perf_counter()
+                item = next(it, None)
+                read_s[0] += time.perf_counter() - t0
+                if item is None:
+                    return
+                yield item
+        return source
+
+    t0 = time.perf_counter()
+    est.fit_chunks(chunks("train"), chunks("val") if has_val else None)
+    t_fit = time.perf_counter() - t0
+    train_acc, n_train, counts, _ = _stream_eval(est, chunks("train"))
+    test_acc, n_test, _, chance = _stream_eval(est, chunks("test"), majority=int(counts.argmax()))
+    metrics = {"train_accuracy": train_acc, "test_accuracy": test_acc, "n_train": n_train, "n_test": n_test,
+               "chance": chance}
+    return metrics, {"load_s": read_s[0], "fit_s": t_fit}

@@ -1,0 +1,130 @@
+"""Freeze schemes: which parameter groups of a backbone + head are trained.
+
+Groups: ``input`` (the projection), ``positions`` (position embeddings),
+``layernorm`` (every normalization module: embedding norm, the norms inside
+blocks, the final norm), ``attention`` and ``feedforward`` (a block's attention
+and feedforward submodules, without the norms they contain), ``output`` (the
+linear head). Freezing is structural: everything is frozen, then groups are
+unfrozen by module, found through the architecture table (never by substrings
+of parameter names). Every parameter belongs to exactly one group.
+
+Presets: ``fpt`` = input + positions + layernorm + output (Lu et al.),
+``all`` = every group (Rothermel et al.'s unfrozen variants), ``output`` = the
+head only (a live linear readout).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from reservoir.backbones.arch import NORM_TYPES, get_module
+from reservoir.errors import ReservoirError
+
+GROUPS = ("input", "positions", "layernorm", "attention", "feedforward", "output")
+PRESETS = {
+    "fpt": ("input", "positions", "layernorm", "output"),
+    "all": GROUPS,
+    "output": ("output",),
+}
+
+
+def parse_groups(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``"fpt"``, ``"all"``, or a comma list of groups -> groups in canonical order.
+
+    Examples
+    --------
+    >>> parse_groups("layernorm,output")
+    ('layernorm', 'output')
+    >>> parse_groups("fpt")
+    ('input', 'positions', 'layernorm', 'output')
+    """
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    wanted: set[str] = set()
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        if item in PRESETS:
+            wanted.update(PRESETS[item])
+        elif item in GROUPS:
+            wanted.add(item)
+        else:
+            raise ReservoirError(
+                f"unknown finetune group {item!r}; expected a comma list of {', '.join(GROUPS)} or one of "
+                f"{', '.join(PRESETS)}"
+            )
+    if not wanted:
+        raise ReservoirError("--finetune names no group; expected e.g. fpt, all or layernorm,output")
+    return tuple(g for g in GROUPS if g in wanted)
+
+
+def _params(module: nn.Module | None, skip_norms: bool = False) -> list[nn.Parameter]:
+    if module is None:
+        return []
+    if not skip_norms:
+        return list(module.parameters())
+    norm_params = {id(p) for m in module.modules() if isinstance(m, NORM_TYPES) for p in m.parameters()}
+    return [p for p in module.parameters() if id(p) not in norm_params]
+
+
+def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0) -> dict[str, list[nn.Parameter]]:
+    """Map each group to its parameters, structurally.
+
+    ``first_block`` > 0 restricts the block-level groups (and the norms) to
+    blocks ``first_block+1..depth`` plus the final norm: what a split-point
+    store at layer ``first_block`` can train.
+    """
+    blocks = list(backbone.blocks)[first_block:]
+    groups: dict[str, list[nn.Parameter]] = {g: [] for g in GROUPS}
+    groups["output"] = list(head.parameters())
+    arch = getattr(backbone, "arch", None)
+    if arch is None:  # backbones outside the architecture table declare their own groups
+        for name, params in backbone.parameter_groups(first_block).items():
+            groups[name].extend(params)
+        return groups
+    if first_block == 0:
+        groups["input"] = _params(backbone.input)
+        groups["positions"] = _params(backbone.positions)
+        groups["layernorm"] += _params(backbone.embed_norm)
+    for block in blocks:
+        groups["layernorm"] += [p for m in block.modules() if isinstance(m, NORM_TYPES) for p in m.parameters()]
+        for path in arch.attention:
+            groups["attention"] += _params(get_module(block, path), skip_norms=True)
+        for path in arch.feedforward:
+            groups["feedforward"] += _params(get_module(block, path), skip_norms=True)
+    groups["layernorm"] += _params(backbone.final_norm)
+    return groups
+
+
+def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], first_block: int = 0) -> dict[str, int]:
+    """Freeze everything, then unfreeze ``groups``; return parameter counts.
+
+    Returns
+    -------
+    dict
+        ``{"trainable": n, "total": n, **{group: n}}`` (group counts are the
+        parameters of that group, trained or not).
+    """
+    by_group = parameter_groups(backbone, head, first_block)
+    for p in [*backbone.parameters(), *head.parameters()]:
+        p.requires_grad_(False)
+    for g in groups:
+        if g in ("input", "positions") and first_block > 0:
+            raise ReservoirError(f"group {g!r} lies below the split layer {first_block}; it cannot be trained from a "
+                                 "split-point store")
+        for p in by_group[g]:
+            p.requires_grad_(True)
+    if first_block == 0:
+        seen = [id(p) for ps in by_group.values() for p in ps]
+        assert len(seen) == len(set(seen)), "a parameter sits in two groups"
+        everything = {id(p) for p in [*backbone.parameters(), *head.parameters()]}
+        assert set(seen) == everything, "a parameter sits in no group"
+    counts = {g: sum(p.numel() for p in ps) for g, ps in by_group.items()}
+    trainable = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()] if p.requires_grad)
+    total = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()])
+    return {"trainable": trainable, "total": total, **counts}
+
+
+def describe(counts: dict[str, int]) -> str:
+    """``trainable params: X || all params: Y || trainable%: Z``"""
+    pct = 100.0 * counts["trainable"] / max(counts["total"], 1)
+    return f"trainable params: {counts['trainable']:,} || all params: {counts['total']:,} || trainable%: {pct:.4f}"
