@@ -239,6 +239,36 @@ def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_swe
     click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
 
 
+@main.group()
+def bench():
+    """Benchmarks: what caching buys."""
+
+
+@bench.command("speedup")
+@click.option("--task", required=True, help="Task name.")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--layers", default=None, type=int, help="Depth K (default all).")
+@click.option("--split-layer", default=None, type=int, help="Split point s for (b); default K-1 (tune the top block).")
+@click.option("--batch-size", default=16, show_default=True, type=int, help="Rows per optimizer step.")
+@click.option("--max-live-rows", default=1024, show_default=True, type=int,
+              help="Rows timed for each live epoch (scaled to the full epoch).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed, device, out):
+    """Per-epoch cost of training live vs from a store, and the break-even number of epochs."""
+    from reservoir.bench import format_speedup, speedup
+    from reservoir.results import write_result
+
+    r = speedup(task, _parse_params(params), backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
+                device)
+    click.echo(format_speedup(r))
+    if out:
+        write_result(out, {"kind": "bench-speedup", **r})
+
+
 @main.command()
 def tasks():
     """List the registered tasks, their defaults and where their data comes from."""

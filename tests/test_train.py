@@ -166,3 +166,21 @@ def test_split_point_store_errors(tmp_path):
     with pytest.raises(ReservoirError, match="below the split layer"):
         train(TrainConfig(task="listops", from_store=str(sp), backbone="tiny-bert", finetune="fpt", steps=1,
                           out=str(tmp_path / "r3")), progress=False)
+
+
+def test_bench_speedup_reports_consistent_ratios():
+    from reservoir.bench import format_speedup, speedup
+
+    r = speedup("bit-xor", {"n_train": 96, "n_test": 16}, backbone="tiny-gpt2", batch_size=16, max_live_rows=48,
+                device="cpu")
+    a, b = r["output_only"], r["layernorm_top"]
+    assert a["live_rows_timed"] == 48 and r["n_train"] == 96
+    assert a["speedup"] == pytest.approx(a["live_epoch_s"] / a["cached_epoch_s"])
+    assert b["blocks_trained"] == [2] and r["split_layer"] == 1
+    assert b["speedup"] == pytest.approx(b["live_epoch_s"] / b["split_store_epoch_s"])
+    assert r["extract_overhead"] == pytest.approx(r["extract_s"] / r["bare_forward_s"])
+    assert all(v > 0 for v in (a["live_epoch_s"], a["cached_epoch_s"], b["live_epoch_s"], b["split_store_epoch_s"]))
+    text = format_speedup(r)
+    assert "(a) output layer only" in text and "(b) layernorm, blocks 2..2" in text
+    with pytest.raises(ReservoirError, match="--split-layer must be within 0..1"):
+        speedup("bit-xor", {"n_train": 32, "n_test": 16}, backbone="tiny-gpt2", split_layer=2, device="cpu")
