@@ -187,7 +187,7 @@ def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_fina
 @click.option("--layers", default=None, type=int, help="Depth K: keep blocks 1..K (default all).")
 @click.option("--finetune", default="fpt", show_default=True,
               help="Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
-                   "input, positions, layernorm, attention, feedforward, output.")
+                   "input, positions, layernorm, attention, feedforward, recurrent (LSTM), output.")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
 @click.option("--lr-sweep", default=None, metavar="LOW:HIGH:N",
               help="Sweep N log-spaced learning rates; pick by mean validation accuracy (Rothermel et al.).")
@@ -237,6 +237,25 @@ def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_swe
     click.echo(f"test accuracy {m['test_accuracy']:.2%} (best val {m['best_val_accuracy']:.2%} at step "
                f"{m['best_step']}; within 1 point of best from step {m['steps_to_converge']})")
     click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
+
+
+@main.command("fit-raw")
+@click.option("--task", required=True, help="A continuous task (images, bit XOR).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
+@click.option("--out", default=None, help="Write the result as JSON here.")
+def fit_raw(task, params, readout, seed, out):
+    """Baseline without a backbone: the same readout on the flattened raw inputs."""
+    from reservoir.readouts.run import fit_raw as run_raw
+    from reservoir.results import write_result
+
+    r = run_raw(task, _parse_params(params), readout, seed)
+    m = r["metrics"]
+    click.echo(f"{task} raw inputs ({m['n_features']} features), {readout}: train {m['train_accuracy']:.2%}, "
+               f"test {m['test_accuracy']:.2%} (alpha {m['alpha']:.0e}, fit {r['timings']['fit_s']:.1f} s)")
+    if out:
+        write_result(out, r)
 
 
 @main.group()

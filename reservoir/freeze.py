@@ -3,8 +3,9 @@
 Groups: ``input`` (the projection), ``positions`` (position embeddings),
 ``layernorm`` (every normalization module: embedding norm, the norms inside
 blocks, the final norm), ``attention`` and ``feedforward`` (a block's attention
-and feedforward submodules, without the norms they contain), ``output`` (the
-linear head). Freezing is structural: everything is frozen, then groups are
+and feedforward submodules, without the norms they contain), ``recurrent`` (an
+LSTM's recurrent weights; empty for transformers), ``output`` (the linear
+head). Freezing is structural: everything is frozen, then groups are
 unfrozen by module, found through the architecture table (never by substrings
 of parameter names). Every parameter belongs to exactly one group.
 
@@ -20,7 +21,7 @@ from torch import nn
 from reservoir.backbones.arch import NORM_TYPES, get_module
 from reservoir.errors import ReservoirError
 
-GROUPS = ("input", "positions", "layernorm", "attention", "feedforward", "output")
+GROUPS = ("input", "positions", "layernorm", "attention", "feedforward", "recurrent", "output")
 PRESETS = {
     "fpt": ("input", "positions", "layernorm", "output"),
     "all": GROUPS,

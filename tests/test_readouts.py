@@ -194,3 +194,16 @@ def test_fit_linear_ridge_streamed_and_in_memory(xor_store, tmp_path, monkeypatc
     assert auto["config"]["stream"] is True and auto["metrics"] == streamed["metrics"]
     with pytest.raises(ValueError, match="expected stream"):
         fit_linear(xor_store, readout="ridge", stream="sometimes")
+
+
+def test_fit_raw_digits_and_standardized_penalty():
+    from reservoir.errors import ReservoirError
+    from reservoir.readouts.run import fit_raw
+
+    r = fit_raw("digits")
+    assert r["metrics"]["n_features"] == 64 and r["metrics"]["n_test"] == 360
+    assert r["metrics"]["test_accuracy"] > 0.94  # a linear model on 8x8 digits
+    with pytest.raises(ReservoirError, match="continuous task"):
+        fit_raw("listops", {"n_train": 20, "n_test": 10, "max_length": 30})
+    with pytest.raises(ValueError, match="penalty must be"):
+        LogisticReadout(penalty="l1").fit(np.eye(12), np.arange(12) % 2)

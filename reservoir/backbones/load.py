@@ -7,6 +7,8 @@ Names:
 * ``tiny-gpt2``, ``tiny-bert`` — 2-layer, 32-dim configs built in code for
   tests. Their "pretrained" weights are a fixed seeded draw standing in for a
   checkpoint, so every init (including ``stats``) can be exercised offline.
+* ``lstm-<layers>x<dim>`` (``lstm-3x768``) — the LSTM baseline of Lu et al.
+  (:mod:`reservoir.backbones.lstm`); ``random`` init only.
 * anything else — a Hugging Face hub id (``gpt2``, ``gpt2-medium``) or a local
   folder with ``config.json`` and weights.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ import torch
 from torch import nn
 
 from reservoir.backbones.arch import arch_for
+from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo
 from reservoir.errors import ReservoirError
 
@@ -51,9 +55,31 @@ TINY_WEIGHTS_SEED = 1234
 SHORT_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 
 
+#: The paper's LSTM baseline (Table 3); any ``lstm-<layers>x<dim>`` loads too.
+LSTM_NAMES = ("lstm-3x768",)
+
+
 def backbone_names() -> list[str]:
-    """Names that need no hub access."""
-    return sorted([*SHORT_NAMES, *TINY_CONFIGS])
+    """Names that need no hub access (besides these, any ``lstm-<layers>x<dim>``)."""
+    return sorted([*SHORT_NAMES, *TINY_CONFIGS, *LSTM_NAMES])
+
+
+def _lstm_spec(name: str) -> tuple[int, int] | None:
+    """``(layers, dim)`` for an ``lstm-LxD`` name, ``None`` for other names.
+
+    Raises
+    ------
+    ReservoirError
+        For a name starting with ``lstm-`` that is not ``lstm-<layers>x<dim>``
+        with positive integers (unless it is an existing folder).
+    """
+    if not name.startswith("lstm-") or Path(name).is_dir():
+        return None
+    m = re.fullmatch(r"lstm-(\d+)x(\d+)", name)
+    if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ReservoirError(f"bad LSTM backbone name: expected lstm-<layers>x<dim> with positive integers "
+                             f"(e.g. lstm-3x768), found {name!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def _minilm_path() -> Path:
@@ -171,7 +197,7 @@ def load_backbone(
     Parameters
     ----------
     name : str
-        ``minilm``, ``tiny-gpt2``, ``tiny-bert``, a hub id or a local folder.
+        ``minilm``, ``tiny-gpt2``, ``tiny-bert``, ``lstm-<layers>x<dim>``, a hub id or a local folder.
     init : {"pretrained", "random", "stats"}
         Weight initialization (see module docstring).
     depth : int, optional
@@ -196,6 +222,10 @@ def load_backbone(
     """
     if init not in INITS:
         raise ReservoirError(f"unknown init {init!r}; expected one of: {', '.join(INITS)}")
+    lstm = _lstm_spec(name)
+    if lstm is not None:
+        return _load_lstm(name, *lstm, init=init, depth=depth, d_in=d_in, seed=seed, projection_gain=projection_gain,
+                          projection_seed=projection_seed)
     model, model_id, revision = _load_hf(name, init, seed, revision, attn_implementation)
     arch = arch_for(model.config.model_type)
     if init == "stats":
@@ -228,3 +258,35 @@ def load_backbone(
         final_norm_eps=float(config.layer_norm_epsilon) if arch.final_norm else None,
     )
     return Backbone(model, arch, depth, projection, info).eval()
+
+
+def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | None, d_in: int, seed: int,
+               projection_gain: float, projection_seed: int | None) -> LSTMBackbone:
+    """The LSTM baseline: PyTorch's default LSTM init (and unit LayerNorms), seeded, frozen."""
+    if init != "random":
+        raise ReservoirError(f"backbone {name!r} has no pretrained weights; expected --init random, found {init!r}")
+    if depth is None:
+        depth = n_layer
+    if not 0 <= depth <= n_layer:
+        raise ReservoirError(f"depth {depth} is beyond backbone {name!r}: expected 0..{n_layer} layers, found {depth}")
+    stack = _seeded_init(lambda: LSTMStack(n_layer, n_dim), seed)
+    sha = weights_sha256(stack)
+    stack.eval()
+    stack.requires_grad_(False)
+    proj_seed = seed if projection_seed is None else projection_seed
+    projection = orthogonal_projection(d_in, n_dim, projection_gain, proj_seed)
+    projection.requires_grad_(False)
+    info = BackboneInfo(
+        id=name,
+        family="lstm",
+        init=init,
+        seed=seed,
+        n_layer=n_layer,
+        n_dim=n_dim,
+        depth=depth,
+        max_positions=LSTM_MAX_POSITIONS,
+        weights_sha256=sha,
+        revision=None,
+        final_norm_eps=float(stack.final_norm.eps),
+    )
+    return LSTMBackbone(stack, depth, projection, info).eval()

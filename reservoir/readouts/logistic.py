@@ -57,6 +57,12 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         validation data is given: a seeded random permutation in ``fit``, a
         seeded hash of the row index in ``fit_chunks`` (independent of the
         chunking).
+    penalty : {"whitened", "standardized"}
+        Where the L2 penalty is measured: on the weights of the whitened
+        features (well conditioned, fast; suits hidden states), or on the
+        weights of standardized features (the usual L2 logistic regression;
+        the whitening then only preconditions L-BFGS, which converges more
+        slowly). Raw-pixel baselines use ``"standardized"``.
     whiten : bool
         Whiten the features (train statistics) before the fit; otherwise
         only centre and scale each feature to unit variance.
@@ -92,9 +98,10 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     True
     """
 
-    def __init__(self, alphas=None, val_fraction=0.1, whiten=True, max_iter=500, tol=1e-7, patience=2,
-                 random_state=0, device="cpu"):
+    def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,
+                 patience=2, random_state=0, device="cpu"):
         self.alphas = alphas
+        self.penalty = penalty
         self.patience = patience
         self.val_fraction = val_fraction
         self.whiten = whiten
@@ -235,9 +242,13 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         """``mean_`` and ``_P`` with ``(X - mean_) @ _P`` white (or standardized when ``whiten=False``)."""
         self.mean_ = moments.mean.astype(np.float32)
         var = moments.scatter() / max(moments.n, 1)  # (d, d), or (d,) when not whitening
+        if self.penalty not in ("standardized", "whitened"):
+            raise ValueError(f"penalty must be 'standardized' or 'whitened', found {self.penalty!r}")
+        sd = np.sqrt(np.maximum(np.diag(var) if var.ndim == 2 else var, 0.0))  # (d,)
+        sd = np.where(sd > 1e-12, sd, 1.0)
+        self._M = None  # penalty ||M V||^2 on the whitened weights V; None: ||V||^2
         if not self.whiten:
-            sd = np.sqrt(np.maximum(var, 0.0))
-            self._P = np.diag(1.0 / np.where(sd > 1e-12, sd, 1.0)).astype(np.float32)
+            self._P = np.diag(1.0 / sd).astype(np.float32)
             return
         lam, V = np.linalg.eigh(var)
         keep = lam > max(lam.max(), 1e-30) * 1e-10
@@ -245,6 +256,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
             keep = lam >= lam.max()
             lam = np.where(keep, 1.0, lam)
         self._P = (V[:, keep] / np.sqrt(lam[keep])).astype(np.float32)  # (d, r)
+        if self.penalty == "standardized":  # the weights on standardized features are diag(sd) @ P @ V
+            self._M = torch.as_tensor(sd[:, None] * self._P, dtype=torch.float32, device=self.device)  # (d, r)
 
     def _tensor(self, X):
         return torch.as_tensor((X - self.mean_) @ self._P, dtype=torch.float32, device=self.device)  # (m, r)
@@ -284,7 +297,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
                 loss = F.cross_entropy(logits.reshape(-1, C), target) * (n_heads * len(X) / n)
                 loss.backward()
                 total = total + loss.detach()
-            reg = 0.5 * alpha * (W * W).sum()
+            MW = W if self._M is None else self._M.to(W.dtype) @ W  # (d, n_heads * C)
+            reg = 0.5 * alpha * (MW * MW).sum()
             reg.backward()
             return total + reg.detach()
 
