@@ -288,6 +288,25 @@ def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size,
         write_result(out, {"kind": "bench-speedup", **r})
 
 
+@bench.command("readout")
+@click.argument("store", type=click.Path())
+@click.option("--layer", required=True, type=int, help="Stored layer to fit.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+def bench_readout(store, layer, seed, out):
+    """fit-linear's logistic readout vs scikit-learn's LogisticRegression: wall time and accuracy."""
+    from reservoir.bench import readout_vs_sklearn
+    from reservoir.results import write_result
+
+    r = readout_vs_sklearn(store, layer, seed)
+    click.echo(f"layer {layer}, {r['n_train']} train rows x {r['n_features']} features, {r['torch_threads']} threads")
+    for name in ("reservoir", "sklearn"):
+        click.echo(f"{name:<10} fit {r[name]['fit_s']:7.2f} s   test {r[name]['test_accuracy']:.2%}")
+    click.echo(f"scikit-learn / reservoir wall time: {r['time_ratio']:.1f}x")
+    if out:
+        write_result(out, {"kind": "bench-readout", **r})
+
+
 @main.command()
 def tasks():
     """List the registered tasks, their defaults and where their data comes from."""

@@ -81,3 +81,19 @@ def test_bench_speedup_cli(tmp_path):
     assert "(a) output layer only" in r.stdout
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["output_only"]["speedup"] > 0
+
+
+def test_bench_readout_cli(tmp_path):
+    store = tmp_path / "d.zarr"
+    r = run("extract", "--task", "listops", "-p", "n_train=120", "-p", "n_test=40", "-p", "max_length=30",
+            "--backbone", "tiny-gpt2", "--layers", 1, "--out", store, "--quiet")
+    assert r.exit_code == 0, r.output
+    r = run("bench", "readout", store, "--layer", 1, "--out", tmp_path / "b.json")
+    assert r.exit_code == 0, r.output
+    saved = json.loads((tmp_path / "b.json").read_text())
+    for name in ("reservoir", "sklearn"):
+        assert 0.0 <= saved[name]["test_accuracy"] <= 1.0 and saved[name]["fit_s"] > 0
+    assert "wall time" in r.stdout
+    xor = tmp_path / "x.zarr"
+    assert run("extract", *XOR, "--backbone", "tiny-gpt2", "--out", xor, "--quiet").exit_code == 0
+    assert "one label per row" in one_error_line(run("bench", "readout", xor, "--layer", 1))
