@@ -332,6 +332,7 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     _set_dropout(model, config.dropout)
     model.train(config.dropout > 0)
     state = {"step": 0, "curve": [], "best_val": -1.0, "best_step": 0, "train_seconds": 0.0}
+    # best checkpoint: highest validation accuracy, the later one on ties
     last = out / "last.pt"
     if last.exists():
         ckpt = torch.load(last, map_location=device, weights_only=False)
@@ -371,7 +372,7 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
                 state["train_seconds"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 trainable = {n: p.detach().clone() for n, p in model.named_parameters() if n in trainable_names}
-                if acc > state["best_val"]:
+                if acc >= state["best_val"]:  # ties go to the later checkpoint (more training)
                     state["best_val"], state["best_step"] = acc, state["step"]
                     _save(out / "best.pt", {"config": config.key(), "trainable": trainable, "step": state["step"]})
                 _save(last, {"config": config.key(), "trainable": trainable, "optimizer": opt.state_dict(),
