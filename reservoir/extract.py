@@ -87,7 +87,8 @@ def resolve_device(device: str) -> "Any":
         raise ReservoirError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from err
 
 
-def _autocast(device, amp: str):
+def autocast(device, amp: str):
+    """CUDA autocast in the asked dtype (auto: bf16 where supported); a no-op on CPU or with amp="none"."""
     import torch
 
     if device.type != "cuda" or amp == "none":
@@ -122,7 +123,7 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     if full_seq_layer is not None:
         full = np.zeros((n, max_length or inputs.shape[1], backbone.n_dim), dtype=np.float32)
     order = np.argsort(lengths, kind="stable")
-    with torch.inference_mode(), _autocast(device, amp):
+    with torch.inference_mode(), autocast(device, amp):
         for lo in range(0, n, batch_size):
             rows = order[lo : lo + batch_size]
             L = int(lengths[rows].max())

@@ -12,7 +12,6 @@ resumes from ``last.pt`` in its output folder.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -26,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reservoir.errors import ReservoirError
+from reservoir.extract import autocast
 from reservoir.freeze import apply_freeze, describe, parse_groups
 
 
@@ -172,21 +172,13 @@ def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
     return perm[i * batch_size : (i + 1) * batch_size]
 
 
-def _autocast(device, amp: str):
-    if device.type != "cuda" or amp == "none":
-        return contextlib.nullcontext()
-    if amp == "auto":
-        amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
-
 def evaluate(model: ReservoirClassifier, data: _Data, device, batch_size: int = 64, amp: str = "auto") -> float:
     """Accuracy over the whole split (each label element once), in a fixed order."""
     was = model.training
     model.eval()
     correct = total = 0
     order = np.argsort(data.lengths, kind="stable")
-    with torch.inference_mode(), _autocast(device, amp):
+    with torch.inference_mode(), autocast(device, amp):
         for lo in range(0, len(data), batch_size):
             x, lengths, y = data.batch(order[lo : lo + batch_size], device)
             logits = model(x, lengths) if data.start == 0 else model.forward_from(x, lengths, data.start)
@@ -352,7 +344,7 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
         while state["step"] < steps:
             rows = batch_rows(len(tr), config.batch_size, config.seed, state["step"])
             x, lengths, y = tr.batch(rows, device)
-            with _autocast(device, config.amp):
+            with autocast(device, config.amp):
                 logits = model(x, lengths) if tr.start == 0 else model.forward_from(x, lengths, tr.start)
             loss = loss_fn(logits, y)
             opt.zero_grad(set_to_none=True)

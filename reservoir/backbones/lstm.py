@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from reservoir.backbones.model import BackboneInfo
+from reservoir.backbones.model import BackboneInfo, ReservoirBackbone
 
 #: An LSTM has no position table; this stands in for "no limit" in ``BackboneInfo.max_positions``.
 LSTM_MAX_POSITIONS = 1_000_000
@@ -55,7 +54,7 @@ class LSTMStack(nn.Module):
         self.final_norm = nn.LayerNorm(n_dim)
 
 
-class LSTMBackbone(nn.Module):
+class LSTMBackbone(ReservoirBackbone):
     """Input projection and frozen LSTM blocks ``1..depth`` with :class:`Backbone`'s interface.
 
     Parameters
@@ -82,23 +81,9 @@ class LSTMBackbone(nn.Module):
         self.blocks = nn.ModuleList(list(stack.blocks)[:depth])
         self.final_norm = stack.final_norm
 
-    @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def n_dim(self) -> int:
-        return self.info.n_dim
-
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(B, L)`` as one-hot, or vectors ``(B, L, d_in)``, to ``(B, L, n_dim)``."""
-        if x.dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
-            return F.embedding(x.long(), self.input.weight.t()) + self.input.bias  # (B, L, n_dim)
-        return self.input(x)  # (B, L, n_dim)
-
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Layer 0: the projected input (no positions, no norm)."""
-        return self.project(x)
+        return self.project(x)  # (B, L, n_dim)
 
     def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype) -> torch.Tensor:
         """What the blocks get in place of a mask: the real lengths ``(B,)`` themselves."""
@@ -109,49 +94,6 @@ class LSTMBackbone(nn.Module):
         for k in range(start + 1, stop + 1):
             h = self.blocks[k - 1](h, mask)  # (B, L, n_dim)
             yield k, h
-
-    def features(
-        self,
-        x: torch.Tensor,
-        lengths: torch.Tensor,
-        layers: list[int],
-        n_out_tokens: int = 1,
-        full_seq_layer: int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states at the last ``n_out_tokens`` real positions of every layer asked for.
-
-        Same contract as :meth:`reservoir.backbones.model.Backbone.features`:
-        ``(B, len(layers), n_out_tokens, n_dim)`` raw residual stream (no
-        final norm), blocks above ``max(layers)`` (and ``full_seq_layer``)
-        never run; with ``full_seq_layer`` also that layer's ``(B, L, n_dim)``.
-
-        Examples
-        --------
-        >>> from reservoir.backbones import load_backbone
-        >>> bb = load_backbone("lstm-2x16", init="random", d_in=1)
-        >>> bb.features(torch.zeros(3, 10, 1), torch.tensor([10, 7, 4]), [0, 1, 2]).shape
-        torch.Size([3, 3, 1, 16])
-        """
-        B = x.shape[0]
-        offsets = torch.arange(n_out_tokens, device=lengths.device) - n_out_tokens  # (n_out,)
-        idx = lengths[:, None] + offsets[None, :]  # (B, n_out), last real token at lengths-1
-        rows = torch.arange(B, device=lengths.device)[:, None]  # (B, 1)
-        h = self.embed(x)  # (B, L, n_dim)
-        mask = self.attention_mask(lengths, h.shape[1], h.dtype)
-        wanted = set(layers)
-        out = [h[rows, idx]] if 0 in wanted else []  # each (B, n_out, n_dim)
-        full = h if full_seq_layer == 0 else None
-        for k, h_k in self.run_blocks(h, mask, 0, max(max(layers), full_seq_layer or 0)):
-            if k in wanted:
-                out.append(h_k[rows, idx])
-            if k == full_seq_layer:
-                full = h_k  # (B, L, n_dim)
-        feats = torch.stack(out, dim=1)  # (B, n_layers, n_out, n_dim)
-        return feats if full_seq_layer is None else (feats, full)
-
-    def apply_final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        """The final LayerNorm the head reads through."""
-        return self.final_norm(h)
 
     def parameter_groups(self, first_block: int = 0) -> dict[str, list[nn.Parameter]]:
         """Freeze groups: ``input`` (projection), ``layernorm`` (block norms + final norm),

@@ -46,44 +46,14 @@ class BackboneInfo:
         return asdict(self)
 
 
-class Backbone(nn.Module):
-    """Input projection, positions and frozen blocks ``1..depth`` of one model.
+class ReservoirBackbone(nn.Module):
+    """What every reservoir shares: the input projection, reading features, the final norm.
 
-    Parameters
-    ----------
-    hf_model : nn.Module
-        The bare Hugging Face model (``GPT2Model``, ``BertModel``); only its
-        submodules named in ``arch`` are kept.
-    arch : ArchFacts
-        Where those submodules live.
-    depth : int
-        Number of blocks to keep (``0 <= depth <= n_layer``).
-    projection : nn.Linear
-        The input map ``d_in -> n_dim``.
-    info : BackboneInfo
-        Provenance.
+    Subclasses set ``input``, ``blocks``, ``final_norm`` and ``info`` and
+    implement ``embed(x)`` (layer 0), ``attention_mask(lengths, L, dtype)``
+    (whatever their blocks need to ignore padding) and
+    ``run_blocks(h, mask, start, stop)``.
     """
-
-    def __init__(self, hf_model: nn.Module, arch: ArchFacts, depth: int, projection: nn.Linear, info: BackboneInfo):
-        super().__init__()
-        from reservoir.backbones.arch import get_module
-
-        self.arch = arch
-        self.info = info
-        self.config = hf_model.config
-        self.input = projection
-        self.positions = get_module(hf_model, arch.positions)
-        self.embed_norm = get_module(hf_model, arch.embed_norm)
-        self.embed_dropout = get_module(hf_model, arch.embed_dropout)
-        token_type = get_module(hf_model, arch.token_type)
-        if token_type is not None:
-            # Only type 0 is ever used: keep that one row as a fixed buffer.
-            self.register_buffer("token_type0", token_type.weight[0].detach().clone())
-        else:
-            self.token_type0 = None
-        self.blocks = nn.ModuleList(list(get_module(hf_model, arch.blocks))[:depth])
-        self.final_norm = get_module(hf_model, arch.final_norm)
-        self.attn_implementation = getattr(self.config, "_attn_implementation", "eager") or "eager"
 
     @property
     def depth(self) -> int:
@@ -99,47 +69,6 @@ class Backbone(nn.Module):
             # one-hot @ W^T == row lookup in W^T
             return F.embedding(x.long(), self.input.weight.t()) + self.input.bias  # (B, L, n_dim)
         return self.input(x)  # (B, L, n_dim)
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Layer 0: projected input plus positions (plus embedding norm)."""
-        h = self.project(x)  # (B, L, n_dim)
-        L = h.shape[1]
-        pos = torch.arange(L, device=h.device)
-        h = h + self.positions(pos)[None]  # (B, L, n_dim)
-        if self.token_type0 is not None:
-            h = h + self.token_type0
-        if self.embed_norm is not None:
-            h = self.embed_norm(h)
-        return self.embed_dropout(h)
-
-    def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """The mask every block gets, in the form its attention implementation reads.
-
-        Keys at positions ``>= lengths`` are hidden from every query; causal
-        models also hide keys after the query. SDPA takes a boolean mask (True =
-        attend), eager attention an additive one. ``None`` when nothing needs
-        masking and SDPA can apply causality itself.
-        """
-        padded = bool((lengths < L).any())
-        if not padded and (not self.arch.causal or self.attn_implementation == "sdpa"):
-            return None
-        keep = torch.arange(L, device=lengths.device)[None, :] < lengths[:, None]  # (B, L) keys
-        keep = keep[:, None, None, :]  # (B, 1, 1, L)
-        if self.arch.causal:
-            causal = torch.ones(L, L, dtype=torch.bool, device=lengths.device).tril()
-            keep = keep & causal[None, None]  # (B, 1, L, L)
-        else:
-            keep = keep.expand(-1, 1, L, L)
-        if self.attn_implementation == "sdpa":
-            return keep
-        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
-
-    def run_blocks(self, h: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int):
-        """Yield ``(k, h_k)`` for blocks ``start+1..stop`` applied to layer-``start`` states ``h``."""
-        for k in range(start + 1, stop + 1):
-            out = self.blocks[k - 1](h, attention_mask=mask)
-            h = out[0] if isinstance(out, tuple) else out  # (B, L, n_dim)
-            yield k, h
 
     def features(
         self,
@@ -200,3 +129,84 @@ class Backbone(nn.Module):
     def apply_final_norm(self, h: torch.Tensor) -> torch.Tensor:
         """The final norm a depth-K readout reads through (identity for post-LN models)."""
         return h if self.final_norm is None else self.final_norm(h)
+
+
+class Backbone(ReservoirBackbone):
+    """Input projection, positions and frozen blocks ``1..depth`` of one model.
+
+    Parameters
+    ----------
+    hf_model : nn.Module
+        The bare Hugging Face model (``GPT2Model``, ``BertModel``); only its
+        submodules named in ``arch`` are kept.
+    arch : ArchFacts
+        Where those submodules live.
+    depth : int
+        Number of blocks to keep (``0 <= depth <= n_layer``).
+    projection : nn.Linear
+        The input map ``d_in -> n_dim``.
+    info : BackboneInfo
+        Provenance.
+    """
+
+    def __init__(self, hf_model: nn.Module, arch: ArchFacts, depth: int, projection: nn.Linear, info: BackboneInfo):
+        super().__init__()
+        from reservoir.backbones.arch import get_module
+
+        self.arch = arch
+        self.info = info
+        self.config = hf_model.config
+        self.input = projection
+        self.positions = get_module(hf_model, arch.positions)
+        self.embed_norm = get_module(hf_model, arch.embed_norm)
+        self.embed_dropout = get_module(hf_model, arch.embed_dropout)
+        token_type = get_module(hf_model, arch.token_type)
+        if token_type is not None:
+            # Only type 0 is ever used: keep that one row as a fixed buffer.
+            self.register_buffer("token_type0", token_type.weight[0].detach().clone())
+        else:
+            self.token_type0 = None
+        self.blocks = nn.ModuleList(list(get_module(hf_model, arch.blocks))[:depth])
+        self.final_norm = get_module(hf_model, arch.final_norm)
+        self.attn_implementation = getattr(self.config, "_attn_implementation", "eager") or "eager"
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Layer 0: projected input plus positions (plus embedding norm)."""
+        h = self.project(x)  # (B, L, n_dim)
+        L = h.shape[1]
+        pos = torch.arange(L, device=h.device)
+        h = h + self.positions(pos)[None]  # (B, L, n_dim)
+        if self.token_type0 is not None:
+            h = h + self.token_type0
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
+        return self.embed_dropout(h)
+
+    def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The mask every block gets, in the form its attention implementation reads.
+
+        Keys at positions ``>= lengths`` are hidden from every query; causal
+        models also hide keys after the query. SDPA takes a boolean mask (True =
+        attend), eager attention an additive one. ``None`` when nothing needs
+        masking and SDPA can apply causality itself.
+        """
+        padded = bool((lengths < L).any())
+        if not padded and (not self.arch.causal or self.attn_implementation == "sdpa"):
+            return None
+        keep = torch.arange(L, device=lengths.device)[None, :] < lengths[:, None]  # (B, L) keys
+        keep = keep[:, None, None, :]  # (B, 1, 1, L)
+        if self.arch.causal:
+            causal = torch.ones(L, L, dtype=torch.bool, device=lengths.device).tril()
+            keep = keep & causal[None, None]  # (B, 1, L, L)
+        else:
+            keep = keep.expand(-1, 1, L, L)
+        if self.attn_implementation == "sdpa":
+            return keep
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+    def run_blocks(self, h: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int):
+        """Yield ``(k, h_k)`` for blocks ``start+1..stop`` applied to layer-``start`` states ``h``."""
+        for k in range(start + 1, stop + 1):
+            out = self.blocks[k - 1](h, attention_mask=mask)
+            h = out[0] if isinstance(out, tuple) else out  # (B, L, n_dim)
+            yield k, h
