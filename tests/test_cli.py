@@ -458,3 +458,22 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
     for key in resumed:
         assert np.array_equal(resumed[key], reference[key]), key
     assert resumed["train/features"].dtype == np.float32
+
+
+def test_truncated_data_file_is_one_line_exit_2(tmp_path):
+    """A real-format file cut short: exit 2, one line naming the file, no store."""
+    import gzip
+    import struct
+
+    images = struct.pack(">IIII", 0x00000803, 10, 28, 28) + bytes(28 * 28 * 10)
+    labels = struct.pack(">II", 0x00000801, 10) + bytes(10)
+    for prefix in ("train", "t10k"):
+        (tmp_path / f"{prefix}-labels-idx1-ubyte").write_bytes(labels)
+        (tmp_path / f"{prefix}-images-idx3-ubyte").write_bytes(images)
+    with gzip.open(tmp_path / "t10k-images-idx3-ubyte.gz", "wb") as f:  # the plain file wins; cut it short
+        f.write(images)
+    (tmp_path / "t10k-images-idx3-ubyte").write_bytes(images[: len(images) // 2])
+    out = tmp_path / "m.zarr"
+    line = assert_bad_input(invoke("extract", "--task", "mnist", "-p", f"data_dir={tmp_path}", *TINY, "--out", out))
+    assert "t10k-images-idx3-ubyte" in line
+    assert not out.exists()
