@@ -139,6 +139,10 @@ def info(store, as_json):
         click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
         click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
                    f"dtype {a['dtype']}   final norm {'stored' if st.final_norm() is not None else 'none'}")
+        if st.full_seq_layer is not None:
+            click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
+        if task.get("truncated"):
+            click.echo(f"truncated to {task['truncated']['max_tokens']} tokens; rows cut: {task['truncated']['rows_cut']}")
         for split in st.splits:
             done = st.done(split)
             click.echo(f"  {split:<10} features {tuple(st.features(split).shape)}  labels "
