@@ -311,6 +311,51 @@ def bench_readout(store, layer, seed, out):
         write_result(out, {"kind": "bench-readout", **r})
 
 
+@main.group()
+def recipe():
+    """Declarative experiments: recipes/*.yaml grids of extractions, readouts and training runs."""
+
+
+@recipe.command("list")
+def recipe_list():
+    """List the recipes in the repository's recipes/ folder (or $RESERVOIR_RECIPES)."""
+    from reservoir.recipes import list_recipes, recipes_dir
+
+    for name, description in list_recipes():
+        click.echo(f"{name:<24} {description}")
+    click.echo(f"(from {recipes_dir()})")
+
+
+@recipe.command("run")
+@click.argument("ref", metavar="NAME|PATH")
+@click.option("--out", default=None, help="Results folder. Default: results/<recipe name>.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--cache", "cache_dir", default="cache/recipes", show_default=True,
+              help="Where fit-linear feature stores are kept (reused across recipes when settings match).")
+@click.option("--force", is_flag=True, help="Redo runs whose results already exist.")
+@click.option("--quiet", is_flag=True, help="No progress bar or per-run lines.")
+def recipe_run(ref, out, device, cache_dir, force, quiet):
+    """Run every cell of a recipe; skip runs whose results exist, reuse matching feature stores."""
+    from reservoir.recipes import run_recipe
+
+    r = run_recipe(ref, out=out, device=device, force=force, progress=not quiet, cache_dir=cache_dir)
+    click.echo(f"{len(r['ran'])} run(s) done, {len(r['skipped'])} skipped; results in {r['out']}/ "
+               f"(reservoir report {r['out']})")
+
+
+@main.command()
+@click.argument("results_dir", type=click.Path())
+@click.option("--no-plots", is_flag=True, help="Only the markdown table.")
+def report(results_dir, no_plots):
+    """Markdown table of a recipe's results beside the paper's numbers, plus PNG plots."""
+    from reservoir.report import report as make_report
+
+    r = make_report(results_dir, plots=not no_plots)
+    click.echo(r.markdown, nl=False)
+    for path in r.files:
+        click.echo(f"wrote {path}")
+
+
 @main.command()
 def tasks():
     """List the registered tasks, their defaults and where their data comes from."""
