@@ -1,0 +1,546 @@
+"""Recipes: declarative experiment grids in ``recipes/*.yaml``.
+
+A recipe names cells; each cell expands over the cartesian product of its
+list-valued axes (``task``, ``backbone``, ``init``, ``seeds``, train's
+``layers``, ``finetune`` and ``lr``) into concrete *runs*. Every run has a
+stable id, used as its results folder under the output directory::
+
+    name: listops-depth                    # default: the file's stem
+    description: ListOps, output layer only, by depth
+    defaults: {backbone: minilm, seeds: [0]}   # any cell key; applied where it fits the cell's kind
+    cells:
+      - kind: fit-linear                   # fit-linear | train | fit-raw
+        task: listops                      # or a list of tasks
+        task_params: {n_train: 4000, n_test: 1000}   # over defaults' task_params (those the task takes)
+        init: [pretrained, random]
+        layers: 6                          # store depth K (layers 0..K are extracted once)
+        fit_layers: all                    # all | K | [0, 3, 6]: readouts fitted from the store
+        readout: logistic                  # logistic | ridge, or both as a list
+      - kind: train
+        task: bit-xor
+        init: [pretrained, random]
+        finetune: fpt                      # fpt | all | output | comma list of groups
+        steps: 1000
+        lr: 1.0e-3                         # or a list, or lr_sweep: "1e-6:1e-2:9" (seeds = the sweep's seeds)
+      - {kind: fit-raw, task: digits}      # the no-backbone baseline
+    paper:                                 # the paper's numbers, in percent, found by a row's label
+      - {match: {task: listops, init: pretrained, layer: 6}, value: 33.0, source: "Lu et al. Table 12 (GPT-2)"}
+
+Cell keys by kind (:data:`KIND_KEYS`): every kind takes ``kind, task,
+task_params, seeds, tag``; fit-linear adds ``backbone, init, layers,
+fit_layers, readout, dtype, batch_size``; train adds ``backbone, init, layers,
+finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout``;
+fit-raw adds ``readout``. ``seeds`` are seed values (``0`` or ``[0, 1, 2]``),
+seeding the backbone init, the projection, the head and the validation split;
+the data's own seed is a task parameter. ``tag`` names a variant (e.g. other
+task parameters) so that its runs get distinct ids. A paper entry's ``match``
+keys are row-label keys (:data:`LABEL_KEYS`); ``layer`` is the readout's depth
+(fit-linear: the fitted layer; train: ``layers``). Unknown keys anywhere are
+refused with one line naming the key and the allowed ones.
+
+Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
+folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
+fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
+sweep ``sweep.json``. Runs whose results exist are skipped (``force`` redoes
+them). fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
+over everything in the store key (task fingerprint, backbone, init, seed,
+depth, dtype, projection gain); a complete store whose provenance matches is
+reused, an unfinished one is resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reservoir.errors import ReservoirError
+
+KINDS = ("fit-linear", "train", "fit-raw")
+TOP_KEYS = ("name", "description", "defaults", "cells", "paper")
+COMMON_KEYS = ("kind", "task", "task_params", "seeds", "tag")
+KIND_KEYS = {
+    "fit-linear": COMMON_KEYS + ("backbone", "init", "layers", "fit_layers", "readout", "dtype", "batch_size"),
+    "train": COMMON_KEYS + ("backbone", "init", "layers", "finetune", "lr", "lr_sweep", "steps", "epochs",
+                            "batch_size", "eval_every", "dropout"),
+    "fit-raw": COMMON_KEYS + ("readout",),
+}
+ALL_CELL_KEYS = tuple(dict.fromkeys(k for keys in KIND_KEYS.values() for k in keys))
+PAPER_KEYS = ("match", "value", "source")
+#: Keys of a report row's label (what ``paper: match:`` may name).
+LABEL_KEYS = ("kind", "task", "tag", "backbone", "init", "layer", "readout", "finetune", "lr")
+
+
+def _unknown(d: dict, allowed: tuple[str, ...], where: str) -> None:
+    for key in d:
+        if key not in allowed:
+            raise ReservoirError(f"unknown key {key!r} in {where}; expected one of: {', '.join(allowed)}")
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _number(value: Any, what: str, integer: bool = False) -> float | int:
+    """YAML reads ``1e-3`` as a string; accept it (and ``1e4`` steps) as a number."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ReservoirError(f"{what} must be a number, found {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReservoirError(f"{what} must be a number, found {value!r}")
+    if integer:
+        if float(value) != int(value):
+            raise ReservoirError(f"{what} must be an integer, found {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _choices(values: list, allowed: tuple[str, ...], what: str, where: str) -> list[str]:
+    for v in values:
+        if v not in allowed:
+            raise ReservoirError(f"unknown {what} {v!r} in {where}; expected one of: {', '.join(allowed)}")
+    return [str(v) for v in values]
+
+
+def _takes(tasks: Any, param: str) -> bool:
+    """Whether every task named takes ``param`` (defaults' task_params apply only there)."""
+    from reservoir.tasks import TASKS
+
+    return all(t not in TASKS or param in TASKS[t].defaults for t in _as_list(tasks))
+
+
+def _slug(text: str) -> str:
+    return Path(text).name if os.sep in text else text.replace("/", "_").replace(",", "+")
+
+
+@dataclass
+class Cell:
+    """One cell of a recipe (defaults merged in), validated on construction."""
+
+    kind: str
+    task: list[str]
+    where: str = "cells[0]"
+    task_params: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    tag: str | None = None
+    backbone: list[str] = field(default_factory=lambda: ["minilm"])
+    init: list[str] = field(default_factory=lambda: ["pretrained"])
+    layers: list[int | None] = field(default_factory=lambda: [None])
+    fit_layers: str | list[int] = "all"
+    readout: list[str] = field(default_factory=lambda: ["logistic"])
+    dtype: str = "float16"
+    batch_size: int | None = None
+    finetune: list[str] = field(default_factory=lambda: ["fpt"])
+    lr: list[float] = field(default_factory=lambda: [1e-3])
+    lr_sweep: str | None = None
+    steps: int | None = None
+    epochs: float | None = None
+    eval_every: int = 100
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        from reservoir.freeze import parse_groups
+        from reservoir.tasks import TASKS
+        from reservoir.train import parse_lr_sweep
+
+        w = self.where
+        _choices([self.kind], KINDS, "kind", w)
+        self.task = [str(t) for t in _as_list(self.task)]
+        if not self.task or not all(self.task):
+            raise ReservoirError(f"{w} needs a task (e.g. task: bit-xor)")
+        self.seeds = [_number(s, f"seeds in {w}", integer=True) for s in _as_list(self.seeds)]
+        self.backbone = [str(b) for b in _as_list(self.backbone)]
+        self.finetune = [str(f) for f in _as_list(self.finetune)]
+        self.tag = None if self.tag is None else str(self.tag)
+        self.init = _choices(_as_list(self.init), ("pretrained", "random", "stats"), "init", w)
+        self.readout = _choices(_as_list(self.readout), ("logistic", "ridge"), "readout", w)
+        _choices([self.dtype], ("float16", "float32"), "dtype", w)
+        self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
+                       for v in _as_list(self.layers)]
+        if self.kind == "fit-linear":
+            if len(self.layers) != 1 or self.layers[0] is None:
+                raise ReservoirError(f"layers in {w} must be one store depth K for fit-linear (choose the fitted "
+                                     f"layers with fit_layers), found {self.layers}")
+            if self.fit_layers != "all":
+                self.fit_layers = [_number(v, f"fit_layers in {w}", True) for v in _as_list(self.fit_layers)]
+                if any(not 0 <= k <= self.layers[0] for k in self.fit_layers):
+                    raise ReservoirError(f"fit_layers in {w} must be within 0..{self.layers[0]}, found "
+                                         f"{self.fit_layers}")
+        self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]
+        for name, integer in (("steps", True), ("batch_size", True), ("eval_every", True), ("epochs", False),
+                              ("dropout", False)):
+            if getattr(self, name) is not None:
+                setattr(self, name, _number(getattr(self, name), f"{name} in {w}", integer))
+        for f in self.finetune if self.kind == "train" else ():
+            try:
+                parse_groups(f)
+            except ReservoirError as err:
+                raise ReservoirError(f"finetune in {w}: {err}") from None
+        if self.lr_sweep is not None:
+            parse_lr_sweep(str(self.lr_sweep))
+            if self.seeds != list(range(self.seeds[0], self.seeds[0] + len(self.seeds))):
+                raise ReservoirError(f"an lr_sweep in {w} runs consecutive seeds; found seeds {self.seeds}")
+        for t in _choices(self.task, tuple(sorted(TASKS)), "task", w):
+            bad = next((k for k in self.task_params if k not in TASKS[t].defaults), None)
+            if bad is not None:
+                raise ReservoirError(f"task_params in {w}: task {t!r} has no parameter {bad!r}; expected one of: "
+                                     f"{', '.join(sorted(TASKS[t].defaults))}")
+
+    @classmethod
+    def from_dict(cls, raw: Any, defaults: dict[str, Any], where: str) -> Cell:
+        if not isinstance(raw, dict):
+            raise ReservoirError(f"{where} must be a mapping, found {raw!r}")
+        if "kind" not in raw:
+            raise ReservoirError(f"{where} needs a kind; expected one of: {', '.join(KINDS)}")
+        kind = raw["kind"]
+        if kind not in KINDS:
+            raise ReservoirError(f"unknown kind {kind!r} in {where}; expected one of: {', '.join(KINDS)}")
+        allowed = KIND_KEYS[kind]
+        _unknown(raw, allowed, f"{where} (kind {kind})")
+        merged = {k: v for k, v in defaults.items() if k in allowed}
+        merged.update(raw)
+        if "task" not in merged:
+            raise ReservoirError(f"{where} needs a task (e.g. task: bit-xor)")
+        shared = defaults.get("task_params") or {}
+        if not isinstance(shared, dict):
+            raise ReservoirError(f"task_params in defaults must be a mapping, found {shared!r}")
+        own = raw.get("task_params") or {}
+        if not isinstance(own, dict):
+            raise ReservoirError(f"task_params in {where} must be a mapping, found {own!r}")
+        merged["task_params"] = {**{k: v for k, v in shared.items() if _takes(merged["task"], k)}, **own}
+        return cls(where=where, **merged)
+
+
+@dataclass
+class PaperValue:
+    """A number from a paper (percent) for the rows whose label matches ``match``."""
+
+    match: dict[str, Any]
+    value: float
+    source: str = ""
+    where: str = "paper[0]"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.match, dict) or not self.match:
+            raise ReservoirError(f"{self.where}.match must be a non-empty mapping, found {self.match!r}")
+        _unknown(self.match, LABEL_KEYS, f"{self.where}.match")
+        self.value = _number(self.value, f"{self.where}.value")
+        self.source = str(self.source or "")
+
+    def matches(self, label: dict[str, Any]) -> bool:
+        return all(_same(label.get(k), v) for k, v in self.match.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+@dataclass
+class Run:
+    """One concrete run of a cell: what to compute and where its results go."""
+
+    id: str
+    kind: str
+    cell: Cell
+    task: str
+    seed: int
+    backbone: str | None = None
+    init: str | None = None
+    layers: int | None = None
+    finetune: str | None = None
+    lr: float | None = None
+
+    def label(self, **extra: Any) -> dict[str, Any]:
+        """The report row this run feeds (everything but the seed)."""
+        c = self.cell
+        layer = self.layers if self.layers is not None or self.kind != "train" else "all"
+        lab = {"kind": self.kind, "task": self.task, "tag": c.tag, "backbone": self.backbone, "init": self.init,
+               "layer": layer, "readout": None, "finetune": self.finetune,
+               "lr": "sweep" if c.lr_sweep else self.lr}
+        lab.update(extra)
+        return lab
+
+
+@dataclass
+class Recipe:
+    """A validated recipe; :meth:`runs` expands it."""
+
+    name: str
+    cells: list[Cell]
+    description: str = ""
+    paper: list[PaperValue] = field(default_factory=list)
+    path: Path | None = None
+    text: str = ""  # the file as written (kept for the copy in the results folder)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<recipe>", text: str = "") -> Recipe:
+        try:
+            if not isinstance(data, dict):
+                raise ReservoirError(f"expected a mapping at the top level, found {type(data).__name__}")
+            _unknown(data, TOP_KEYS, "the top level")
+            defaults = data.get("defaults") or {}
+            if not isinstance(defaults, dict):
+                raise ReservoirError(f"defaults must be a mapping, found {defaults!r}")
+            _unknown(defaults, tuple(k for k in ALL_CELL_KEYS if k != "kind"), "defaults")
+            cells_raw = data.get("cells")
+            if not isinstance(cells_raw, list) or not cells_raw:
+                raise ReservoirError("expected a non-empty list under 'cells'")
+            cells = [Cell.from_dict(c, defaults, f"cells[{i}]") for i, c in enumerate(cells_raw)]
+            paper = []
+            for i, p in enumerate(data.get("paper") or []):
+                if not isinstance(p, dict):
+                    raise ReservoirError(f"paper[{i}] must be a mapping, found {p!r}")
+                _unknown(p, PAPER_KEYS, f"paper[{i}]")
+                if "match" not in p or "value" not in p:
+                    raise ReservoirError(f"paper[{i}] needs 'match' and 'value'")
+                paper.append(PaperValue(where=f"paper[{i}]", **p))
+            name = str(data.get("name") or Path(source).stem)
+            recipe = cls(name=name, cells=cells, description=str(data.get("description") or "").strip(),
+                         paper=paper, text=text, raw=data)
+            recipe.runs()  # id collisions are a recipe error
+            return recipe
+        except ReservoirError as err:
+            raise ReservoirError(f"recipe {source}: {err}") from None
+
+    def runs(self) -> list[Run]:
+        """Every concrete run, in recipe order; ids are unique."""
+        runs: list[Run] = []
+        for cell in self.cells:
+            runs.extend(_expand(cell))
+        seen: dict[str, str] = {}
+        for r in runs:
+            if r.id in seen:
+                raise ReservoirError(f"{r.cell.where} and {seen[r.id]} both give run {r.id!r}; give one a 'tag'")
+            seen[r.id] = r.cell.where
+        return runs
+
+    def paper_value(self, label: dict[str, Any]) -> PaperValue | None:
+        return next((p for p in self.paper if p.matches(label)), None)
+
+
+def _expand(c: Cell) -> list[Run]:
+    tag = [c.tag] if c.tag else []
+    out = []
+    if c.kind == "fit-raw":
+        for task, seed in itertools.product(c.task, c.seeds):
+            out.append(Run("__".join(["fit-raw", task, *tag, f"seed{seed}"]), c.kind, c, task, seed))
+        return out
+    if c.kind == "fit-linear":
+        for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
+            rid = "__".join(["fit-linear", task, *tag, _slug(bb), init, f"d{c.layers[0]}", f"seed{seed}"])
+            out.append(Run(rid, c.kind, c, task, seed, bb, init, c.layers[0]))
+        return out
+    seeds = [c.seeds[0]] if c.lr_sweep else c.seeds
+    lrs = [None] if c.lr_sweep else c.lr
+    for task, bb, init, depth, ft, lr, seed in itertools.product(c.task, c.backbone, c.init, c.layers, c.finetune,
+                                                                 lrs, seeds):
+        d = "dall" if depth is None else f"d{depth}"
+        if c.lr_sweep:
+            lo, hi, n = str(c.lr_sweep).split(":")
+            tail = [f"sweep{float(lo):g}-{float(hi):g}x{int(n)}", f"seeds{seed}-{seed + len(c.seeds) - 1}"]
+        else:
+            tail = [f"lr{lr:g}", f"seed{seed}"]
+        rid = "__".join(["train", task, *tag, _slug(bb), init, d, _slug(ft), *tail])
+        out.append(Run(rid, c.kind, c, task, seed, bb, init, depth, ft, lr))
+    return out
+
+
+# -- finding and loading -------------------------------------------------------
+def recipes_dir() -> Path:
+    """``$RESERVOIR_RECIPES``, else the repository's top-level ``recipes/`` folder."""
+    import reservoir
+
+    env = os.environ.get("RESERVOIR_RECIPES")
+    return Path(env) if env else Path(reservoir.__file__).resolve().parent.parent / "recipes"
+
+
+def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
+    """A recipe from a ``.yaml`` path, or by name from :func:`recipes_dir`."""
+    import yaml
+
+    ref = str(name_or_path)
+    p = Path(ref)
+    if not (p.suffix in (".yaml", ".yml") or os.sep in ref or p.is_file()):
+        p = recipes_dir() / f"{ref}.yaml"
+        if not p.is_file():
+            names = [n for n, _ in list_recipes()]
+            raise ReservoirError(f"unknown recipe {ref!r}; expected a .yaml path or one of: "
+                                 f"{', '.join(names) or '(none in ' + str(recipes_dir()) + ')'}")
+    if not p.is_file():
+        raise ReservoirError(f"{p}: expected a recipe file, found no such file")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ReservoirError(f"recipe {p.name}: expected YAML, found a syntax error{at}: "
+                             f"{getattr(err, 'problem', None) or err}") from None
+    recipe = Recipe.from_dict(data, p.name, text)
+    recipe.path = p
+    return recipe
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    """``(name, description)`` for every recipe in :func:`recipes_dir` (an invalid one says why)."""
+    out = []
+    for p in sorted(recipes_dir().glob("*.yaml")):
+        try:
+            r = load_recipe(p)
+            out.append((p.stem, r.description.splitlines()[0] if r.description else ""))
+        except ReservoirError as err:
+            out.append((p.stem, f"(invalid: {err})"))
+    return out
+
+
+# -- running -------------------------------------------------------------------
+def fitted_layers(cell: Cell) -> list[int]:
+    """The layers a fit-linear cell fits (``all``: 0..K, what a depth-K store holds)."""
+    return list(range(cell.layers[0] + 1)) if cell.fit_layers == "all" else list(cell.fit_layers)
+
+
+def result_files(run: Run, folder: Path) -> list[Path]:
+    """The files a finished ``run`` leaves in ``folder`` (all must exist for it to be skipped)."""
+    c = run.cell
+    if run.kind == "fit-raw":
+        return [folder / f"{r}.json" for r in c.readout]
+    if run.kind == "train":
+        return [folder / ("sweep.json" if c.lr_sweep else "results.json")]
+    return [folder / f"{r}-layer{k}.json" for r in c.readout for k in fitted_layers(c)]
+
+
+def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:
+    """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
+    import reservoir.extract as ex
+    from reservoir.store import FeatureStore, remove
+    from reservoir.tasks import get_task
+
+    c = run.cell
+    task = get_task(run.task, **c.task_params)
+    key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
+           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": 1.41}
+    path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
+    if path.exists():
+        with FeatureStore.open(path) as st:
+            a = st.attrs
+            found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
+                     "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
+                     "gain": a["projection"]["gain"]}
+            diff = next((k for k in found if found[k] != key[k]), None)
+            complete = st.complete
+        if diff is not None:
+            if not force:
+                raise ReservoirError(f"{path} was written with {diff}={found[diff]!r}, this run has {key[diff]!r}; "
+                                     "delete it or pass --force")
+            remove(path)
+        elif complete:
+            return path
+    cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
+                           task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, device=device,
+                           batch_size=c.batch_size or 64)
+    return Path(ex.extract(cfg, progress=False))
+
+
+def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:
+    """Compute one run into ``folder``; return a short summary."""
+    from reservoir.results import write_result
+
+    c = run.cell
+    from reservoir.extract import resolve_device
+
+    fit_device = str(resolve_device(device))
+    if run.kind == "fit-raw":
+        import reservoir.readouts.run as rr
+
+        accs = []
+        for r in c.readout:
+            res = rr.fit_raw(run.task, dict(c.task_params), r, run.seed, fit_device)
+            write_result(folder / f"{r}.json", {**res, "recipe": meta})
+            accs.append(f"{r} {res['metrics']['test_accuracy']:.2%}")
+        return ", ".join(accs)
+    if run.kind == "fit-linear":
+        import reservoir.readouts.run as rr
+
+        store = store_for(run, cache_dir, device, force)
+        best = []
+        for r in c.readout:
+            rows = rr.fit_linear(store, fitted_layers(c), r, run.seed, results_dir=None, device=fit_device)
+            for row in rows:
+                write_result(folder / f"{r}-layer{row['config']['layer']}.json", {**row, "recipe": meta})
+            top = max(rows, key=lambda row: row["metrics"]["test_accuracy"])
+            best.append(f"{r} best layer {top['config']['layer']} {top['metrics']['test_accuracy']:.2%}")
+        return ", ".join(best)
+    import reservoir.train as tr
+
+    cfg = tr.TrainConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers,
+                         finetune=run.finetune, task_params=dict(c.task_params), lr=run.lr or 1e-3, steps=c.steps,
+                         epochs=c.epochs, batch_size=c.batch_size or 16, eval_every=c.eval_every, seed=run.seed,
+                         dropout=c.dropout, device=device, out=str(folder))
+    if c.lr_sweep:
+        res = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False)
+        write_result(folder / "sweep.json", {**res, "recipe": meta})
+        m = res["metrics"]
+        return f"best lr {res['best_lr']:.2e}: {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%}"
+    res = tr.train(cfg, progress=False)
+    write_result(folder / "results.json", {**res, "recipe": meta})
+    return f"test {res['metrics']['test_accuracy']:.2%}"
+
+
+def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None, device: str = "auto",
+               force: bool = False, progress: bool = True, cache_dir: str | os.PathLike = "cache/recipes"
+               ) -> dict[str, Any]:
+    """Run every cell of ``recipe`` into ``out`` (default ``results/<name>``).
+
+    Returns ``{"out", "ran", "skipped"}`` (run ids). Runs whose results exist
+    are skipped unless ``force``; fit-linear stores are reused when their
+    provenance matches. One progress bar over runs; a line per finished run.
+
+    Examples
+    --------
+    >>> run_recipe("quickstart", out="results/quickstart")  # doctest: +SKIP
+    """
+    import yaml
+    from tqdm.auto import tqdm
+
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe)
+    out_dir = Path(out) if out is not None else Path("results") / recipe.name
+    cache = Path(cache_dir)
+    runs = recipe.runs()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
+    if not recipe.raw.get("name"):  # the copy is named like the original
+        text = f"name: {recipe.name}\n{text}"
+    (out_dir / "recipe.yaml").write_text(text)
+    ran, skipped = [], []
+    bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=not progress, dynamic_ncols=True)
+    for run in bar:
+        folder = out_dir / run.id
+        files = result_files(run, folder)
+        if not force and all(f.exists() for f in files):
+            skipped.append(run.id)
+            if progress:
+                bar.write(f"skip {run.id} (results exist)")
+            continue
+        bar.set_postfix_str(run.id)
+        if force and folder.exists():
+            shutil.rmtree(folder)
+        meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label()}
+        summary = _execute(run, folder, cache, device, force, meta)
+        ran.append(run.id)
+        if progress:
+            bar.write(f"done {run.id}: {summary}")
+    return {"out": str(out_dir), "ran": ran, "skipped": skipped}

@@ -1,0 +1,277 @@
+"""``reservoir report``: a recipe's results as a markdown table beside the paper's numbers, plus plots.
+
+The results folder written by :func:`reservoir.recipes.run_recipe` holds the
+recipe (``recipe.yaml``) and one folder per run. The recipe is expanded again
+to find each run's result files; runs are grouped into rows by their label
+(task, tag, backbone, init, layer, readout or finetune and lr: everything but
+the seed). A row shows the test accuracy (mean ± population std over seeds
+when there are several; an lr sweep's row is its chosen lr's test accuracy
+over the sweep's seeds), the number of seeds, and the first ``paper:`` entry of
+the recipe whose ``match`` fits the row's label.
+
+Plots (matplotlib, Agg, no pyplot state): ``depth.png`` test accuracy vs layer
+per task, one line per backbone/init/readout, when fit-linear results span more
+than one layer (paper values as crosses); ``curves.png`` validation accuracy vs
+step of every train run; ``lr_sweep.png`` mean validation accuracy vs lr per
+swept variant (log x).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+from reservoir.recipes import PaperValue, Recipe, fitted_layers, load_recipe
+
+
+@dataclass
+class Row:
+    """One table row: a label and the accuracies of its seeds."""
+
+    label: dict[str, Any]
+    accs: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    best_lr: list[float] = field(default_factory=list)
+    paper: PaperValue | None = None
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.accs)) if self.accs else float("nan")
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.accs)) if self.accs else float("nan")
+
+
+@dataclass
+class Report:
+    """The rendered markdown and every file written (``report.md`` first)."""
+
+    markdown: str
+    files: list[Path]
+    rows: list[Row]
+
+    def __str__(self) -> str:
+        return self.markdown
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ReservoirError(f"{path}: expected a results JSON, found invalid JSON ({err.msg} at line {err.lineno})")
+
+
+def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], list[dict]]:
+    """Rows (in recipe order), train curves and lr sweeps found under ``results_dir``."""
+    rows: dict[tuple, Row] = {}
+    curves, sweeps = [], []
+
+    def add(label: dict[str, Any], acc: float | None = None, seed: int | None = None) -> Row:
+        key = tuple(label.items())
+        row = rows.setdefault(key, Row(label))
+        if acc is not None:
+            row.accs.append(float(acc))
+            row.seeds.append(seed)
+        return row
+
+    for run in recipe.runs():
+        folder = results_dir / run.id
+        c = run.cell
+        if run.kind == "fit-linear":
+            for r in c.readout:
+                for k in fitted_layers(c):
+                    res = _load(folder / f"{r}-layer{k}.json")
+                    add(run.label(layer=k, readout=r), res and res["metrics"]["test_accuracy"], run.seed)
+        elif run.kind == "fit-raw":
+            for r in c.readout:
+                res = _load(folder / f"{r}.json")
+                add(run.label(readout=r), res and res["metrics"]["test_accuracy"], run.seed)
+        elif c.lr_sweep:
+            res = _load(folder / "sweep.json")
+            row = add(run.label())
+            if res is not None:
+                accs = res["metrics"]["test_accuracies"]
+                row.accs += accs
+                row.seeds += list(range(run.seed, run.seed + len(accs)))
+                row.best_lr.append(res["best_lr"])
+                sweeps.append({"label": run.label(), "lrs": [float(v) for v in res["mean_val_by_lr"]],
+                               "val": list(res["mean_val_by_lr"].values()), "best_lr": res["best_lr"]})
+        else:
+            res = _load(folder / "results.json")
+            add(run.label(), res and res["metrics"]["test_accuracy"], run.seed)
+            if res is not None and res.get("curve"):
+                curves.append({"label": run.label(), "seed": run.seed, "curve": res["curve"]})
+    out = list(rows.values())
+    for row in out:
+        row.paper = recipe.paper_value(row.label)
+    return out, curves, sweeps
+
+
+def _setting(label: dict[str, Any], row: Row) -> str:
+    kind = label["kind"]
+    if kind == "fit-linear":
+        return f"linear readout ({label['readout']})"
+    if kind == "fit-raw":
+        return f"raw inputs, {label['readout']}"
+    if label["lr"] == "sweep":
+        best = f", best {row.best_lr[0]:.1e}" if len(set(row.best_lr)) == 1 else ""
+        return f"train {label['finetune']}, lr sweep{best}"
+    return f"train {label['finetune']}, lr {label['lr']:g}"
+
+
+def _pct(row: Row) -> str:
+    if not row.accs:
+        return "not run"
+    if len(row.accs) == 1:
+        return f"{100 * row.mean:.2f}%"
+    return f"{100 * row.mean:.2f} ± {100 * row.std:.2f}%"
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The results table (one line per row)."""
+    head = ["task", "backbone", "init", "layer", "setting", "test accuracy", "seeds", "paper", "paper source"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        lab = row.label
+        task = lab["task"] + (f" ({lab['tag']})" if lab.get("tag") else "")
+        layer = "—" if lab["layer"] is None else str(lab["layer"])
+        cells = [task, lab["backbone"] or "—", lab["init"] or "—", layer,
+                 _setting(lab, row), _pct(row), str(len(row.accs)),
+                 f"{row.paper.value:g}%" if row.paper else "—", row.paper.source if row.paper else ""]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+# -- plots -----------------------------------------------------------------------
+def _figure(n_panels: int):
+    from matplotlib.figure import Figure
+
+    cols = min(n_panels, 3)
+    rows = -(-n_panels // cols)
+    fig = Figure(figsize=(5 * cols, 3.6 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def _task_name(label: dict[str, Any]) -> str:
+    return label["task"] + (f" ({label['tag']})" if label.get("tag") else "")
+
+
+def plot_depth(rows: list[Row], path: Path) -> Path | None:
+    """Test accuracy vs layer, one panel per task, one line per backbone/init/readout."""
+    from matplotlib.ticker import MaxNLocator
+
+    fl = [r for r in rows if r.label["kind"] == "fit-linear" and r.accs]
+    if len({r.label["layer"] for r in fl}) < 2:
+        return None
+    tasks = list(dict.fromkeys(_task_name(r.label) for r in fl))
+    fig, axes = _figure(len(tasks))
+    for ax, task in zip(axes, tasks):
+        lines: dict[tuple, list[Row]] = {}
+        for r in fl:
+            if _task_name(r.label) == task:
+                lines.setdefault((r.label["backbone"], r.label["init"], r.label["readout"]), []).append(r)
+        for (bb, init, readout), rs in lines.items():
+            rs = sorted(rs, key=lambda r: r.label["layer"])
+            x = [r.label["layer"] for r in rs]
+            line = ax.errorbar(x, [100 * r.mean for r in rs], yerr=[100 * r.std for r in rs], marker="o",
+                               capsize=3, label=f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})"))
+            paper = [(r.label["layer"], r.paper.value) for r in rs if r.paper]
+            if paper:
+                px, py = zip(*paper)
+                ax.scatter(px, py, marker="x", s=60, color=line[0].get_color(), label=f"paper, {init}")
+        ax.set(title=task, xlabel="layer (depth of the readout)", ylabel="test accuracy (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_curves(curves: list[dict], path: Path) -> Path | None:
+    """Validation accuracy vs step of every train run, one panel per task."""
+    if not curves:
+        return None
+    tasks = list(dict.fromkeys(_task_name(c["label"]) for c in curves))
+    fig, axes = _figure(len(tasks))
+    for ax, task in zip(axes, tasks):
+        for c in curves:
+            if _task_name(c["label"]) != task:
+                continue
+            lab = c["label"]
+            steps = [p["step"] for p in c["curve"]]
+            ax.plot(steps, [100 * p["val_accuracy"] for p in c["curve"]], marker=".",
+                    label=f"{lab['backbone']} {lab['init']} {lab['finetune']} lr {lab['lr']:g} depth {lab['layer']} "
+                          f"seed {c['seed']}")
+        ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_sweeps(sweeps: list[dict], path: Path) -> Path | None:
+    """Mean validation accuracy vs learning rate per swept variant (log x)."""
+    if not sweeps:
+        return None
+    tasks = list(dict.fromkeys(_task_name(s["label"]) for s in sweeps))
+    fig, axes = _figure(len(tasks))
+    for ax, task in zip(axes, tasks):
+        for s in sweeps:
+            if _task_name(s["label"]) != task:
+                continue
+            lab = s["label"]
+            line = ax.plot(s["lrs"], [100 * v for v in s["val"]], marker="o",
+                           label=f"{lab['backbone']} {lab['init']} {lab['finetune']}")
+            best = s["lrs"].index(min(s["lrs"], key=lambda v: abs(v - s["best_lr"])))
+            ax.scatter([s["lrs"][best]], [100 * s["val"][best]], s=90, facecolors="none",
+                       edgecolors=line[0].get_color())
+        ax.set_xscale("log")
+        ax.set(title=task, xlabel="learning rate", ylabel="mean validation accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def report(results_dir: str | Path, plots: bool = True) -> Report:
+    """Render ``results_dir`` (a ``reservoir recipe run`` output): write ``report.md`` and the PNGs.
+
+    Examples
+    --------
+    >>> r = report("results/quickstart")  # doctest: +SKIP
+    >>> print(r.markdown); print(r.files)  # doctest: +SKIP
+    """
+    d = Path(results_dir)
+    if not (d / "recipe.yaml").is_file():
+        raise ReservoirError(f"{d}: expected a results folder with recipe.yaml (written by `reservoir recipe run`), "
+                             "found none")
+    recipe = load_recipe(d / "recipe.yaml")
+    rows, curves, sweeps = collect(d, recipe)
+    figures = []
+    if plots:
+        for fn, data, name in ((plot_depth, rows, "depth.png"), (plot_curves, curves, "curves.png"),
+                               (plot_sweeps, sweeps, "lr_sweep.png")):
+            written = fn(data, d / name)
+            if written is not None:
+                figures.append(written)
+    parts = [f"# {recipe.name}", ""]
+    if recipe.description:
+        parts += [recipe.description, ""]
+    note = ("Test accuracy on the full test split; with several seeds, mean ± std (population) over seeds. "
+            "Paper values are from the recipe's `paper:` entries.")
+    parts += [markdown_table(rows), "", note, ""]
+    parts += [f"![{p.stem}]({p.name})" for p in figures]
+    md = "\n".join(parts).rstrip() + "\n"
+    (d / "report.md").write_text(md)
+    return Report(md, [d / "report.md", *figures], rows)

@@ -1,0 +1,343 @@
+"""Recipes and reports: schema validation, expansion, a tiny grid end to end, skipping, store reuse, the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import reservoir.extract
+import reservoir.readouts.run
+import reservoir.train
+from reservoir.cli import main
+from reservoir.errors import ReservoirError
+from reservoir.recipes import Recipe, list_recipes, load_recipe, run_recipe
+from reservoir.report import report
+
+TINY = textwrap.dedent("""\
+    name: tiny
+    description: tiny-gpt2 on bit XOR and digits (test recipe)
+    defaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, n_test: 32}}
+    cells:
+      - kind: fit-linear
+        task: bit-xor
+        init: [pretrained, random]
+        layers: 2
+      - kind: train
+        task: bit-xor
+        steps: 20
+        eval_every: 10
+        batch_size: 8
+        lr: 1e-3
+      - kind: fit-raw
+        task: digits                # defaults' n_train/n_test do not apply: digits has no such parameters
+    paper:
+      - {match: {kind: fit-linear, task: bit-xor, init: pretrained, layer: 2}, value: 42.5, source: "Made-up Table 99"}
+""")
+
+
+def make(data: dict, name: str = "t.yaml") -> Recipe:
+    return Recipe.from_dict(data, name)
+
+
+def error_of(data: dict) -> str:
+    with pytest.raises(ReservoirError) as err:
+        make(data)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+BASE = {"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 2}]}
+
+
+# ------------------------------------------------------------------ schema
+
+
+def test_unknown_top_level_key_is_named():
+    msg = error_of({**BASE, "cell": []})
+    assert msg.startswith("recipe t.yaml: unknown key 'cell' in the top level; expected one of: ")
+    assert "cells" in msg and "paper" in msg
+
+
+def test_unknown_cell_key_is_named_with_its_place():
+    msg = error_of({"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "readouts": "logistic"}]})
+    assert "unknown key 'readouts' in cells[0] (kind fit-linear); expected one of: " in msg
+    assert "readout" in msg and "fit_layers" in msg
+
+
+def test_key_of_another_kind_is_refused():
+    msg = error_of({"cells": [BASE["cells"][0], {"kind": "fit-linear", "task": "x", "layers": 1, "finetune": "fpt"}]})
+    assert "unknown key 'finetune' in cells[1]" in msg
+
+
+def test_unknown_keys_in_defaults_paper_and_match():
+    assert "unknown key 'seed' in defaults" in error_of({**BASE, "defaults": {"seed": 1}})
+    assert "unknown key 'val' in paper[0]" in error_of({**BASE, "paper": [{"match": {"task": "x"}, "val": 1}]})
+    msg = error_of({**BASE, "paper": [{"match": {"depth": 6}, "value": 1}]})
+    assert "unknown key 'depth' in paper[0].match; expected one of: kind, task" in msg
+
+
+def test_bad_kind_missing_task_and_bad_values():
+    assert "unknown kind 'fit' in cells[0]; expected one of: fit-linear, train, fit-raw" in error_of(
+        {"cells": [{"kind": "fit", "task": "bit-xor"}]})
+    assert "cells[0] needs a task" in error_of({"cells": [{"kind": "fit-raw"}]})
+    assert "cells[0] needs a kind" in error_of({"cells": [{"task": "bit-xor"}]})
+    assert "unknown init 'trained'" in error_of({"cells": [{**BASE["cells"][0], "init": "trained"}]})
+    assert "lr in cells[0] must be a number" in error_of({"cells": [{"kind": "train", "task": "x", "lr": "fast"}]})
+    assert "store depth" in error_of({"cells": [{"kind": "fit-linear", "task": "x"}]})
+    assert "--lr-sweep expects" in error_of({"cells": [{"kind": "train", "task": "x", "lr_sweep": "1e-3"}]})
+    assert "expected a non-empty list under 'cells'" in error_of({"name": "x"})
+
+
+def test_yaml_numbers_and_defaults():
+    r = make({"defaults": {"backbone": "tiny-bert", "task_params": {"n_train": 10}, "seeds": [0, 1]},
+              "cells": [{"kind": "train", "task": "bit-xor", "lr": ["1e-3", 1e-4], "steps": "1e2",
+                         "task_params": {"n_test": 5}},
+                        {"kind": "fit-raw", "task": "digits"}]})
+    train, raw = r.cells
+    assert train.lr == [1e-3, 1e-4] and train.steps == 100 and train.backbone == ["tiny-bert"]
+    assert train.task_params == {"n_train": 10, "n_test": 5}
+    assert raw.seeds == [0, 1]  # backbone does not apply to fit-raw: dropped from its defaults
+
+
+def test_expansion_ids():
+    r = make({"defaults": {"backbone": "minilm"},
+              "cells": [{"kind": "fit-linear", "task": "listops", "init": ["pretrained", "random"], "layers": 6},
+                        {"kind": "train", "task": "bit-xor", "finetune": ["fpt", "layernorm,output"], "lr": 1e-3,
+                         "layers": [1, 2], "seeds": [0, 1]},
+                        {"kind": "train", "task": "mnist", "finetune": "all", "lr_sweep": "1e-6:1e-2:9",
+                         "seeds": [0, 1, 2], "tag": "small"},
+                        {"kind": "fit-raw", "task": "digits", "seeds": 3}]})
+    ids = [run.id for run in r.runs()]
+    assert ids[:2] == ["fit-linear__listops__minilm__pretrained__d6__seed0",
+                       "fit-linear__listops__minilm__random__d6__seed0"]
+    assert len(ids) == 2 + 2 * 2 * 2 + 1 + 1 and len(set(ids)) == len(ids)
+    assert "train__bit-xor__minilm__pretrained__d1__layernorm+output__lr0.001__seed1" in ids
+    assert "train__mnist__small__minilm__pretrained__dall__all__sweep1e-06-0.01x9__seeds0-2" in ids
+    assert ids[-1] == "fit-raw__digits__seed3"
+
+
+def test_colliding_runs_need_a_tag():
+    cell = {"kind": "fit-raw", "task": "digits"}
+    assert "give one a 'tag'" in error_of({"cells": [cell, {**cell, "task_params": {"patch": 4}}]})
+    make({"cells": [cell, {**cell, "task_params": {"patch": 4}, "tag": "p4"}]})
+
+
+def test_load_by_name_and_list(tmp_path, monkeypatch):
+    assert "quickstart" in dict(list_recipes())
+    assert load_recipe("quickstart").name == "quickstart"
+    monkeypatch.setenv("RESERVOIR_RECIPES", str(tmp_path))
+    (tmp_path / "mine.yaml").write_text(TINY)
+    (tmp_path / "broken.yaml").write_text("cells: [\n")
+    listed = dict(list_recipes())
+    assert listed["mine"].startswith("tiny-gpt2") and listed["broken"].startswith("(invalid: recipe broken.yaml")
+    assert load_recipe("mine").name == "tiny"
+    with pytest.raises(ReservoirError, match="unknown recipe 'nope'; expected a .yaml path or one of: broken, mine"):
+        load_recipe("nope")
+
+
+# ------------------------------------------------------------------ running
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny recipe run once into a results folder (stores in a private cache)."""
+    root = tmp_path_factory.mktemp("recipe")
+    (root / "tiny.yaml").write_text(TINY)
+    res = run_recipe(root / "tiny.yaml", out=root / "results", device="cpu", progress=False,
+                     cache_dir=root / "cache")
+    return root, res
+
+
+def _forbid(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("recomputed")
+
+    for mod, name in ((reservoir.extract, "extract"), (reservoir.readouts.run, "fit_linear"),
+                      (reservoir.readouts.run, "fit_raw"), (reservoir.train, "train"), (reservoir.train, "sweep")):
+        monkeypatch.setattr(mod, name, boom)
+
+
+def test_tiny_recipe_end_to_end(tiny_run):
+    root, res = tiny_run
+    out = root / "results"
+    assert len(res["ran"]) == 4 and res["skipped"] == []
+    assert (out / "recipe.yaml").read_text() == TINY
+    for init in ("pretrained", "random"):
+        run = out / f"fit-linear__bit-xor__tiny-gpt2__{init}__d2__seed0"
+        for k in range(3):
+            r = json.loads((run / f"logistic-layer{k}.json").read_text())
+            assert r["config"]["layer"] == k and r["metrics"]["n_test"] == 32
+            assert r["recipe"]["label"]["init"] == init
+    t = json.loads((out / "train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0" / "results.json")
+                   .read_text())
+    assert t["metrics"]["steps"] == 20 and len(t["curve"]) == 2
+    raw = json.loads((out / "fit-raw__digits__seed0" / "logistic.json").read_text())
+    assert raw["metrics"]["test_accuracy"] > 0.8
+    assert len(list((root / "cache").glob("*.zarr"))) == 2
+
+
+def test_rerun_skips_every_run(tiny_run, monkeypatch):
+    root, first = tiny_run
+    _forbid(monkeypatch)
+    mtimes = {p: p.stat().st_mtime_ns for p in (root / "results").rglob("*.json")}
+    res = run_recipe(root / "tiny.yaml", out=root / "results", device="cpu", progress=False,
+                     cache_dir=root / "cache")
+    assert res["ran"] == [] and sorted(res["skipped"]) == sorted(first["ran"])
+    assert mtimes == {p: p.stat().st_mtime_ns for p in (root / "results").rglob("*.json")}
+
+
+def test_force_redoes_a_run(tiny_run, tmp_path):
+    root, _ = tiny_run
+    data = yaml.safe_load(TINY)
+    data["cells"] = [data["cells"][2]]  # fit-raw only: cheap
+    out = tmp_path / "forced"
+    run_recipe(make(data), out=out, progress=False, cache_dir=root / "cache")
+    assert run_recipe(make(data), out=out, progress=False, cache_dir=root / "cache")["ran"] == []
+    assert run_recipe(make(data), out=out, force=True, progress=False, cache_dir=root / "cache")["ran"] == [
+        "fit-raw__digits__seed0"]
+
+
+def test_matching_store_is_reused_from_another_recipe(tiny_run, tmp_path, monkeypatch):
+    root, _ = tiny_run
+    data = yaml.safe_load(TINY)
+    data["name"] = "other"
+    data["cells"] = [{**data["cells"][0], "fit_layers": [2], "init": "random"}]  # same extraction settings
+    monkeypatch.setattr(reservoir.extract, "extract", lambda *a, **k: pytest.fail("extract called"))
+    res = run_recipe(make(data), out=tmp_path / "other", device="cpu", progress=False, cache_dir=root / "cache")
+    assert res["ran"] == ["fit-linear__bit-xor__tiny-gpt2__random__d2__seed0"]
+    assert (tmp_path / "other" / res["ran"][0] / "logistic-layer2.json").is_file()
+    assert yaml.safe_load((tmp_path / "other" / "recipe.yaml").read_text())["name"] == "other"
+
+
+def test_store_with_other_provenance_is_refused(tiny_run, tmp_path):
+    root, _ = tiny_run
+    cache = tmp_path / "cache"
+    shutil.copytree(root / "cache", cache)
+    a, b = sorted(cache.glob("*.zarr"))
+    shutil.rmtree(a)
+    shutil.copytree(b, a)  # a's path now holds the other init's store
+    data = yaml.safe_load(TINY)
+    data["cells"] = [data["cells"][0]]
+    with pytest.raises(ReservoirError, match=r"was written with init="):
+        run_recipe(make(data), out=tmp_path / "x", progress=False, cache_dir=cache)
+
+
+def test_report_table_and_plots(tiny_run):
+    root, _ = tiny_run
+    rep = report(root / "results")
+    md = rep.markdown
+    assert md.startswith("# tiny\n")
+    assert "| task | backbone | init | layer | setting | test accuracy | seeds | paper | paper source |" in md
+    (line,) = [ln for ln in md.splitlines() if "| pretrained | 2 | linear readout" in ln]
+    assert "| 42.5% | Made-up Table 99 |" in line
+    (line,) = [ln for ln in md.splitlines() if "| random | 2 | linear readout" in ln]
+    assert line.endswith("| — |  |")
+    assert "train fpt, lr 0.001" in md and "raw inputs, logistic" in md
+    names = [p.name for p in rep.files]
+    assert names == ["report.md", "depth.png", "curves.png"]
+    for p in rep.files[1:]:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000
+    assert (root / "results" / "report.md").read_text() == md
+
+
+def test_report_mean_and_std_over_seeds(tmp_path):
+    data = {"name": "seeds", "cells": [{"kind": "fit-raw", "task": "digits", "seeds": [0, 1],
+                                        "task_params": {"seed": 3}}]}
+    out = tmp_path / "r"
+    run_recipe(make(data), out=out, progress=False)
+    for s, acc in ((0, 0.9), (1, 0.8)):  # known values: the table shows their mean and std
+        p = out / f"fit-raw__digits__seed{s}" / "logistic.json"
+        r = json.loads(p.read_text())
+        r["metrics"]["test_accuracy"] = acc
+        p.write_text(json.dumps(r))
+    md = report(out, plots=False).markdown
+    assert "| 85.00 ± 5.00% | 2 |" in md
+
+
+def test_report_without_recipe_is_one_line(tmp_path):
+    with pytest.raises(ReservoirError, match="expected a results folder with recipe.yaml"):
+        report(tmp_path)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_recipe_list_run_report(tiny_run, tmp_path):
+    root, _ = tiny_run
+    r = invoke("recipe", "list")
+    assert r.exit_code == 0 and "quickstart" in r.output
+    data = yaml.safe_load(TINY)
+    data["cells"] = [{**data["cells"][0], "fit_layers": [0, 2], "init": "pretrained"}, data["cells"][2]]
+    path = tmp_path / "cli.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = invoke("recipe", "run", path, "--out", tmp_path / "out", "--cache", root / "cache", "--device", "cpu",
+               "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "2 run(s) done, 0 skipped" in r.output
+    r = invoke("report", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert "| 42.5% | Made-up Table 99 |" in r.output and "wrote " in r.output
+    assert (tmp_path / "out" / "depth.png").is_file()
+
+
+def test_cli_unknown_recipe_is_one_line_exit_2():
+    r = invoke("recipe", "run", "no-such-recipe")
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: unknown recipe 'no-such-recipe'")
+    assert "Traceback" not in r.output
+
+
+def test_lr_sweep_cell_and_its_plot(tmp_path):
+    data = {"name": "sweep", "defaults": {"backbone": "tiny-gpt2", "task_params": {"n_train": 48, "n_test": 16}},
+            "cells": [{"kind": "train", "task": "bit-xor", "lr_sweep": "1e-3:1e-2:2", "seeds": [0], "steps": 6,
+                       "eval_every": 3, "batch_size": 8}],
+            "paper": [{"match": {"kind": "train", "lr": "sweep"}, "value": 99, "source": "Rothermel"}]}
+    out = tmp_path / "sweep"
+    res = run_recipe(make(data), out=out, device="cpu", progress=False)
+    (rid,) = res["ran"]
+    assert rid == "train__bit-xor__tiny-gpt2__pretrained__dall__fpt__sweep0.001-0.01x2__seeds0-0"
+    sweep = json.loads((out / rid / "sweep.json").read_text())
+    assert sweep["lrs"] == pytest.approx([1e-3, 1e-2]) and sweep["recipe"]["run"] == rid
+    rep = report(out)
+    assert "train fpt, lr sweep, best" in rep.markdown and "| 99% | Rothermel |" in rep.markdown
+    assert [p.name for p in rep.files] == ["report.md", "lr_sweep.png"]
+
+
+def test_unknown_task_and_task_parameter_are_caught_at_load():
+    assert "unknown task 'bit-xxor' in cells[0]; expected one of: bit-memory, bit-xor" in error_of(
+        {"cells": [{"kind": "fit-raw", "task": "bit-xxor"}]})
+    msg = error_of({"cells": [{"kind": "fit-raw", "task": "digits", "task_params": {"n_train": 5}}]})
+    assert msg == ("recipe t.yaml: task_params in cells[0]: task 'digits' has no parameter 'n_train'; "
+                   "expected one of: patch, seed, test_fraction")
+
+
+def test_unfinished_store_is_resumed_not_reused(tiny_run, tmp_path, monkeypatch):
+    import zarr
+
+    root, _ = tiny_run
+    cache = tmp_path / "cache"
+    shutil.copytree(root / "cache", cache)
+    for p in cache.glob("*.zarr"):
+        g = zarr.open_group(str(p), mode="r+")
+        g.attrs["complete"] = False
+        g["train/done"][0] = False
+    calls = []
+    real = reservoir.extract.extract
+    monkeypatch.setattr(reservoir.extract, "extract", lambda cfg, **k: calls.append(cfg.out) or real(cfg, **k))
+    data = yaml.safe_load(TINY)
+    data["cells"] = [{**data["cells"][0], "fit_layers": [1]}]
+    res = run_recipe(make(data), out=tmp_path / "resumed", device="cpu", progress=False, cache_dir=cache)
+    assert len(res["ran"]) == 2 and sorted(calls) == sorted(str(p) for p in cache.glob("*.zarr"))
+    assert json.loads((tmp_path / "resumed" / res["ran"][0] / "logistic-layer1.json").read_text())["metrics"] == \
+        json.loads((root / "results" / res["ran"][0] / "logistic-layer1.json").read_text())["metrics"]
