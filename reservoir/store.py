@@ -309,9 +309,11 @@ class FeatureStore:
         self._check_split(split)
         return self._b.array(f"{split}/features")
 
-    def labels(self, split: str) -> np.ndarray:
+    def labels(self, split: str, lazy: bool = False):
+        """``(N, ...)`` labels; ``lazy=True`` gives the store array to slice instead of loading it."""
         self._check_split(split)
-        return np.asarray(self._b.array(f"{split}/labels")[...])
+        arr = self._b.array(f"{split}/labels")
+        return arr if lazy else np.asarray(arr[...])
 
     def lengths(self, split: str) -> np.ndarray:
         self._check_split(split)

@@ -55,7 +55,7 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     ...     print(X.shape, y.shape)
     """
     k = store.layer_index(layer)
-    feats, labels = store.features(split), store._b.array(f"{split}/labels")
+    feats, labels = store.features(split), store.labels(split, lazy=True)
     norm = store.final_norm() if final_norm else None
     eps = float(store.attrs["backbone"]["final_norm_eps"]) if norm is not None else 0.0
     step = rows or store.chunk_rows(split)
