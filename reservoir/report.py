@@ -172,9 +172,11 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
     from matplotlib.ticker import MaxNLocator
 
     fl = [r for r in rows if r.label["kind"] == "fit-linear" and r.accs]
-    if len({r.label["layer"] for r in fl}) < 2:
+    # a panel per task whose readouts span several layers (a single depth is a table row, not a curve)
+    tasks = [t for t in dict.fromkeys(_task_name(r.label) for r in fl)
+             if len({r.label["layer"] for r in fl if _task_name(r.label) == t}) > 1]
+    if not tasks:
         return None
-    tasks = list(dict.fromkeys(_task_name(r.label) for r in fl))
     fig, axes = _figure(len(tasks))
     for ax, task in zip(axes, tasks):
         lines: dict[tuple, list[Row]] = {}
