@@ -105,7 +105,7 @@ def speedup(
     from reservoir.readouts.features import load_layer
     from reservoir.store import FeatureStore
     from reservoir.tasks import get_task
-    from reservoir.train import ReservoirClassifier, _Data
+    from reservoir.train import ReservoirClassifier, _Data, heads_per_token
 
     dev = resolve_device(device)
     data = get_task(task, **(task_params or {}))
@@ -120,7 +120,7 @@ def speedup(
     tr = data.splits["train"]
     n = len(tr)
     label_shape = data.label_shape
-    n_heads = int(np.prod(label_shape[1:] if data.n_out_tokens > 1 else label_shape)) if label_shape else 1
+    n_heads = heads_per_token(label_shape, data.n_out_tokens)
     result: dict[str, Any] = {"task": data.name, "task_params": data.params, "backbone": bb.info.to_dict(),
                               "depth": K, "split_layer": s, "batch_size": batch_size, "n_train": n,
                               "device": str(dev), "torch_threads": torch.get_num_threads()}

@@ -141,6 +141,13 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     return out if full is None else (out, full)
 
 
+def check_positions(task, backbone, name: str, hint: str = "") -> None:
+    """Refuse a task whose sequences are longer than the backbone's position table."""
+    if task.max_length > backbone.info.max_positions:
+        raise ReservoirError(f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone {name!r} "
+                             f"has {backbone.info.max_positions} positions{hint}")
+
+
 def truncate_task(task, max_tokens: int) -> dict[str, Any]:
     """Keep the first ``max_tokens`` positions of every sequence, in place; return what was cut.
 
@@ -199,11 +206,8 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
     truncated = None
     if task.max_length > backbone.info.max_positions:
         if not config.truncate:
-            raise ReservoirError(
-                f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone {config.backbone!r} "
-                f"has {backbone.info.max_positions} positions (pass --truncate to keep the first "
-                f"{backbone.info.max_positions})"
-            )
+            check_positions(task, backbone, config.backbone,
+                            f" (pass --truncate to keep the first {backbone.info.max_positions})")
         truncated = truncate_task(task, backbone.info.max_positions)
     backbone.to(device)
     out = config.out or config.default_out()

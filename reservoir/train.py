@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reservoir.errors import ReservoirError
-from reservoir.extract import autocast
+from reservoir.extract import autocast, check_positions
 from reservoir.freeze import apply_freeze, describe, parse_groups
 
 
@@ -75,6 +75,12 @@ class TrainConfig:
         for k in ("device", "out", "amp", "eval_every"):
             d.pop(k)
         return d
+
+
+def heads_per_token(label_shape: tuple[int, ...], n_out_tokens: int) -> int:
+    """Label heads each output token predicts: ``(N,)`` -> 1, ``(N, bits)`` -> bits, ``(N, n_out, bits)`` -> bits."""
+    shape = tuple(label_shape)[1:] if n_out_tokens > 1 else tuple(label_shape)
+    return int(np.prod(shape)) if shape else 1
 
 
 class ReservoirClassifier(nn.Module):
@@ -214,11 +220,8 @@ def _build(config: TrainConfig, device):
                              projection_gain=config.projection_gain)
     if not 0 <= config.split_layer <= backbone.depth:
         raise ReservoirError(f"split layer must be within 0..{backbone.depth} (the depth), found {config.split_layer}")
-    if task.max_length > backbone.info.max_positions:
-        raise ReservoirError(f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone "
-                             f"{config.backbone!r} has {backbone.info.max_positions} positions")
-    label_shape = task.label_shape
-    n_heads = int(np.prod(label_shape[1:] if task.n_out_tokens > 1 else label_shape)) if label_shape else 1
+    check_positions(task, backbone, config.backbone)
+    n_heads = heads_per_token(task.label_shape, task.n_out_tokens)
     model = ReservoirClassifier(backbone, task.n_out_tokens, n_heads, task.n_classes, seed=config.seed)
     counts = apply_freeze(backbone, model.head, parse_groups(config.finetune), config.split_layer)
     train, val = split_val(task, config.val_fraction, config.seed)
@@ -251,9 +254,8 @@ def build_from_store(config: TrainConfig, device):
     if backbone.info.weights_sha256 != bb["weights_sha256"]:
         raise ReservoirError(f"{config.from_store}: expected backbone weights sha256 {bb['weights_sha256'][:12]}..., "
                              f"found {backbone.info.weights_sha256[:12]}... for {config.backbone!r}")
-    label_shape = tuple(task["label_shape"])
     n_out = a["pooling"]["n_out_tokens"]
-    n_heads = int(np.prod(label_shape[1:] if n_out > 1 else label_shape)) if label_shape else 1
+    n_heads = heads_per_token(tuple(task["label_shape"]), n_out)
     model = ReservoirClassifier(backbone, n_out, n_heads, task["n_classes"], seed=bb["seed"])
     counts = apply_freeze(backbone, model.head, parse_groups(config.finetune), s)
 
