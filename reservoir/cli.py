@@ -98,7 +98,8 @@ def main() -> None:
 def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, device, amp, seed, gain, revision,
             full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
-    from reservoir.extract import ExtractConfig, extract as run_extract
+    from reservoir.extract import ExtractConfig
+    from reservoir.extract import extract as run_extract
     from reservoir.store import FeatureStore
 
     task_params = _parse_params(params)
@@ -334,9 +335,28 @@ def recipe_list():
               help="Where fit-linear feature stores are kept (reused across recipes when settings match).")
 @click.option("--force", is_flag=True, help="Redo runs whose results already exist.")
 @click.option("--quiet", is_flag=True, help="No progress bar or per-run lines.")
-def recipe_run(ref, out, device, cache_dir, force, quiet):
+@click.option("--dry-run", is_flag=True, help="List the runs and the work they ask for; run nothing.")
+def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
     """Run every cell of a recipe; skip runs whose results exist, reuse matching feature stores."""
-    from reservoir.recipes import run_recipe
+    from reservoir.recipes import plan, run_recipe
+
+    if dry_run:
+        rows = plan(ref, out)
+        for r in rows:
+            if r["kind"] == "train":
+                work = (f"{r['steps']:,} steps, {r['sequences']:,} sequences" if r["steps"] else f"{r['epochs']:g} epochs")
+                work += f" ({r['trainings']} trainings)" if r["trainings"] > 1 else ""
+            elif r["extraction_layers"] is not None or r["kind"] in ("fit-linear", "bench"):
+                depth = "all" if r["extraction_layers"] is None else r["extraction_layers"]
+                work = f"one extraction, depth {depth}" + (", then timed epochs" if r["kind"] == "bench" else "")
+            else:
+                work = "readout on raw inputs"
+            click.echo(f"{'done' if r['done'] else 'todo'}  {r['id']}  [{work}]")
+        todo = [r for r in rows if not r["done"]]
+        click.echo(f"{len(rows)} run(s), {len(todo)} to do: {sum(r['steps'] for r in todo):,} optimizer steps "
+                   f"({sum(r['sequences'] for r in todo):,} training sequences), "
+                   f"{sum(r['kind'] in ('fit-linear', 'bench') for r in todo)} extraction(s)")
+        return
 
     r = run_recipe(ref, out=out, device=device, force=force, progress=not quiet, cache_dir=cache_dir)
     click.echo(f"{len(r['ran'])} run(s) done, {len(r['skipped'])} skipped; results in {r['out']}/ "
@@ -354,6 +374,60 @@ def report(results_dir, no_plots):
     click.echo(r.markdown, nl=False)
     for path in r.files:
         click.echo(f"wrote {path}")
+
+
+@main.group(cls=_Group)
+def plot():
+    """Figures of trained models (attention maps)."""
+
+
+@plot.command("attention")
+@click.option("--run", "run_dir", default=None, type=click.Path(),
+              help="A finished `reservoir train` folder. Default: the folder `reservoir train` would use for the "
+                   "options below, trained first if it holds no finished run.")
+@click.option("--task", default=None, help="Task to train on when --run is not given (e.g. bit-xor).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--finetune", default="fpt", show_default=True, help="Groups trained (as in `reservoir train`).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of inits, projection, head and data order.")
+@click.option("--layer", default=1, show_default=True, type=int, help="Block whose attention is drawn (1 = first).")
+@click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")
+@click.option("--split", default="test", show_default=True, help="Split the example comes from.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--out", default=None, help="PNG path. Default: <run>/attention-layer<L>-example<N>.png.")
+def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, seed, layer, example, split, device,
+                   out):
+    """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
+    from reservoir.attention import attention, summary
+    from reservoir.attention import plot_attention as draw
+
+    if run_dir is None:
+        from reservoir.train import TrainConfig, load_run
+        from reservoir.train import train as run_train
+
+        if task is None:
+            raise click.UsageError("Missing option '--task' (or pass --run).")
+        config = TrainConfig(task=task, task_params=_parse_params(params), backbone=backbone, init=init,
+                             finetune=finetune, lr=lr, steps=steps, seed=seed, device=device)
+        run_dir = config.default_out()
+        if (Path(run_dir) / "results.json").is_file():
+            _, _, found = load_run(run_dir, device="cpu")
+            diff = next((k for k, v in config.key().items() if found.key()[k] != v), None)
+            if diff is not None:
+                raise ReservoirError(f"{run_dir} holds a run with {diff}={found.key()[diff]!r}, these options give "
+                                     f"{config.key()[diff]!r}; pass --run, or remove that folder")
+            click.echo(f"using the finished run in {run_dir}")
+        else:
+            m = run_train(config)["metrics"]
+            click.echo(f"trained: test accuracy {m['test_accuracy']:.2%}")
+    maps = attention(run_dir, layer=layer, example=example, split=split, device=device)
+    path = draw(maps, out or Path(run_dir) / f"attention-layer{layer}-example{example}.png")
+    click.echo(f"readout token, layer {layer}, strongest keys per head (mean over {maps['n_averaged']} examples):")
+    click.echo(summary(maps))
+    click.echo(f"wrote {path}")
 
 
 @main.command()

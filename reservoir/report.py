@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.recipes import PaperValue, Recipe, fitted_layers, load_recipe
+from reservoir.recipes import METRICS, PaperValue, Recipe, fitted_layers, load_recipe
 
 
 @dataclass
@@ -37,7 +37,17 @@ class Row:
     accs: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     best_lr: list[float] = field(default_factory=list)
-    paper: PaperValue | None = None
+    extra: dict[str, list[float]] = field(default_factory=dict)  # steps_to_converge, speedup, layernorm_speedup
+    papers: dict[str, PaperValue] = field(default_factory=dict)  # by metric
+
+    @property
+    def paper(self) -> PaperValue | None:
+        """The paper's test accuracy for this row, if the recipe gives one."""
+        return self.papers.get("test_accuracy")
+
+    def more(self, key: str, value: float | None) -> None:
+        if value is not None:
+            self.extra.setdefault(key, []).append(float(value))
 
     @property
     def mean(self) -> float:
@@ -104,14 +114,23 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
                 row.best_lr.append(res["best_lr"])
                 sweeps.append({"label": run.label(), "lrs": [float(v) for v in res["mean_val_by_lr"]],
                                "val": list(res["mean_val_by_lr"].values()), "best_lr": res["best_lr"]})
+        elif run.kind == "bench":
+            res = _load(folder / "speedup.json")
+            row = add(run.label())
+            if res is not None:
+                row.seeds.append(run.seed)
+                row.more("speedup", res["output_only"]["speedup"])
+                row.more("layernorm_speedup", res["layernorm_top"]["speedup"])
         else:
             res = _load(folder / "results.json")
-            add(run.label(), res and res["metrics"]["test_accuracy"], run.seed)
+            row = add(run.label(), res and res["metrics"]["test_accuracy"], run.seed)
+            if res is not None:
+                row.more("steps_to_converge", res["metrics"].get("steps_to_converge"))
             if res is not None and res.get("curve"):
                 curves.append({"label": run.label(), "seed": run.seed, "curve": res["curve"]})
     out = list(rows.values())
     for row in out:
-        row.paper = recipe.paper_value(row.label)
+        row.papers = {m: p for m in METRICS if (p := recipe.paper_value(row.label, m)) is not None}
     return out, curves, sweeps
 
 
@@ -121,6 +140,8 @@ def _setting(label: dict[str, Any], row: Row) -> str:
         return f"linear readout ({label['readout']})"
     if kind == "fit-raw":
         return f"raw inputs, {label['readout']}"
+    if kind == "bench":
+        return "cached vs live training, per epoch"
     if label["lr"] == "sweep":
         best = f", best {row.best_lr[0]:.1e}" if len(set(row.best_lr)) == 1 else ""
         return f"train {label['finetune']}, lr sweep{best}"
@@ -128,6 +149,8 @@ def _setting(label: dict[str, Any], row: Row) -> str:
 
 
 def _pct(row: Row) -> str:
+    if row.label["kind"] == "bench":
+        return "—" if row.seeds else "not run"
     if not row.accs:
         return "not run"
     if len(row.accs) == 1:
@@ -135,17 +158,30 @@ def _pct(row: Row) -> str:
     return f"{100 * row.mean:.2f} ± {100 * row.std:.2f}%"
 
 
+def _measured(row: Row) -> str:
+    """What a row measured besides test accuracy (means over seeds)."""
+    ex = {k: float(np.mean(v)) for k, v in row.extra.items()}
+    if "speedup" in ex:
+        return (f"{ex['speedup']:.0f}x faster cached (output only); "
+                f"{ex.get('layernorm_speedup', float('nan')):.1f}x from a split-point store (top layernorm)")
+    if "steps_to_converge" in ex:
+        return f"converged at step {ex['steps_to_converge']:.0f}"
+    return ""
+
+
 def markdown_table(rows: list[Row]) -> str:
     """The results table (one line per row)."""
-    head = ["task", "backbone", "init", "layer", "setting", "test accuracy", "seeds", "paper", "paper source"]
+    head = ["task", "backbone", "init", "layer", "setting", "test accuracy", "seeds", "also measured", "paper",
+            "paper source"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         lab = row.label
         task = lab["task"] + (f" ({lab['tag']})" if lab.get("tag") else "")
         layer = "—" if lab["layer"] is None else str(lab["layer"])
+        papers = [row.papers[m] for m in METRICS if m in row.papers]
         cells = [task, lab["backbone"] or "—", lab["init"] or "—", layer,
-                 _setting(lab, row), _pct(row), str(len(row.accs)),
-                 f"{row.paper.value:g}%" if row.paper else "—", row.paper.source if row.paper else ""]
+                 _setting(lab, row), _pct(row), str(len(row.seeds)), _measured(row) or "—",
+                 " · ".join(p.format() for p in papers) or "—", "; ".join(dict.fromkeys(p.source for p in papers))]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

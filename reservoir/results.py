@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from reservoir import __version__
+from reservoir.tasks.files import publish
 
 
 def environment() -> dict[str, Any]:
@@ -39,5 +40,5 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump(payload, f, indent=2, sort_keys=False, default=float)
         f.write("\n")
-    os.replace(tmp, p)
+    publish(tmp, p)
     return p

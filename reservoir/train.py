@@ -210,14 +210,14 @@ def steps_to_converge(curve: list[dict[str, float]], tolerance: float = 0.01) ->
 
 
 # -- the loop ----------------------------------------------------------------
-def _build(config: TrainConfig, device):
+def _build(config: TrainConfig, device, attn_implementation: str = "sdpa"):
     """Task, model and the train/val/test data the config asks for."""
     from reservoir.backbones import load_backbone
     from reservoir.tasks import get_task
 
     task = get_task(config.task, **config.task_params)
     backbone = load_backbone(config.backbone, init=config.init, depth=config.layers, d_in=task.d_in, seed=config.seed,
-                             projection_gain=config.projection_gain)
+                             projection_gain=config.projection_gain, attn_implementation=attn_implementation)
     if not 0 <= config.split_layer <= backbone.depth:
         raise ReservoirError(f"split layer must be within 0..{backbone.depth} (the depth), found {config.split_layer}")
     check_positions(task, backbone, config.backbone)
@@ -395,6 +395,38 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     }
     write_result(out / "results.json", result)
     return result
+
+
+def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementation: str = "sdpa"):
+    """A finished live run's task and model, with its best checkpoint loaded, in eval mode.
+
+    ``run_dir`` is a ``reservoir train`` output folder (``results.json`` and
+    ``best.pt``). Runs trained from a split-point store are refused: their
+    inputs are stored states, not the task's.
+
+    Examples
+    --------
+    >>> task, model, config = load_run("results/train/bit-xor-minilm-pretrained-...")  # doctest: +SKIP
+    """
+    from reservoir.extract import resolve_device
+
+    d = Path(run_dir)
+    res, best = d / "results.json", d / "best.pt"
+    if not (res.is_file() and best.is_file()):
+        found = ", ".join(sorted(p.name for p in d.iterdir())) or "it empty" if d.is_dir() else "no such folder"
+        raise ReservoirError(f"{d}: expected a finished `reservoir train` folder (results.json, best.pt), found {found}")
+    import json
+
+    raw = json.loads(res.read_text())["config"]
+    fields = {f for f in TrainConfig.__dataclass_fields__}
+    config = TrainConfig(**{k: v for k, v in raw.items() if k in fields})
+    if config.from_store is not None:
+        raise ReservoirError(f"{d} was trained from a split-point store; expected a run trained from task inputs")
+    dev = resolve_device(device)
+    task, model, _, _, _, _ = _build(config, dev, attn_implementation)
+    ckpt = torch.load(best, map_location=dev, weights_only=False)
+    _load_trainable(model, ckpt["trainable"])
+    return task, model.eval(), config
 
 
 def _load_trainable(model: nn.Module, trainable: dict[str, torch.Tensor]) -> None:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import reservoir.bench
 import reservoir.extract
 import reservoir.readouts.run
 import reservoir.train
@@ -35,8 +36,12 @@ TINY = textwrap.dedent("""\
         lr: 1e-3
       - kind: fit-raw
         task: digits                # defaults' n_train/n_test do not apply: digits has no such parameters
+      - {kind: bench, task: bit-xor, layers: 2, max_live_rows: 16}
     paper:
       - {match: {kind: fit-linear, task: bit-xor, init: pretrained, layer: 2}, value: 42.5, source: "Made-up Table 99"}
+      - {match: {kind: train}, value: 500, metric: steps_to_converge, source: "Made-up Table 6"}
+      - {match: {kind: train}, value: 97, source: "Made-up Table 2"}
+      - {match: {kind: bench}, value: 1000, metric: speedup, source: "Made-up Table 10"}
 """)
 
 
@@ -78,12 +83,35 @@ def test_key_of_another_kind_is_refused():
 def test_unknown_keys_in_defaults_paper_and_match():
     assert "unknown key 'seed' in defaults" in error_of({**BASE, "defaults": {"seed": 1}})
     assert "unknown key 'val' in paper[0]" in error_of({**BASE, "paper": [{"match": {"task": "x"}, "val": 1}]})
+    assert "unknown metric 'loss' in paper[0]; expected one of: test_accuracy, steps_to_converge, speedup" in error_of(
+        {**BASE, "paper": [{"match": {"task": "x"}, "value": 1, "metric": "loss"}]})
     msg = error_of({**BASE, "paper": [{"match": {"depth": 6}, "value": 1}]})
     assert "unknown key 'depth' in paper[0].match; expected one of: kind, task" in msg
 
 
+def test_paper_entry_that_fits_no_row_is_refused():
+    assert "paper[0].match {'task': 'bit-xr'} fits no run of this recipe" in error_of(
+        {**BASE, "paper": [{"match": {"task": "bit-xr"}, "value": 1}]})
+    assert "fits no run" in error_of({**BASE, "paper": [{"match": {"task": "bit-xor", "layer": 3}, "value": 1}]})
+    # a steps-to-converge value needs a train row, a speedup a bench row
+    assert "fits no train run" in error_of(
+        {**BASE, "paper": [{"match": {"task": "bit-xor"}, "value": 500, "metric": "steps_to_converge"}]})
+    make({**BASE, "paper": [{"match": {"task": "bit-xor", "layer": 2}, "value": 1}]})
+
+
+def test_every_shipped_recipe_validates():
+    listed = dict(list_recipes())
+    assert {"quickstart", "cpu-listops-depth", "cpu-images", "cpu-bit-xor", "paper-table1", "paper-table2",
+            "paper-table3", "paper-table6", "paper-table10", "paper-table11", "paper-table12", "paper-tables15-21",
+            "paper-rothermel"} <= set(listed)
+    for name, description in listed.items():
+        assert not description.startswith("(invalid"), description
+        recipe = load_recipe(name)
+        assert recipe.name == name and recipe.runs()
+
+
 def test_bad_kind_missing_task_and_bad_values():
-    assert "unknown kind 'fit' in cells[0]; expected one of: fit-linear, train, fit-raw" in error_of(
+    assert "unknown kind 'fit' in cells[0]; expected one of: fit-linear, train, fit-raw, bench" in error_of(
         {"cells": [{"kind": "fit", "task": "bit-xor"}]})
     assert "cells[0] needs a task" in error_of({"cells": [{"kind": "fit-raw"}]})
     assert "cells[0] needs a kind" in error_of({"cells": [{"task": "bit-xor"}]})
@@ -159,14 +187,15 @@ def _forbid(monkeypatch):
         raise AssertionError("recomputed")
 
     for mod, name in ((reservoir.extract, "extract"), (reservoir.readouts.run, "fit_linear"),
-                      (reservoir.readouts.run, "fit_raw"), (reservoir.train, "train"), (reservoir.train, "sweep")):
+                      (reservoir.readouts.run, "fit_raw"), (reservoir.train, "train"), (reservoir.train, "sweep"),
+                      (reservoir.bench, "speedup")):
         monkeypatch.setattr(mod, name, boom)
 
 
 def test_tiny_recipe_end_to_end(tiny_run):
     root, res = tiny_run
     out = root / "results"
-    assert len(res["ran"]) == 4 and res["skipped"] == []
+    assert len(res["ran"]) == 5 and res["skipped"] == []
     assert (out / "recipe.yaml").read_text() == TINY
     for init in ("pretrained", "random"):
         run = out / f"fit-linear__bit-xor__tiny-gpt2__{init}__d2__seed0"
@@ -179,7 +208,9 @@ def test_tiny_recipe_end_to_end(tiny_run):
     assert t["metrics"]["steps"] == 20 and len(t["curve"]) == 2
     raw = json.loads((out / "fit-raw__digits__seed0" / "logistic.json").read_text())
     assert raw["metrics"]["test_accuracy"] > 0.8
-    assert len(list((root / "cache").glob("*.zarr"))) == 2
+    assert len(list((root / "cache").glob("*.zarr"))) == 2  # bench stores are temporary
+    b = json.loads((out / "bench__bit-xor__tiny-gpt2__pretrained__d2__seed0" / "speedup.json").read_text())
+    assert b["kind"] == "bench" and b["depth"] == 2 and b["output_only"]["speedup"] > 0
 
 
 def test_rerun_skips_every_run(tiny_run, monkeypatch):
@@ -195,7 +226,7 @@ def test_rerun_skips_every_run(tiny_run, monkeypatch):
 def test_force_redoes_a_run(tiny_run, tmp_path):
     root, _ = tiny_run
     data = yaml.safe_load(TINY)
-    data["cells"] = [data["cells"][2]]  # fit-raw only: cheap
+    data["cells"], data["paper"] = [data["cells"][2]], []  # fit-raw only: cheap
     out = tmp_path / "forced"
     run_recipe(make(data), out=out, progress=False, cache_dir=root / "cache")
     assert run_recipe(make(data), out=out, progress=False, cache_dir=root / "cache")["ran"] == []
@@ -208,6 +239,7 @@ def test_matching_store_is_reused_from_another_recipe(tiny_run, tmp_path, monkey
     data = yaml.safe_load(TINY)
     data["name"] = "other"
     data["cells"] = [{**data["cells"][0], "fit_layers": [2], "init": "random"}]  # same extraction settings
+    data["paper"] = []
     monkeypatch.setattr(reservoir.extract, "extract", lambda *a, **k: pytest.fail("extract called"))
     res = run_recipe(make(data), out=tmp_path / "other", device="cpu", progress=False, cache_dir=root / "cache")
     assert res["ran"] == ["fit-linear__bit-xor__tiny-gpt2__random__d2__seed0"]
@@ -223,7 +255,7 @@ def test_store_with_other_provenance_is_refused(tiny_run, tmp_path):
     shutil.rmtree(a)
     shutil.copytree(b, a)  # a's path now holds the other init's store
     data = yaml.safe_load(TINY)
-    data["cells"] = [data["cells"][0]]
+    data["cells"], data["paper"] = [data["cells"][0]], data["paper"][:1]
     with pytest.raises(ReservoirError, match=r"was written with init="):
         run_recipe(make(data), out=tmp_path / "x", progress=False, cache_dir=cache)
 
@@ -233,12 +265,23 @@ def test_report_table_and_plots(tiny_run):
     rep = report(root / "results")
     md = rep.markdown
     assert md.startswith("# tiny\n")
-    assert "| task | backbone | init | layer | setting | test accuracy | seeds | paper | paper source |" in md
+    assert ("| task | backbone | init | layer | setting | test accuracy | seeds | also measured | paper | "
+            "paper source |") in md
     (line,) = [ln for ln in md.splitlines() if "| pretrained | 2 | linear readout" in ln]
     assert "| 42.5% | Made-up Table 99 |" in line
     (line,) = [ln for ln in md.splitlines() if "| random | 2 | linear readout" in ln]
     assert line.endswith("| — |  |")
     assert "train fpt, lr 0.001" in md and "raw inputs, logistic" in md
+    t = json.loads((root / "results" / "train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0" /
+                    "results.json").read_text())["metrics"]
+    (line,) = [ln for ln in md.splitlines() if "train fpt, lr 0.001" in ln]  # both paper metrics, in METRICS order
+    assert (f"| {100 * t['test_accuracy']:.2f}% | 1 | converged at step {t['steps_to_converge']} | 97% · 500 steps "
+            "| Made-up Table 2; Made-up Table 6 |") in line
+    b = json.loads((root / "results" / "bench__bit-xor__tiny-gpt2__pretrained__d2__seed0" / "speedup.json")
+                   .read_text())
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("| bit-xor | tiny-gpt2 | pretrained | 2 | cached vs")]
+    assert f"| — | 1 | {b['output_only']['speedup']:.0f}x faster cached (output only); " in line
+    assert line.endswith("| 1000x | Made-up Table 10 |")
     names = [p.name for p in rep.files]
     assert names == ["report.md", "depth.png", "curves.png"]
     for p in rep.files[1:]:
@@ -278,6 +321,7 @@ def test_cli_recipe_list_run_report(tiny_run, tmp_path):
     assert r.exit_code == 0 and "quickstart" in r.output
     data = yaml.safe_load(TINY)
     data["cells"] = [{**data["cells"][0], "fit_layers": [0, 2], "init": "pretrained"}, data["cells"][2]]
+    data["paper"] = data["paper"][:1]
     path = tmp_path / "cli.yaml"
     path.write_text(yaml.safe_dump(data))
     r = invoke("recipe", "run", path, "--out", tmp_path / "out", "--cache", root / "cache", "--device", "cpu",
@@ -336,7 +380,7 @@ def test_unfinished_store_is_resumed_not_reused(tiny_run, tmp_path, monkeypatch)
     real = reservoir.extract.extract
     monkeypatch.setattr(reservoir.extract, "extract", lambda cfg, **k: calls.append(cfg.out) or real(cfg, **k))
     data = yaml.safe_load(TINY)
-    data["cells"] = [{**data["cells"][0], "fit_layers": [1]}]
+    data["cells"], data["paper"] = [{**data["cells"][0], "fit_layers": [1]}], []
     res = run_recipe(make(data), out=tmp_path / "resumed", device="cpu", progress=False, cache_dir=cache)
     assert len(res["ran"]) == 2 and sorted(calls) == sorted(str(p) for p in cache.glob("*.zarr"))
     assert json.loads((tmp_path / "resumed" / res["ran"][0] / "logistic-layer1.json").read_text())["metrics"] == \

@@ -38,6 +38,7 @@ class ArchFacts:
     causal: bool
     max_positions_attr: str
     pre_norm: bool
+    attention_weights: str  # block-relative module whose eager output is ``(out, weights (B, H, L, L))``
 
 
 ARCHS: dict[str, ArchFacts] = {
@@ -55,6 +56,7 @@ ARCHS: dict[str, ArchFacts] = {
         causal=True,
         max_positions_attr="n_positions",
         pre_norm=True,
+        attention_weights="attn",
     ),
     "bert": ArchFacts(
         family="bert",
@@ -70,6 +72,7 @@ ARCHS: dict[str, ArchFacts] = {
         causal=False,
         max_positions_attr="max_position_embeddings",
         pre_norm=False,
+        attention_weights="attention.self",
     ),
 }
 

@@ -28,6 +28,14 @@ def one_line(err: Any) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
+def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Move a finished temporary file into place with ordinary permissions (mkstemp makes it 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, dest)
+
+
 def download_file(url: str, dest: str, names: str) -> None:
     """Fetch ``url`` into ``dest`` through a temporary file renamed only when complete.
 
@@ -51,7 +59,7 @@ def download_file(url: str, dest: str, names: str) -> None:
             expected = getattr(resp, "headers", {}).get("Content-Length")
             if expected is not None and out.tell() != int(expected):
                 raise OSError(f"received {out.tell()} of {expected} bytes")
-        os.replace(tmp, dest)
+        publish(tmp, dest)
     except BaseException as err:  # KeyboardInterrupt too: never leave a partial file
         try:
             os.unlink(tmp)

@@ -1,67 +1,17 @@
-"""Recipes: declarative experiment grids in ``recipes/*.yaml``.
+"""Recipe files: validation of ``recipes/*.yaml`` and expansion of cells into runs (see :mod:`reservoir.recipes`)."""
 
-A recipe names cells; each cell expands over the cartesian product of its
-list-valued axes (``task``, ``backbone``, ``init``, ``seeds``, train's
-``layers``, ``finetune`` and ``lr``) into concrete *runs*. Every run has a
-stable id, used as its results folder under the output directory::
-
-    name: listops-depth                    # default: the file's stem
-    description: ListOps, output layer only, by depth
-    defaults: {backbone: minilm, seeds: [0]}   # any cell key; applied where it fits the cell's kind
-    cells:
-      - kind: fit-linear                   # fit-linear | train | fit-raw
-        task: listops                      # or a list of tasks
-        task_params: {n_train: 4000, n_test: 1000}   # over defaults' task_params (those the task takes)
-        init: [pretrained, random]
-        layers: 6                          # store depth K (layers 0..K are extracted once)
-        fit_layers: all                    # all | K | [0, 3, 6]: readouts fitted from the store
-        readout: logistic                  # logistic | ridge, or both as a list
-      - kind: train
-        task: bit-xor
-        init: [pretrained, random]
-        finetune: fpt                      # fpt | all | output | comma list of groups
-        steps: 1000
-        lr: 1.0e-3                         # or a list, or lr_sweep: "1e-6:1e-2:9" (seeds = the sweep's seeds)
-      - {kind: fit-raw, task: digits}      # the no-backbone baseline
-    paper:                                 # the paper's numbers, in percent, found by a row's label
-      - {match: {task: listops, init: pretrained, layer: 6}, value: 33.0, source: "Lu et al. Table 12 (GPT-2)"}
-
-Cell keys by kind (:data:`KIND_KEYS`): every kind takes ``kind, task,
-task_params, seeds, tag``; fit-linear adds ``backbone, init, layers,
-fit_layers, readout, dtype, batch_size``; train adds ``backbone, init, layers,
-finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout``;
-fit-raw adds ``readout``. ``seeds`` are seed values (``0`` or ``[0, 1, 2]``),
-seeding the backbone init, the projection, the head and the validation split;
-the data's own seed is a task parameter. ``tag`` names a variant (e.g. other
-task parameters) so that its runs get distinct ids. A paper entry's ``match``
-keys are row-label keys (:data:`LABEL_KEYS`); ``layer`` is the readout's depth
-(fit-linear: the fitted layer; train: ``layers``). Unknown keys anywhere are
-refused with one line naming the key and the allowed ones.
-
-Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
-folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
-fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
-sweep ``sweep.json``. Runs whose results exist are skipped (``force`` redoes
-them). fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
-over everything in the store key (task fingerprint, backbone, init, seed,
-depth, dtype, projection gain); a complete store whose provenance matches is
-reused, an unfinished one is resumed.
-"""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reservoir.errors import ReservoirError
 
-KINDS = ("fit-linear", "train", "fit-raw")
+KINDS = ("fit-linear", "train", "fit-raw", "bench")
 TOP_KEYS = ("name", "description", "defaults", "cells", "paper")
 COMMON_KEYS = ("kind", "task", "task_params", "seeds", "tag")
 KIND_KEYS = {
@@ -69,9 +19,13 @@ KIND_KEYS = {
     "train": COMMON_KEYS + ("backbone", "init", "layers", "finetune", "lr", "lr_sweep", "steps", "epochs",
                             "batch_size", "eval_every", "dropout"),
     "fit-raw": COMMON_KEYS + ("readout",),
+    "bench": COMMON_KEYS + ("backbone", "init", "layers", "batch_size", "split_layer", "max_live_rows"),
 }
 ALL_CELL_KEYS = tuple(dict.fromkeys(k for keys in KIND_KEYS.values() for k in keys))
-PAPER_KEYS = ("match", "value", "source")
+PAPER_KEYS = ("match", "value", "source", "metric")
+#: What a paper entry's ``value`` is: test accuracy in percent (the default), the steps to converge of a
+#: train row (Table 6), or the per-epoch speedup of cached over live training of a bench row (Table 10).
+METRICS = ("test_accuracy", "steps_to_converge", "speedup")
 #: Keys of a report row's label (what ``paper: match:`` may name).
 LABEL_KEYS = ("kind", "task", "tag", "backbone", "init", "layer", "readout", "finetune", "lr")
 
@@ -144,6 +98,8 @@ class Cell:
     epochs: float | None = None
     eval_every: int = 100
     dropout: float = 0.0
+    split_layer: int | None = None
+    max_live_rows: int = 1024
 
     def __post_init__(self) -> None:
         from reservoir.freeze import parse_groups
@@ -164,6 +120,8 @@ class Cell:
         _choices([self.dtype], ("float16", "float32"), "dtype", w)
         self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
                        for v in _as_list(self.layers)]
+        if self.kind == "bench" and len(self.layers) != 1:
+            raise ReservoirError(f"layers in {w} must be one depth for bench, found {self.layers}")
         if self.kind == "fit-linear":
             if len(self.layers) != 1 or self.layers[0] is None:
                 raise ReservoirError(f"layers in {w} must be one store depth K for fit-linear (choose the fitted "
@@ -175,7 +133,7 @@ class Cell:
                                          f"{self.fit_layers}")
         self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]
         for name, integer in (("steps", True), ("batch_size", True), ("eval_every", True), ("epochs", False),
-                              ("dropout", False)):
+                              ("dropout", False), ("split_layer", True), ("max_live_rows", True)):
             if getattr(self, name) is not None:
                 setattr(self, name, _number(getattr(self, name), f"{name} in {w}", integer))
         for f in self.finetune if self.kind == "train" else ():
@@ -225,6 +183,7 @@ class PaperValue:
     match: dict[str, Any]
     value: float
     source: str = ""
+    metric: str = "test_accuracy"
     where: str = "paper[0]"
 
     def __post_init__(self) -> None:
@@ -233,6 +192,12 @@ class PaperValue:
         _unknown(self.match, LABEL_KEYS, f"{self.where}.match")
         self.value = _number(self.value, f"{self.where}.value")
         self.source = str(self.source or "")
+        _choices([self.metric], METRICS, "metric", self.where)
+
+    def format(self) -> str:
+        """The value as the report prints it (``38.4%``, ``500 steps``, ``500x``)."""
+        return {"test_accuracy": f"{self.value:g}%", "steps_to_converge": f"{self.value:g} steps",
+                "speedup": f"{self.value:g}x"}[self.metric]
 
     def matches(self, label: dict[str, Any]) -> bool:
         return all(_same(label.get(k), v) for k, v in self.match.items())
@@ -265,12 +230,17 @@ class Run:
     def label(self, **extra: Any) -> dict[str, Any]:
         """The report row this run feeds (everything but the seed)."""
         c = self.cell
-        layer = self.layers if self.layers is not None or self.kind != "train" else "all"
+        layer = self.layers if self.layers is not None or self.kind not in ("train", "bench") else "all"
         lab = {"kind": self.kind, "task": self.task, "tag": c.tag, "backbone": self.backbone, "init": self.init,
                "layer": layer, "readout": None, "finetune": self.finetune,
                "lr": "sweep" if c.lr_sweep else self.lr}
         lab.update(extra)
         return lab
+
+
+def fitted_layers(cell: Cell) -> list[int]:
+    """The layers a fit-linear cell fits (``all``: 0..K, what a depth-K store holds)."""
+    return list(range(cell.layers[0] + 1)) if cell.fit_layers == "all" else list(cell.fit_layers)
 
 
 @dataclass
@@ -310,7 +280,12 @@ class Recipe:
             name = str(data.get("name") or Path(source).stem)
             recipe = cls(name=name, cells=cells, description=str(data.get("description") or "").strip(),
                          paper=paper, text=text, raw=data)
-            recipe.runs()  # id collisions are a recipe error
+            labels = recipe.row_labels()  # id collisions are a recipe error
+            kinds = {"steps_to_converge": ("train",), "speedup": ("bench",), "test_accuracy": KINDS}
+            for p in paper:  # an entry that fits no row is a typo, not a number to drop silently
+                if not any(p.matches(lab) and lab["kind"] in kinds[p.metric] for lab in labels):
+                    what = "run" if p.metric == "test_accuracy" else f"{kinds[p.metric][0]} run"
+                    raise ReservoirError(f"{p.where}.match {p.match} fits no {what} of this recipe")
             return recipe
         except ReservoirError as err:
             raise ReservoirError(f"recipe {source}: {err}") from None
@@ -327,8 +302,22 @@ class Recipe:
             seen[r.id] = r.cell.where
         return runs
 
-    def paper_value(self, label: dict[str, Any]) -> PaperValue | None:
-        return next((p for p in self.paper if p.matches(label)), None)
+    def row_labels(self) -> list[dict[str, Any]]:
+        """The label of every report row this recipe gives (a run has one per readout and fitted layer)."""
+        labels = []
+        for run in self.runs():
+            c = run.cell
+            if run.kind == "fit-linear":
+                labels += [run.label(layer=k, readout=r) for r in c.readout for k in fitted_layers(c)]
+            elif run.kind == "fit-raw":
+                labels += [run.label(readout=r) for r in c.readout]
+            else:
+                labels.append(run.label())
+        return labels
+
+    def paper_value(self, label: dict[str, Any], metric: str = "test_accuracy") -> PaperValue | None:
+        """The first paper entry for ``metric`` whose ``match`` fits ``label``."""
+        return next((p for p in self.paper if p.metric == metric and p.matches(label)), None)
 
 
 def _expand(c: Cell) -> list[Run]:
@@ -337,6 +326,12 @@ def _expand(c: Cell) -> list[Run]:
     if c.kind == "fit-raw":
         for task, seed in itertools.product(c.task, c.seeds):
             out.append(Run("__".join(["fit-raw", task, *tag, f"seed{seed}"]), c.kind, c, task, seed))
+        return out
+    if c.kind == "bench":
+        for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
+            d = "dall" if c.layers[0] is None else f"d{c.layers[0]}"
+            rid = "__".join(["bench", task, *tag, _slug(bb), init, d, f"seed{seed}"])
+            out.append(Run(rid, c.kind, c, task, seed, bb, init, c.layers[0]))
         return out
     if c.kind == "fit-linear":
         for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
@@ -404,143 +399,3 @@ def list_recipes() -> list[tuple[str, str]]:
         except ReservoirError as err:
             out.append((p.stem, f"(invalid: {err})"))
     return out
-
-
-# -- running -------------------------------------------------------------------
-def fitted_layers(cell: Cell) -> list[int]:
-    """The layers a fit-linear cell fits (``all``: 0..K, what a depth-K store holds)."""
-    return list(range(cell.layers[0] + 1)) if cell.fit_layers == "all" else list(cell.fit_layers)
-
-
-def result_files(run: Run, folder: Path) -> list[Path]:
-    """The files a finished ``run`` leaves in ``folder`` (all must exist for it to be skipped)."""
-    c = run.cell
-    if run.kind == "fit-raw":
-        return [folder / f"{r}.json" for r in c.readout]
-    if run.kind == "train":
-        return [folder / ("sweep.json" if c.lr_sweep else "results.json")]
-    return [folder / f"{r}-layer{k}.json" for r in c.readout for k in fitted_layers(c)]
-
-
-def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:
-    """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
-    import reservoir.extract as ex
-    from reservoir.store import FeatureStore, remove
-    from reservoir.tasks import get_task
-
-    c = run.cell
-    task = get_task(run.task, **c.task_params)
-    key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
-           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": 1.41}
-    path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
-    if path.exists():
-        with FeatureStore.open(path) as st:
-            a = st.attrs
-            found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
-                     "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
-                     "gain": a["projection"]["gain"]}
-            diff = next((k for k in found if found[k] != key[k]), None)
-            complete = st.complete
-        if diff is not None:
-            if not force:
-                raise ReservoirError(f"{path} was written with {diff}={found[diff]!r}, this run has {key[diff]!r}; "
-                                     "delete it or pass --force")
-            remove(path)
-        elif complete:
-            return path
-    cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
-                           task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, device=device,
-                           batch_size=c.batch_size or 64)
-    return Path(ex.extract(cfg, progress=False))
-
-
-def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:
-    """Compute one run into ``folder``; return a short summary."""
-    from reservoir.results import write_result
-
-    c = run.cell
-    from reservoir.extract import resolve_device
-
-    fit_device = str(resolve_device(device))
-    if run.kind == "fit-raw":
-        import reservoir.readouts.run as rr
-
-        accs = []
-        for r in c.readout:
-            res = rr.fit_raw(run.task, dict(c.task_params), r, run.seed, fit_device)
-            write_result(folder / f"{r}.json", {**res, "recipe": meta})
-            accs.append(f"{r} {res['metrics']['test_accuracy']:.2%}")
-        return ", ".join(accs)
-    if run.kind == "fit-linear":
-        import reservoir.readouts.run as rr
-
-        store = store_for(run, cache_dir, device, force)
-        best = []
-        for r in c.readout:
-            rows = rr.fit_linear(store, fitted_layers(c), r, run.seed, results_dir=None, device=fit_device)
-            for row in rows:
-                write_result(folder / f"{r}-layer{row['config']['layer']}.json", {**row, "recipe": meta})
-            top = max(rows, key=lambda row: row["metrics"]["test_accuracy"])
-            best.append(f"{r} best layer {top['config']['layer']} {top['metrics']['test_accuracy']:.2%}")
-        return ", ".join(best)
-    import reservoir.train as tr
-
-    cfg = tr.TrainConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers,
-                         finetune=run.finetune, task_params=dict(c.task_params), lr=run.lr or 1e-3, steps=c.steps,
-                         epochs=c.epochs, batch_size=c.batch_size or 16, eval_every=c.eval_every, seed=run.seed,
-                         dropout=c.dropout, device=device, out=str(folder))
-    if c.lr_sweep:
-        res = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False)
-        write_result(folder / "sweep.json", {**res, "recipe": meta})
-        m = res["metrics"]
-        return f"best lr {res['best_lr']:.2e}: {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%}"
-    res = tr.train(cfg, progress=False)
-    write_result(folder / "results.json", {**res, "recipe": meta})
-    return f"test {res['metrics']['test_accuracy']:.2%}"
-
-
-def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None, device: str = "auto",
-               force: bool = False, progress: bool = True, cache_dir: str | os.PathLike = "cache/recipes"
-               ) -> dict[str, Any]:
-    """Run every cell of ``recipe`` into ``out`` (default ``results/<name>``).
-
-    Returns ``{"out", "ran", "skipped"}`` (run ids). Runs whose results exist
-    are skipped unless ``force``; fit-linear stores are reused when their
-    provenance matches. One progress bar over runs; a line per finished run.
-
-    Examples
-    --------
-    >>> run_recipe("quickstart", out="results/quickstart")  # doctest: +SKIP
-    """
-    import yaml
-    from tqdm.auto import tqdm
-
-    if not isinstance(recipe, Recipe):
-        recipe = load_recipe(recipe)
-    out_dir = Path(out) if out is not None else Path("results") / recipe.name
-    cache = Path(cache_dir)
-    runs = recipe.runs()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
-    if not recipe.raw.get("name"):  # the copy is named like the original
-        text = f"name: {recipe.name}\n{text}"
-    (out_dir / "recipe.yaml").write_text(text)
-    ran, skipped = [], []
-    bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=not progress, dynamic_ncols=True)
-    for run in bar:
-        folder = out_dir / run.id
-        files = result_files(run, folder)
-        if not force and all(f.exists() for f in files):
-            skipped.append(run.id)
-            if progress:
-                bar.write(f"skip {run.id} (results exist)")
-            continue
-        bar.set_postfix_str(run.id)
-        if force and folder.exists():
-            shutil.rmtree(folder)
-        meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label()}
-        summary = _execute(run, folder, cache, device, force, meta)
-        ran.append(run.id)
-        if progress:
-            bar.write(f"done {run.id}: {summary}")
-    return {"out": str(out_dir), "ran": ran, "skipped": skipped}

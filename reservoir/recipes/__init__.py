@@ -1,0 +1,75 @@
+"""Recipes: declarative experiment grids in ``recipes/*.yaml``.
+
+A recipe names cells; each cell expands over the cartesian product of its
+list-valued axes (``task``, ``backbone``, ``init``, ``seeds``, train's
+``layers``, ``finetune`` and ``lr``) into concrete *runs*. Every run has a
+stable id, used as its results folder under the output directory::
+
+    name: listops-depth                    # default: the file's stem
+    description: ListOps, output layer only, by depth
+    defaults: {backbone: minilm, seeds: [0]}   # any cell key; applied where it fits the cell's kind
+    cells:
+      - kind: fit-linear                   # fit-linear | train | fit-raw
+        task: listops                      # or a list of tasks
+        task_params: {n_train: 4000, n_test: 1000}   # over defaults' task_params (those the task takes)
+        init: [pretrained, random]
+        layers: 6                          # store depth K (layers 0..K are extracted once)
+        fit_layers: all                    # all | K | [0, 3, 6]: readouts fitted from the store
+        readout: logistic                  # logistic | ridge, or both as a list
+      - kind: train
+        task: bit-xor
+        init: [pretrained, random]
+        finetune: fpt                      # fpt | all | output | comma list of groups
+        steps: 1000
+        lr: 1.0e-3                         # or a list, or lr_sweep: "1e-6:1e-2:9" (seeds = the sweep's seeds)
+      - {kind: fit-raw, task: digits}      # the no-backbone baseline
+    paper:                                 # the paper's numbers, in percent, found by a row's label
+      - {match: {task: listops, init: pretrained, layer: 6}, value: 33.0, source: "Lu et al. Table 12 (GPT-2)"}
+
+Cell keys by kind (:data:`KIND_KEYS`): every kind takes ``kind, task,
+task_params, seeds, tag``; fit-linear adds ``backbone, init, layers,
+fit_layers, readout, dtype, batch_size``; train adds ``backbone, init, layers,
+finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout``;
+fit-raw adds ``readout``; bench (cached vs live training cost, as
+``reservoir bench speedup``) adds ``backbone, init, layers, batch_size,
+split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
+2]``), seeding the backbone init, the projection, the head and the validation
+split; the data's own seed is a task parameter. ``tag`` names a variant (e.g.
+other task parameters) so that its runs get distinct ids. A paper entry's
+``match`` keys are row-label keys (:data:`LABEL_KEYS`); ``layer`` is the
+readout's depth (fit-linear: the fitted layer; train and bench: ``layers``).
+Its ``metric`` (:data:`METRICS`) says what ``value`` is: test accuracy in
+percent (default), ``steps_to_converge`` of a train row (Lu et al. Table 6) or
+the per-epoch ``speedup`` of a bench row (Table 10). Unknown keys anywhere are
+refused with one line naming the key and the allowed ones.
+
+Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
+folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
+fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
+sweep ``sweep.json``, bench ``speedup.json``. Runs whose results exist are skipped (``force`` redoes
+them). fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
+over everything in the store key (task fingerprint, backbone, init, seed,
+depth, dtype, projection gain); a complete store whose provenance matches is
+reused, an unfinished one is resumed.
+"""
+
+from reservoir.recipes.runner import plan, result_files, run_recipe, store_for
+from reservoir.recipes.schema import (
+    KIND_KEYS,
+    KINDS,
+    LABEL_KEYS,
+    METRICS,
+    Cell,
+    PaperValue,
+    Recipe,
+    Run,
+    fitted_layers,
+    list_recipes,
+    load_recipe,
+    recipes_dir,
+)
+
+__all__ = [
+    "KINDS", "KIND_KEYS", "LABEL_KEYS", "METRICS", "Cell", "PaperValue", "Recipe", "Run", "fitted_layers",
+    "list_recipes", "load_recipe", "plan", "recipes_dir", "result_files", "run_recipe", "store_for",
+]

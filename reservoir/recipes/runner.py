@@ -1,0 +1,195 @@
+"""Running a recipe: every run of its grid, reusing feature stores and skipping finished runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from reservoir.errors import ReservoirError
+from reservoir.recipes.schema import Recipe, Run, fitted_layers, load_recipe
+
+
+def result_files(run: Run, folder: Path) -> list[Path]:
+    """The files a finished ``run`` leaves in ``folder`` (all must exist for it to be skipped)."""
+    c = run.cell
+    if run.kind == "fit-raw":
+        return [folder / f"{r}.json" for r in c.readout]
+    if run.kind == "train":
+        return [folder / ("sweep.json" if c.lr_sweep else "results.json")]
+    if run.kind == "bench":
+        return [folder / "speedup.json"]
+    return [folder / f"{r}-layer{k}.json" for r in c.readout for k in fitted_layers(c)]
+
+
+def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:
+    """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
+    import reservoir.extract as ex
+    from reservoir.store import FeatureStore, remove
+    from reservoir.tasks import get_task
+
+    c = run.cell
+    task = get_task(run.task, **c.task_params)
+    key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
+           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": 1.41}
+    path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
+    if path.exists():
+        with FeatureStore.open(path) as st:
+            a = st.attrs
+            found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
+                     "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
+                     "gain": a["projection"]["gain"]}
+            diff = next((k for k in found if found[k] != key[k]), None)
+            complete = st.complete
+        if diff is not None:
+            if not force:
+                raise ReservoirError(f"{path} was written with {diff}={found[diff]!r}, this run has {key[diff]!r}; "
+                                     "delete it or pass --force")
+            remove(path)
+        elif complete:
+            return path
+    cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
+                           task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, device=device,
+                           batch_size=c.batch_size or 64)
+    return Path(ex.extract(cfg, progress=False))
+
+
+def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:
+    """Compute one run into ``folder``; return a short summary."""
+    from reservoir.results import write_result
+
+    c = run.cell
+    from reservoir.extract import resolve_device
+
+    fit_device = str(resolve_device(device))
+    if run.kind == "fit-raw":
+        import reservoir.readouts.run as rr
+
+        accs = []
+        for r in c.readout:
+            res = rr.fit_raw(run.task, dict(c.task_params), r, run.seed, fit_device)
+            write_result(folder / f"{r}.json", {**res, "recipe": meta})
+            accs.append(f"{r} {res['metrics']['test_accuracy']:.2%}")
+        return ", ".join(accs)
+    if run.kind == "bench":
+        from reservoir.bench import speedup
+
+        res = speedup(run.task, dict(c.task_params), backbone=run.backbone, init=run.init, layers=run.layers,
+                      split_layer=c.split_layer, batch_size=c.batch_size or 16, max_live_rows=c.max_live_rows,
+                      seed=run.seed, device=device)
+        write_result(folder / "speedup.json", {"kind": "bench", **res, "recipe": meta})
+        return (f"output only {res['output_only']['speedup']:.0f}x, layernorm top "
+                f"{res['layernorm_top']['speedup']:.1f}x per epoch")
+    if run.kind == "fit-linear":
+        import reservoir.readouts.run as rr
+
+        store = store_for(run, cache_dir, device, force)
+        best = []
+        for r in c.readout:
+            rows = rr.fit_linear(store, fitted_layers(c), r, run.seed, results_dir=None, device=fit_device)
+            for row in rows:
+                write_result(folder / f"{r}-layer{row['config']['layer']}.json", {**row, "recipe": meta})
+            top = max(rows, key=lambda row: row["metrics"]["test_accuracy"])
+            best.append(f"{r} best layer {top['config']['layer']} {top['metrics']['test_accuracy']:.2%}")
+        return ", ".join(best)
+    import reservoir.train as tr
+
+    cfg = tr.TrainConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers,
+                         finetune=run.finetune, task_params=dict(c.task_params), lr=run.lr or 1e-3, steps=c.steps,
+                         epochs=c.epochs, batch_size=c.batch_size or 16, eval_every=c.eval_every, seed=run.seed,
+                         dropout=c.dropout, device=device, out=str(folder))
+    if c.lr_sweep:
+        res = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False)
+        write_result(folder / "sweep.json", {**res, "recipe": meta})
+        m = res["metrics"]
+        return f"best lr {res['best_lr']:.2e}: {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%}"
+    res = tr.train(cfg, progress=False)
+    write_result(folder / "results.json", {**res, "recipe": meta})
+    return f"test {res['metrics']['test_accuracy']:.2%}"
+
+
+def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """What :func:`run_recipe` would do, without loading data or models: one dict per run.
+
+    Each has ``id``, ``kind``, ``done`` (its results exist under ``out``) and
+    the work it asks for: ``steps`` and ``sequences`` (optimizer steps x
+    batch, per learning rate and seed for a sweep), ``trainings`` (1, or
+    rates x seeds), ``extraction_layers`` for fit-linear (blocks run once over
+    every example).
+
+    Examples
+    --------
+    >>> sum(p["steps"] for p in plan("paper-table2"))  # doctest: +SKIP
+    """
+    from reservoir.train import parse_lr_sweep
+
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe)
+    out_dir = Path(out) if out is not None else Path("results") / recipe.name
+    rows = []
+    for run in recipe.runs():
+        c = run.cell
+        row = {"id": run.id, "kind": run.kind, "done": all(f.exists() for f in result_files(run, out_dir / run.id)),
+               "steps": 0, "sequences": 0, "trainings": 0, "extraction_layers": None}
+        if run.kind == "train":
+            n = len(parse_lr_sweep(str(c.lr_sweep))) * len(c.seeds) if c.lr_sweep else 1
+            steps = c.steps if c.steps is not None else (None if c.epochs is not None else 2000)
+            row["trainings"] = n
+            if steps is not None:  # epochs: the step count depends on the data
+                row["steps"] = n * steps
+                row["sequences"] = n * steps * (c.batch_size or 16)
+            row["epochs"] = c.epochs
+        elif run.kind in ("fit-linear", "bench"):
+            row["extraction_layers"] = run.layers
+        rows.append(row)
+    return rows
+
+
+def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None, device: str = "auto",
+               force: bool = False, progress: bool = True, cache_dir: str | os.PathLike = "cache/recipes"
+               ) -> dict[str, Any]:
+    """Run every cell of ``recipe`` into ``out`` (default ``results/<name>``).
+
+    Returns ``{"out", "ran", "skipped"}`` (run ids). Runs whose results exist
+    are skipped unless ``force``; fit-linear stores are reused when their
+    provenance matches. One progress bar over runs; a line per finished run.
+
+    Examples
+    --------
+    >>> run_recipe("quickstart", out="results/quickstart")  # doctest: +SKIP
+    """
+    import yaml
+    from tqdm.auto import tqdm
+
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe)
+    out_dir = Path(out) if out is not None else Path("results") / recipe.name
+    cache = Path(cache_dir)
+    runs = recipe.runs()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
+    if not recipe.raw.get("name"):  # the copy is named like the original
+        text = f"name: {recipe.name}\n{text}"
+    (out_dir / "recipe.yaml").write_text(text)
+    ran, skipped = [], []
+    bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=not progress, dynamic_ncols=True)
+    for run in bar:
+        folder = out_dir / run.id
+        files = result_files(run, folder)
+        if not force and all(f.exists() for f in files):
+            skipped.append(run.id)
+            if progress:
+                bar.write(f"skip {run.id} (results exist)")
+            continue
+        bar.set_postfix_str(run.id)
+        if force and folder.exists():
+            shutil.rmtree(folder)
+        meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label()}
+        summary = _execute(run, folder, cache, device, force, meta)
+        ran.append(run.id)
+        if progress:
+            bar.write(f"done {run.id}: {summary}")
+    return {"out": str(out_dir), "ran": ran, "skipped": skipped}
