@@ -165,7 +165,7 @@ def _measured(row: Row) -> str:
         return (f"{ex['speedup']:.0f}x faster cached (output only); "
                 f"{ex.get('layernorm_speedup', float('nan')):.1f}x from a split-point store (top layernorm)")
     if "steps_to_converge" in ex:
-        return f"converged at step {ex['steps_to_converge']:.0f}"
+        return f"within 1 point of best from step {ex['steps_to_converge']:.0f}"
     return ""
 
 
@@ -219,15 +219,20 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
         for r in fl:
             if _task_name(r.label) == task:
                 lines.setdefault((r.label["backbone"], r.label["init"], r.label["readout"]), []).append(r)
+        colours: dict[tuple, str] = {}
+        styles = {"pretrained": "-", "random": "--", "stats": ":"}
         for (bb, init, readout), rs in lines.items():
             rs = sorted(rs, key=lambda r: r.label["layer"])
             x = [r.label["layer"] for r in rs]
-            line = ax.errorbar(x, [100 * r.mean for r in rs], yerr=[100 * r.std for r in rs], marker="o",
-                               capsize=3, label=f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})"))
+            colour = colours.setdefault((bb, init, readout), f"C{len(colours) % 10}")
+            ax.errorbar(x, [100 * r.mean for r in rs], yerr=[100 * r.std for r in rs], marker="o", capsize=3,
+                        color=colour, linestyle=styles.get(init, "-"),
+                        label=f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})"))
             paper = [(r.label["layer"], r.paper.value) for r in rs if r.paper]
             if paper:
                 px, py = zip(*paper)
-                ax.scatter(px, py, marker="x", s=60, color=line[0].get_color(), label=f"paper, {init}")
+                ax.scatter(px, py, marker="x" if init == "pretrained" else "+", s=70, color=colour,
+                           label=f"paper, {init}")
         ax.set(title=task, xlabel="layer (depth of the readout)", ylabel="test accuracy (%)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -236,24 +241,44 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
     return path
 
 
+def _varying(labels: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
+    """The keys whose values differ across ``labels`` (what a legend needs to tell lines apart)."""
+    return [k for k in keys if len({str(lab.get(k)) for lab in labels}) > 1]
+
+
+def _legend_text(lab: dict[str, Any], keys: list[str]) -> str:
+    names = {"finetune": "train", "layer": "depth"}
+    return " ".join(str(lab[k]) if k in ("backbone", "init") else f"{names.get(k, k)} {lab[k]}" for k in keys) or "run"
+
+
 def plot_curves(curves: list[dict], path: Path) -> Path | None:
-    """Validation accuracy vs step of every train run, one panel per task."""
+    """Validation accuracy vs step of every train run, one panel per task.
+
+    Colour tells the trained groups (and other settings) apart, line style the
+    init (solid pretrained, dashed random, dotted stats); the legend names only
+    what differs between the panel's runs, below the axes.
+    """
     if not curves:
         return None
     tasks = list(dict.fromkeys(_task_name(c["label"]) for c in curves))
     fig, axes = _figure(len(tasks))
+    fig.set_figheight(fig.get_figheight() + 0.9)
+    styles = {"pretrained": "-", "random": "--", "stats": ":"}
     for ax, task in zip(axes, tasks):
-        for c in curves:
-            if _task_name(c["label"]) != task:
-                continue
-            lab = c["label"]
+        mine = [c for c in curves if _task_name(c["label"]) == task]
+        labs = [{**c["label"], "seed": c["seed"]} for c in mine]
+        keys = _varying(labs, ("backbone", "init", "finetune", "lr", "layer", "seed"))
+        colour_keys = [k for k in keys if k != "init"]
+        colours: dict[str, Any] = {}
+        for c, lab in zip(mine, labs):
+            ckey = _legend_text(lab, colour_keys)
+            colour = colours.setdefault(ckey, f"C{len(colours) % 10}")
             steps = [p["step"] for p in c["curve"]]
-            ax.plot(steps, [100 * p["val_accuracy"] for p in c["curve"]], marker=".",
-                    label=f"{lab['backbone']} {lab['init']} {lab['finetune']} lr {lab['lr']:g} depth {lab['layer']} "
-                          f"seed {c['seed']}")
+            ax.plot(steps, [100 * p["val_accuracy"] for p in c["curve"]], marker=".", color=colour,
+                    linestyle=styles.get(lab["init"], "-"), label=_legend_text(lab, keys))
         ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.savefig(path, dpi=110)
     return path
 
