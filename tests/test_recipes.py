@@ -16,7 +16,7 @@ import reservoir.readouts.run
 import reservoir.train
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.recipes import Recipe, list_recipes, load_recipe, run_recipe
+from reservoir.recipes import Recipe, list_recipes, load_recipe, plan, run_recipe
 from reservoir.report import report
 
 TINY = textwrap.dedent("""\
@@ -385,3 +385,23 @@ def test_unfinished_store_is_resumed_not_reused(tiny_run, tmp_path, monkeypatch)
     assert len(res["ran"]) == 2 and sorted(calls) == sorted(str(p) for p in cache.glob("*.zarr"))
     assert json.loads((tmp_path / "resumed" / res["ran"][0] / "logistic-layer1.json").read_text())["metrics"] == \
         json.loads((root / "results" / res["ran"][0] / "logistic-layer1.json").read_text())["metrics"]
+
+
+def test_dry_run_lists_work_and_runs_nothing(tiny_run, tmp_path, monkeypatch):
+    root, first = tiny_run
+    _forbid(monkeypatch)
+    r = invoke("recipe", "run", root / "tiny.yaml", "--out", root / "results", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("done  ") == len(first["ran"]) and "0 to do: 0 optimizer steps" in r.output
+    r = invoke("recipe", "run", root / "tiny.yaml", "--out", tmp_path / "fresh", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "todo  train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0  [20 steps, 160 sequences]" in r.output
+    assert "5 run(s), 5 to do: 20 optimizer steps (160 training sequences), 3 extraction(s)" in r.output
+    assert not (tmp_path / "fresh").exists()  # nothing written
+
+
+def test_plan_counts_sweep_trainings():
+    r = make({"cells": [{"kind": "train", "task": "bit-xor", "lr_sweep": "1e-4:1e-2:3", "seeds": [0, 1],
+                         "steps": 10, "batch_size": 4}]})
+    (row,) = plan(r, "/nonexistent")
+    assert row["trainings"] == 6 and row["steps"] == 60 and row["sequences"] == 240 and not row["done"]
