@@ -83,6 +83,7 @@ def test_bench_speedup_cli(tmp_path):
     assert saved["output_only"]["speedup"] > 0
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # the comparison's max_iter is part of it
 def test_bench_readout_cli(tmp_path):
     store = tmp_path / "d.zarr"
     r = run("extract", "--task", "listops", "-p", "n_train=120", "-p", "n_test=40", "-p", "max_length=30",
