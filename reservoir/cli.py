@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -323,7 +324,7 @@ def recipe_list():
     from reservoir.recipes import list_recipes, recipes_dir
 
     for name, description in list_recipes():
-        click.echo(f"{name:<24} {description}")
+        click.echo(f"{name:<24} {textwrap.shorten(description, 110, placeholder=' ...')}")
     click.echo(f"(from {recipes_dir()})")
 
 
