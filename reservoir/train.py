@@ -445,7 +445,8 @@ def parse_lr_sweep(spec: str) -> list[float]:
         raise ReservoirError(f"--lr-sweep expects LOW:HIGH:N (e.g. 1e-6:1e-2:9), found {spec!r}") from None
     if not (0 < lo_f < hi_f and n_i >= 2):
         raise ReservoirError(f"--lr-sweep expects 0 < LOW < HIGH and N >= 2, found {spec!r}")
-    return [float(v) for v in np.logspace(math.log10(lo_f), math.log10(hi_f), n_i)]
+    # 12 significant digits: 1e-5, not 9.999999999999999e-06, in results and folder names
+    return [float(f"{v:.12g}") for v in np.logspace(math.log10(lo_f), math.log10(hi_f), n_i)]
 
 
 def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = True) -> dict[str, Any]:

@@ -71,7 +71,9 @@ def test_bad_groups_and_sweeps():
         parse_groups("norms,output")
     with pytest.raises(ReservoirError, match="names no group"):
         parse_groups(",")
-    assert parse_lr_sweep("1e-6:1e-2:5") == pytest.approx([1e-6, 1e-5, 1e-4, 1e-3, 1e-2])
+    assert parse_lr_sweep("1e-6:1e-2:5") == [1e-6, 1e-5, 1e-4, 1e-3, 1e-2]  # exact: the values as a user writes them
+    assert parse_lr_sweep("1e-4:1e-2:3") == [1e-4, 1e-3, 1e-2]
+    assert parse_lr_sweep("1e-5:1e-3:4") == pytest.approx([1e-5, 10 ** -4.333333, 10 ** -3.666667, 1e-3])
     for bad in ("1e-2:1e-6:3", "1e-6:1e-2", "a:b:c", "0:1:3", "1e-6:1e-2:1"):
         with pytest.raises(ReservoirError, match="--lr-sweep"):
             parse_lr_sweep(bad)
