@@ -27,8 +27,9 @@ import torch
 from reservoir.errors import ReservoirError
 
 
-def capture_attention(model, x: torch.Tensor, lengths: torch.Tensor, layer: int) -> torch.Tensor:
-    """Attention probabilities of block ``layer`` (1-based) for a batch: ``(B, heads, L, L)``.
+def capture_attention(model, x: torch.Tensor, lengths: torch.Tensor, layer: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass: block ``layer``'s (1-based) attention probabilities ``(B, heads, L, L)`` and the logits.
 
     The model's backbone must be loaded with ``attn_implementation="eager"``
     (SDPA does not return weights).
@@ -55,10 +56,10 @@ def capture_attention(model, x: torch.Tensor, lengths: torch.Tensor, layer: int)
     handle = module.register_forward_hook(hook)
     try:
         with torch.inference_mode():
-            model(x, lengths)
+            logits = model(x, lengths)
     finally:
         handle.remove()
-    return seen[0]
+    return seen[0], logits
 
 
 def _tick_labels(inputs: np.ndarray, length: int) -> list[str]:
@@ -97,10 +98,8 @@ def attention(run_dir: str | os.PathLike, layer: int = 1, example: int = 0, spli
     if x.is_floating_point():
         x = x.float()
     lengths = torch.full((len(rows),), length, device=dev)
-    weights = capture_attention(model, x, lengths, layer)  # (n, H, L, L)
-    with torch.inference_mode():
-        logits = model(x[:1], lengths[:1])  # (1, n_out, heads, classes)
-    prediction = logits.argmax(-1).reshape(-1).cpu().numpy()
+    weights, logits = capture_attention(model, x, lengths, layer)  # (n, H, L, L), (n, n_out, heads, classes)
+    prediction = logits[0].argmax(-1).reshape(-1).cpu().numpy()
     return {
         "weights": weights[0].cpu().numpy(),
         "readout_mean": weights[:, :, length - 1, :].mean(0).cpu().numpy(),

@@ -347,7 +347,7 @@ def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
             if r["kind"] == "train":
                 work = (f"{r['steps']:,} steps, {r['sequences']:,} sequences" if r["steps"] else f"{r['epochs']:g} epochs")
                 work += f" ({r['trainings']} trainings)" if r["trainings"] > 1 else ""
-            elif r["extraction_layers"] is not None or r["kind"] in ("fit-linear", "bench"):
+            elif r["kind"] in ("fit-linear", "bench"):
                 depth = "all" if r["extraction_layers"] is None else r["extraction_layers"]
                 work = f"one extraction, depth {depth}" + (", then timed epochs" if r["kind"] == "bench" else "")
             else:
@@ -406,7 +406,7 @@ def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, s
     from reservoir.attention import plot_attention as draw
 
     if run_dir is None:
-        from reservoir.train import TrainConfig, load_run
+        from reservoir.train import TrainConfig, run_config
         from reservoir.train import train as run_train
 
         if task is None:
@@ -415,7 +415,7 @@ def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, s
                              finetune=finetune, lr=lr, steps=steps, seed=seed, device=device)
         run_dir = config.default_out()
         if (Path(run_dir) / "results.json").is_file():
-            _, _, found = load_run(run_dir, device="cpu")
+            found = run_config(run_dir)
             diff = next((k for k, v in config.key().items() if found.key()[k] != v), None)
             if diff is not None:
                 raise ReservoirError(f"{run_dir} holds a run with {diff}={found.key()[diff]!r}, these options give "

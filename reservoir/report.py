@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.recipes import METRICS, PaperValue, Recipe, fitted_layers, load_recipe
+from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
 
 
 @dataclass
@@ -93,41 +93,29 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
         return row
 
     for run in recipe.runs():
-        folder = results_dir / run.id
-        c = run.cell
-        if run.kind == "fit-linear":
-            for r in c.readout:
-                for k in fitted_layers(c):
-                    res = _load(folder / f"{r}-layer{k}.json")
-                    add(run.label(layer=k, readout=r), res and res["metrics"]["test_accuracy"], run.seed)
-        elif run.kind == "fit-raw":
-            for r in c.readout:
-                res = _load(folder / f"{r}.json")
-                add(run.label(readout=r), res and res["metrics"]["test_accuracy"], run.seed)
-        elif c.lr_sweep:
-            res = _load(folder / "sweep.json")
-            row = add(run.label())
-            if res is not None:
-                accs = res["metrics"]["test_accuracies"]
-                row.accs += accs
-                row.seeds += list(range(run.seed, run.seed + len(accs)))
-                row.best_lr.append(res["best_lr"])
-                sweeps.append({"label": run.label(), "lrs": [float(v) for v in res["mean_val_by_lr"]],
-                               "val": list(res["mean_val_by_lr"].values()), "best_lr": res["best_lr"]})
-        elif run.kind == "bench":
-            res = _load(folder / "speedup.json")
-            row = add(run.label())
-            if res is not None:
-                row.seeds.append(run.seed)
-                row.more("speedup", res["output_only"]["speedup"])
-                row.more("layernorm_speedup", res["layernorm_top"]["speedup"])
-        else:
-            res = _load(folder / "results.json")
-            row = add(run.label(), res and res["metrics"]["test_accuracy"], run.seed)
-            if res is not None:
-                row.more("steps_to_converge", res["metrics"].get("steps_to_converge"))
-            if res is not None and res.get("curve"):
-                curves.append({"label": run.label(), "seed": run.seed, "curve": res["curve"]})
+        for label, name in run.outputs():
+            res = _load(results_dir / run.id / name)
+            if run.kind == "bench":
+                row = add(label)
+                if res is not None:
+                    row.seeds.append(run.seed)
+                    row.more("speedup", res["output_only"]["speedup"])
+                    row.more("layernorm_speedup", res["layernorm_top"]["speedup"])
+            elif run.cell.lr_sweep:
+                row = add(label)
+                if res is not None:
+                    accs = res["metrics"]["test_accuracies"]
+                    row.accs += accs
+                    row.seeds += list(range(run.seed, run.seed + len(accs)))
+                    row.best_lr.append(res["best_lr"])
+                    sweeps.append({"label": label, "lrs": [float(v) for v in res["mean_val_by_lr"]],
+                                   "val": list(res["mean_val_by_lr"].values()), "best_lr": res["best_lr"]})
+            else:  # fit-linear, fit-raw, train: one test accuracy per seed
+                row = add(label, res and res["metrics"]["test_accuracy"], run.seed)
+                if run.kind == "train" and res is not None:
+                    row.more("steps_to_converge", res["metrics"].get("steps_to_converge"))
+                    if res.get("curve"):
+                        curves.append({"label": label, "seed": run.seed, "curve": res["curve"]})
     out = list(rows.values())
     for row in out:
         row.papers = {m: p for m in METRICS if (p := recipe.paper_value(row.label, m)) is not None}

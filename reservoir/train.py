@@ -397,6 +397,18 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     return result
 
 
+def run_config(run_dir: str | os.PathLike) -> TrainConfig:
+    """The settings of a finished ``reservoir train`` folder (``results.json`` and ``best.pt``)."""
+    import json
+
+    d = Path(run_dir)
+    if not ((d / "results.json").is_file() and (d / "best.pt").is_file()):
+        found = ", ".join(sorted(p.name for p in d.iterdir())) or "it empty" if d.is_dir() else "no such folder"
+        raise ReservoirError(f"{d}: expected a finished `reservoir train` folder (results.json, best.pt), found {found}")
+    raw = json.loads((d / "results.json").read_text())["config"]
+    return TrainConfig(**{k: v for k, v in raw.items() if k in TrainConfig.__dataclass_fields__})
+
+
 def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementation: str = "sdpa"):
     """A finished live run's task and model, with its best checkpoint loaded, in eval mode.
 
@@ -410,21 +422,12 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     """
     from reservoir.extract import resolve_device
 
-    d = Path(run_dir)
-    res, best = d / "results.json", d / "best.pt"
-    if not (res.is_file() and best.is_file()):
-        found = ", ".join(sorted(p.name for p in d.iterdir())) or "it empty" if d.is_dir() else "no such folder"
-        raise ReservoirError(f"{d}: expected a finished `reservoir train` folder (results.json, best.pt), found {found}")
-    import json
-
-    raw = json.loads(res.read_text())["config"]
-    fields = {f for f in TrainConfig.__dataclass_fields__}
-    config = TrainConfig(**{k: v for k, v in raw.items() if k in fields})
+    config = run_config(run_dir)
     if config.from_store is not None:
-        raise ReservoirError(f"{d} was trained from a split-point store; expected a run trained from task inputs")
+        raise ReservoirError(f"{run_dir} was trained from a split-point store; expected a run trained from task inputs")
     dev = resolve_device(device)
     task, model, _, _, _, _ = _build(config, dev, attn_implementation)
-    ckpt = torch.load(best, map_location=dev, weights_only=False)
+    ckpt = torch.load(Path(run_dir) / "best.pt", map_location=dev, weights_only=False)
     _load_trainable(model, ckpt["trainable"])
     return task, model.eval(), config
 

@@ -9,7 +9,7 @@ stable id, used as its results folder under the output directory::
     description: ListOps, output layer only, by depth
     defaults: {backbone: minilm, seeds: [0]}   # any cell key; applied where it fits the cell's kind
     cells:
-      - kind: fit-linear                   # fit-linear | train | fit-raw
+      - kind: fit-linear                   # fit-linear | train | fit-raw | bench
         task: listops                      # or a list of tasks
         task_params: {n_train: 4000, n_test: 1000}   # over defaults' task_params (those the task takes)
         init: [pretrained, random]

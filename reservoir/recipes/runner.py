@@ -15,14 +15,7 @@ from reservoir.recipes.schema import Recipe, Run, fitted_layers, load_recipe
 
 def result_files(run: Run, folder: Path) -> list[Path]:
     """The files a finished ``run`` leaves in ``folder`` (all must exist for it to be skipped)."""
-    c = run.cell
-    if run.kind == "fit-raw":
-        return [folder / f"{r}.json" for r in c.readout]
-    if run.kind == "train":
-        return [folder / ("sweep.json" if c.lr_sweep else "results.json")]
-    if run.kind == "bench":
-        return [folder / "speedup.json"]
-    return [folder / f"{r}-layer{k}.json" for r in c.readout for k in fitted_layers(c)]
+    return [folder / name for _, name in run.outputs()]
 
 
 def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:

@@ -237,6 +237,17 @@ class Run:
         lab.update(extra)
         return lab
 
+    def outputs(self) -> list[tuple[dict[str, Any], str]]:
+        """``(row label, result file name)`` for each result this run writes (fit-linear: per readout and layer)."""
+        c = self.cell
+        if self.kind == "fit-linear":
+            return [(self.label(layer=k, readout=r), f"{r}-layer{k}.json") for r in c.readout
+                    for k in fitted_layers(c)]
+        if self.kind == "fit-raw":
+            return [(self.label(readout=r), f"{r}.json") for r in c.readout]
+        name = {"bench": "speedup.json"}.get(self.kind, "sweep.json" if c.lr_sweep else "results.json")
+        return [(self.label(), name)]
+
 
 def fitted_layers(cell: Cell) -> list[int]:
     """The layers a fit-linear cell fits (``all``: 0..K, what a depth-K store holds)."""
@@ -304,16 +315,7 @@ class Recipe:
 
     def row_labels(self) -> list[dict[str, Any]]:
         """The label of every report row this recipe gives (a run has one per readout and fitted layer)."""
-        labels = []
-        for run in self.runs():
-            c = run.cell
-            if run.kind == "fit-linear":
-                labels += [run.label(layer=k, readout=r) for r in c.readout for k in fitted_layers(c)]
-            elif run.kind == "fit-raw":
-                labels += [run.label(readout=r) for r in c.readout]
-            else:
-                labels.append(run.label())
-        return labels
+        return [label for run in self.runs() for label, _ in run.outputs()]
 
     def paper_value(self, label: dict[str, Any], metric: str = "test_accuracy") -> PaperValue | None:
         """The first paper entry for ``metric`` whose ``match`` fits ``label``."""
