@@ -68,6 +68,14 @@ def main() -> None:
     Extract hidden states once (`reservoir extract`), then fit readouts from
     the store in seconds (`reservoir fit-linear`).
     """
+    import logging
+
+    log = logging.getLogger("reservoir")
+    if not log.handlers:  # what the library reports (task cache hits, ...) goes to stderr, one line each
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 @main.command()
@@ -81,7 +89,10 @@ def main() -> None:
 @click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
 @click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: cache/<task>-<backbone>-<init>.zarr")
 @click.option("--format", "fmt", default=None, type=click.Choice(["zarr", "hdf5"]), help="Store backend; default from the suffix.")
-@click.option("--batch-size", default=64, show_default=True, type=int, help="Sequences per forward pass.")
+@click.option("--batch-size", default=None, type=int,
+              help="Most sequences per forward pass (default 64; no row cap with --max-tokens unless given).")
+@click.option("--max-tokens", default=None, type=int,
+              help="Token budget per forward pass (rows x longest length): short sequences travel in large batches.")
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]), help="Stored feature dtype.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
@@ -96,8 +107,8 @@ def main() -> None:
 @click.option("--download", is_flag=True,
               help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, device, amp, seed, gain, revision,
-            full_seq_layer, truncate, download, quiet):
+def extract(task, params, backbone, init, layers, out, fmt, batch_size, max_tokens, dtype, device, amp, seed, gain,
+            revision, full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.extract import ExtractConfig
     from reservoir.extract import extract as run_extract
@@ -108,7 +119,7 @@ def extract(task, params, backbone, init, layers, out, fmt, batch_size, dtype, d
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
                            task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
-                           dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
+                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
                            full_seq_layer=full_seq_layer)
     path = run_extract(config, progress=not quiet)
     with FeatureStore.open(path) as store:

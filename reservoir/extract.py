@@ -1,25 +1,32 @@
 """One pass of a task through a frozen backbone into a feature store.
 
-For each split, rows are processed one store chunk at a time: the chunk's rows
-are sorted by length and cut into batches (length bucketing: a batch is padded
-only to its own longest sequence), each batch runs blocks ``1..max(layers)``
-once under ``inference_mode``, and the hidden states at the last
-``n_out_tokens`` real positions of every requested layer are written back by
-row index. A chunk's ``done`` flag is set after its rows are written, so a rerun
-with the same settings skips finished chunks.
+For each split, the unfinished store chunks are grouped into windows
+(:mod:`reservoir.batching`): a window's rows go to the device in one transfer,
+sorted by length and cut into batches (a batch is padded only to its own
+longest sequence, and holds at most ``batch_size`` rows or ``max_tokens``
+padded tokens). Each batch runs blocks ``1..max(layers)`` once under
+``inference_mode``, in the compute dtype the weights were cast to once
+(:func:`reservoir.runtime.cast_for_inference`), and the hidden states at the
+last ``n_out_tokens`` real positions of every requested layer stay on the
+device until the window ends. The window then goes to the host in one copy
+and a background thread (:class:`reservoir.writer.ChunkWriter`) writes its
+chunks while the next window computes. A chunk's ``done`` flag is set after
+its rows are written, so a rerun with the same settings skips finished chunks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from reservoir.batching import check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
+from reservoir.runtime import autocast, cast_for_inference, check_positions, resolve_device  # noqa: F401 (re-exported)
 
 DTYPES = ("float16", "float32")
 
@@ -39,7 +46,10 @@ class ExtractConfig:
     task_params: dict[str, Any] = field(default_factory=dict, metadata={"help": "task parameters"})
     seed: int = field(default=0, metadata={"help": "seed of the random/stats inits and the projection"})
     projection_gain: float = field(default=1.41, metadata={"help": "gain of the orthogonal input projection"})
-    batch_size: int = field(default=64, metadata={"help": "sequences per forward"})
+    batch_size: int | None = field(default=None, metadata={
+        "help": "most sequences per forward; default 64 without max_tokens, unbounded with it"})
+    max_tokens: int | None = field(default=None, metadata={
+        "help": "most padded tokens per forward (rows x longest length): batches sized by a token budget"})
     dtype: str = field(default="float16", metadata={"help": "store dtype: float16 | float32"})
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
     amp: str = field(default="auto", metadata={"help": "CUDA autocast: bf16 | fp16 | none | auto"})
@@ -53,8 +63,7 @@ class ExtractConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ReservoirError(f"unknown store dtype {self.dtype!r}; expected one of: {', '.join(DTYPES)}")
-        if self.batch_size < 1:
-            raise ReservoirError(f"batch size must be >= 1, found {self.batch_size}")
+        check_batching(self.batch_size, self.max_tokens)
         if self.amp not in ("auto", "bf16", "fp16", "none"):
             raise ReservoirError(f"unknown amp {self.amp!r}; expected bf16, fp16, none or auto")
 
@@ -74,78 +83,88 @@ def resolve_layers(layers: list[int] | int | None, n_layer: int) -> list[int]:
     return wanted
 
 
-def resolve_device(device: str) -> "Any":
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ReservoirError(f"device {device!r} asked for, found no CUDA device")
-    try:
-        return torch.device(device)
-    except RuntimeError as err:
-        raise ReservoirError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from err
-
-
-def autocast(device, amp: str):
-    """CUDA autocast in the asked dtype (auto: bf16 where supported); a no-op on CPU or with amp="none"."""
-    import torch
-
-    if device.type != "cuda" or amp == "none":
-        return contextlib.nullcontext()
-    if amp == "auto":
-        amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
-
-def _to_device(arr: np.ndarray, device):
-    import torch
-
-    t = torch.from_numpy(np.ascontiguousarray(arr))
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
-
-
 def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list[int], n_out_tokens: int,
-                 batch_size: int, device, amp: str = "auto", progress=None, full_seq_layer: int | None = None,
-                 max_length: int | None = None):
+                 batch_size: int | None = None, device=None, amp: str = "auto", progress=None,
+                 full_seq_layer: int | None = None, max_length: int | None = None, max_tokens: int | None = None):
     """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length.
 
     With ``full_seq_layer`` also every position's state at that layer,
-    ``(N, max_length, n_dim)`` zero-padded, as a second return value.
+    ``(N, max_length, n_dim)`` zero-padded, as a second return value. The
+    backbone must already be on ``device`` (default CPU) in its compute dtype.
     """
     import torch
 
-    n = len(inputs)
-    out = np.empty((n, len(layers), n_out_tokens, backbone.n_dim), dtype=np.float32)
-    full = None
-    if full_seq_layer is not None:
-        full = np.zeros((n, max_length or inputs.shape[1], backbone.n_dim), dtype=np.float32)
-    order = np.argsort(lengths, kind="stable")
-    with torch.inference_mode(), autocast(device, amp):
-        for lo in range(0, n, batch_size):
-            rows = order[lo : lo + batch_size]
-            L = int(lengths[rows].max())
-            x = _to_device(inputs[rows, :L], device)
-            lens = _to_device(lengths[rows].astype(np.int64), device)
-            res = backbone.features(x, lens, layers, n_out_tokens, full_seq_layer)
-            feats = res if full is None else res[0]  # (b, n_layers, n_out, n_dim)
-            out[rows] = feats.float().cpu().numpy()
+    device = device or torch.device("cpu")
+    engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
+    with torch.inference_mode(), autocast(device, amp) if getattr(backbone, "arch", None) is None else _null():
+        feats, states = engine.run(inputs, lengths, *plan_order(lengths, batch_size, max_tokens), progress=progress)
+    feats = feats.cpu().numpy()
+    return feats if full_seq_layer is None else (feats, states.cpu().numpy())
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+class Engine:
+    """One extraction pass's fixed parts: runs windows of rows through the backbone on the device.
+
+    ``run`` takes a window's rows, a length-sorted order and batch bounds
+    (:func:`reservoir.batching.plan_order`) and returns the features in the
+    window's own row order, on the device, in ``out_dtype``. With
+    ``keep=False`` it is the *bare forward*: the same uploads and forwards,
+    nothing gathered or kept (what ``bench extract`` compares against).
+    """
+
+    def __init__(self, backbone, layers: list[int], n_out_tokens: int, device, out_dtype,
+                 full_seq_layer: int | None = None, states_length: int | None = None):
+        self.backbone, self.layers, self.n_out = backbone, layers, n_out_tokens
+        self.device, self.out_dtype = device, out_dtype
+        self.full_seq_layer, self.states_length = full_seq_layer, states_length
+
+    def upload(self, inputs: np.ndarray, lengths: np.ndarray, order: np.ndarray):
+        """The window's rows in length order, padded to its longest, on the device (one transfer)."""
+        import torch
+
+        L = int(lengths[order[-1]])
+        x = torch.from_numpy(np.ascontiguousarray(inputs[order, :L]))  # (n, L[, d_in])
+        lens = torch.from_numpy(np.ascontiguousarray(lengths[order], dtype=np.int64))  # (n,)
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), lens.pin_memory().to(self.device, non_blocking=True)
+        return x, lens
+
+    def run(self, inputs: np.ndarray, lengths: np.ndarray, order: np.ndarray, bounds: list[tuple[int, int]],
+            progress=None, keep: bool = True):
+        """``(features (n, n_layers, n_out, n_dim), states (n, states_length, n_dim) or None)`` in row order."""
+        import torch
+
+        n, bb = len(order), self.backbone
+        x, lens = self.upload(inputs, lengths, order)
+        sorted_len = lengths[order]
+        full = self.full_seq_layer
+        feats = states = None
+        if keep:
+            feats = torch.empty((n, len(self.layers), self.n_out, bb.n_dim), dtype=self.out_dtype, device=self.device)
             if full is not None:
-                states = res[1].float().cpu().numpy()  # (b, L, n_dim)
-                states *= (np.arange(L)[None, :] < lengths[rows][:, None])[..., None]  # padding stays zero
-                full[rows, :L] = states
+                states = torch.zeros((n, self.states_length, bb.n_dim), dtype=self.out_dtype, device=self.device)
+        for lo, hi in bounds:
+            L = int(sorted_len[hi - 1])
+            res = bb.features(x[lo:hi, :L], lens[lo:hi], self.layers, self.n_out, full,
+                              padded=bool(sorted_len[lo] < L))
+            if keep:
+                f = res if full is None else res[0]  # (b, n_layers, n_out, n_dim)
+                feats[lo:hi] = f.to(self.out_dtype)
+                if full is not None:
+                    pad = torch.arange(L, device=self.device)[None, :] >= lens[lo:hi, None]  # (b, L)
+                    states[lo:hi, :L] = res[1].masked_fill(pad[..., None], 0).to(self.out_dtype)
             if progress is not None:
-                progress.update(len(rows))
-    return out if full is None else (out, full)
-
-
-def check_positions(task, backbone, name: str, hint: str = "") -> None:
-    """Refuse a task whose sequences are longer than the backbone's position table."""
-    if task.max_length > backbone.info.max_positions:
-        raise ReservoirError(f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone {name!r} "
-                             f"has {backbone.info.max_positions} positions{hint}")
+                progress.update(hi - lo)
+        if not keep:
+            return None, None
+        inv = torch.from_numpy(np.argsort(order)).to(self.device)  # sorted position of each row
+        return feats[inv], (None if states is None else states[inv])
 
 
 def truncate_task(task, max_tokens: int) -> dict[str, Any]:
@@ -165,30 +184,48 @@ def truncate_task(task, max_tokens: int) -> dict[str, Any]:
     return {"max_tokens": max_tokens, "rows_cut": counts}
 
 
-def extract(config: ExtractConfig, progress: bool = True) -> Path:
-    """Run ``config.task`` through the backbone once and write (or resume) a feature store.
+@dataclass
+class Prepared:
+    """A validated extraction before anything is written: task, backbone on its device, store settings."""
 
-    Everything is validated (task, backbone, depth, positions, output path)
-    before anything is written; an interrupted run leaves a store with
-    ``complete = False`` that the same command resumes.
+    config: ExtractConfig
+    task: Any
+    backbone: Any
+    device: Any
+    layers: list[int]
+    attrs: dict[str, Any]
+    projection_weight: np.ndarray
+    final_norm: dict[str, np.ndarray] | None
+    context: Any  # what forwards run in (autocast for the LSTM baseline, else nothing)
+    timings: dict[str, float]
 
-    Examples
-    --------
-    >>> path = extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2,
-    ...                              task_params={"n_train": 64, "n_test": 32},
-    ...                              out="/tmp/xor.zarr"), progress=False)  # doctest: +SKIP
+    def engine(self, out_dtype=None):
+        """The :class:`Engine` this extraction runs (``out_dtype``: the store dtype by default)."""
+        import torch
+
+        dtype = out_dtype or getattr(torch, self.config.dtype)
+        s_layer = self.config.full_seq_layer
+        return Engine(self.backbone, self.layers, self.task.n_out_tokens, self.device, dtype, s_layer,
+                      self.task.max_length if s_layer is not None else None)
+
+
+def prepare(config: ExtractConfig, task=None) -> Prepared:
+    """Build and check everything an extraction needs (task, backbone, depth, positions); write nothing.
+
+    ``task`` overrides building ``config.task`` (a :class:`~reservoir.tasks.TaskData` already in memory).
     """
-    from tqdm.auto import tqdm
-
     from reservoir.backbones import load_backbone
-    from reservoir.store import FeatureStore
-    from reservoir.tasks import get_task
+    from reservoir.tasks import load_task
 
-    task = get_task(config.task, **config.task_params)
+    timings = {}
+    t0 = time.perf_counter()
+    task = task if task is not None else load_task(config.task, config.task_params)
+    timings["task_s"] = time.perf_counter() - t0
     device = resolve_device(config.device)
     requested_depth = None
     if config.layers is not None:
         requested_depth = config.layers if isinstance(config.layers, int) else max(config.layers)
+    t0 = time.perf_counter()
     backbone = load_backbone(
         config.backbone,
         init=config.init,
@@ -209,8 +246,6 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
             check_positions(task, backbone, config.backbone,
                             f" (pass --truncate to keep the first {backbone.info.max_positions})")
         truncated = truncate_task(task, backbone.info.max_positions)
-    backbone.to(device)
-    out = config.out or config.default_out()
     attrs = {
         "backbone": backbone.info.to_dict(),
         "projection": {"kind": "orthogonal", "gain": config.projection_gain, "seed": config.seed, "d_in": task.d_in,
@@ -223,36 +258,115 @@ def extract(config: ExtractConfig, progress: bool = True) -> Path:
         "dtype": config.dtype,
         "full_seq_layer": s_layer,
     }
+    # saved in float32 before the weights are cast to the compute dtype
     final_norm = None
     if backbone.final_norm is not None:
         final_norm = {k: getattr(backbone.final_norm, k).detach().cpu().float().numpy() for k in ("weight", "bias")}
+    projection_weight = backbone.input.weight.detach().cpu().t().numpy()
+    backbone, context = cast_for_inference(backbone, device, config.amp)
+    timings["model_s"] = time.perf_counter() - t0
+    return Prepared(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context, timings)
+
+
+def extract(config: ExtractConfig, progress: bool = True, task=None, timings: dict[str, float] | None = None) -> Path:
+    """Run ``config.task`` through the backbone once and write (or resume) a feature store.
+
+    Everything is validated (task, backbone, depth, positions, output path)
+    before anything is written; an interrupted run leaves a store with
+    ``complete = False`` that the same command resumes. ``timings``, when
+    given, receives the seconds spent on the task (``task_s``), the model
+    (``model_s``) and the pass itself (``pass_s``, store writes included).
+
+    Examples
+    --------
+    >>> path = extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2,
+    ...                              task_params={"n_train": 64, "n_test": 32},
+    ...                              out="/tmp/xor.zarr"), progress=False)  # doctest: +SKIP
+    """
+    from reservoir.store import FeatureStore
+
+    prep = prepare(config, task)
+    task = prep.task
+    out = config.out or config.default_out()
     store = FeatureStore.create(
         out,
-        attrs,
+        prep.attrs,
         splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
-        feature_shape=(len(layers), task.n_out_tokens, backbone.n_dim),
-        projection_weight=backbone.input.weight.detach().cpu().t().numpy(),
-        final_norm=final_norm,
+        feature_shape=(len(prep.layers), task.n_out_tokens, prep.backbone.n_dim),
+        projection_weight=prep.projection_weight,
+        final_norm=prep.final_norm,
         fmt=config.format,
-        states_length=task.max_length if s_layer is not None else None,
+        states_length=task.max_length if config.full_seq_layer is not None else None,
     )
+    t0 = time.perf_counter()
     with store:
-        if store.complete:
-            return Path(out)
-        for name, split in task.splits.items():
+        if not store.complete:
+            write_splits(prep, store, progress)
+            store.mark_complete()
+    prep.timings["pass_s"] = time.perf_counter() - t0
+    if timings is not None:
+        timings.update(prep.timings)
+    return Path(out)
+
+
+def write_splits(prep: Prepared, store, progress: bool = True) -> None:
+    """Compute every unfinished chunk of every split and write it (the pass itself)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from reservoir.writer import ChunkWriter
+
+    engine = prep.engine()
+    cfg = prep.config
+
+    def write(item):
+        name, split, window, feats, states, ready = item
+        if ready is not None:
+            ready.synchronize()  # the window's device-to-host copy has landed
+        feats, states = feats.numpy(), None if states is None else states.numpy()
+        r, at = store.chunk_rows(name), 0
+        for c in window.chunks:
+            lo, hi = c * r, min((c + 1) * r, len(split))
+            store.write_chunk(name, c, feats[at : at + hi - lo], split.labels[lo:hi], lengths=split.lengths[lo:hi],
+                              states=None if states is None else states[at : at + hi - lo])
+            at += hi - lo
+
+    with ChunkWriter(write) as writer, torch.inference_mode(), prep.context:
+        for name, split in prep.task.splits.items():
             r = store.chunk_rows(name)
             todo = np.flatnonzero(~store.done(name))
-            n_todo = sum(min(r, len(split) - c * r) for c in todo)
-            bar = tqdm(total=n_todo, desc=f"extract {name}", unit="rows", disable=not progress, dynamic_ncols=True)
+            windows = plan_windows(todo, r, len(split), _row_bytes(store, name, split))
+            bar = tqdm(total=sum(len(w.rows) for w in windows), desc=f"extract {name}", unit="rows",
+                       disable=not progress, dynamic_ncols=True)
             with bar:
-                for c in todo:
-                    lo, hi = c * r, min((c + 1) * r, len(split))
-                    res = extract_rows(backbone, split.inputs[lo:hi], split.lengths[lo:hi], layers,
-                                       task.n_out_tokens, config.batch_size, device, config.amp, bar,
-                                       s_layer, task.max_length)
-                    feats, states = res if s_layer is not None else (res, None)
-                    store.write_chunk(name, int(c), feats.astype(config.dtype), split.labels[lo:hi],
-                                      states=None if states is None else states.astype(config.dtype),
-                                      lengths=split.lengths[lo:hi])
-        store.mark_complete()
-    return Path(out)
+                for w in windows:
+                    lengths = split.lengths[w.rows]
+                    order, bounds = plan_order(lengths, cfg.batch_size, cfg.max_tokens)
+                    feats, states = engine.run(split.inputs[w.rows], lengths, order, bounds, progress=bar)
+                    feats, states, ready = _to_host(feats, states)
+                    writer.submit((name, split, w, feats, states, ready))
+
+
+def _row_bytes(store, name: str, split) -> int:
+    """Host bytes one row of a window takes: its stored features (and states) plus its inputs."""
+    out = store.features(name)
+    row = int(np.prod(out.shape[1:])) * out.dtype.itemsize
+    if store.full_seq_layer is not None:
+        states = store.states(name)
+        row += int(np.prod(states.shape[1:])) * states.dtype.itemsize
+    return row + int(np.prod(split.inputs.shape[1:])) * split.inputs.dtype.itemsize
+
+
+def _to_host(feats, states):
+    """Start the window's copy to (pinned) host memory; return the host tensors and an event that marks it done."""
+    import torch
+
+    if feats.device.type != "cuda":
+        return feats, states, None
+    host = [None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (feats, states)]
+    for h, t in zip(host, (feats, states)):
+        if t is not None:
+            h.copy_(t, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host[0], host[1], ready

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from reservoir.errors import ReservoirError
-from reservoir.extract import autocast, check_positions
+from reservoir.runtime import autocast, check_positions
 from reservoir.freeze import apply_freeze, describe, parse_groups
 
 
@@ -213,9 +213,9 @@ def steps_to_converge(curve: list[dict[str, float]], tolerance: float = 0.01) ->
 def _build(config: TrainConfig, device, attn_implementation: str = "sdpa"):
     """Task, model and the train/val/test data the config asks for."""
     from reservoir.backbones import load_backbone
-    from reservoir.tasks import get_task
+    from reservoir.tasks import load_task
 
-    task = get_task(config.task, **config.task_params)
+    task = load_task(config.task, config.task_params)
     backbone = load_backbone(config.backbone, init=config.init, depth=config.layers, d_in=task.d_in, seed=config.seed,
                              projection_gain=config.projection_gain, attn_implementation=attn_implementation)
     if not 0 <= config.split_layer <= backbone.depth:
@@ -301,7 +301,7 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     """
     from tqdm.auto import tqdm
 
-    from reservoir.extract import resolve_device
+    from reservoir.runtime import resolve_device
     from reservoir.results import write_result
 
     device = resolve_device(config.device)
@@ -420,7 +420,7 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     --------
     >>> task, model, config = load_run("results/train/bit-xor-minilm-pretrained-...")  # doctest: +SKIP
     """
-    from reservoir.extract import resolve_device
+    from reservoir.runtime import resolve_device
 
     config = run_config(run_dir)
     if config.from_store is not None:

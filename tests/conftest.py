@@ -1,10 +1,13 @@
 import os
+import tempfile
 
 import pytest
 
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Built tasks are cached in a folder of this session, never in the working tree.
+os.environ.setdefault("RESERVOIR_TASK_CACHE", tempfile.mkdtemp(prefix="reservoir-task-cache-"))
 
 
 def pytest_configure(config):

@@ -85,7 +85,8 @@ class LSTMBackbone(ReservoirBackbone):
         """Layer 0: the projected input (no positions, no norm)."""
         return self.project(x)  # (B, L, n_dim)
 
-    def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype) -> torch.Tensor:
+    def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype,
+                       padded: bool | None = None) -> torch.Tensor:
         """What the blocks get in place of a mask: the real lengths ``(B,)`` themselves."""
         return lengths
 

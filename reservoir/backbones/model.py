@@ -68,7 +68,7 @@ class ReservoirBackbone(nn.Module):
         if x.dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
             # one-hot @ W^T == row lookup in W^T
             return F.embedding(x.long(), self.input.weight.t()) + self.input.bias  # (B, L, n_dim)
-        return self.input(x)  # (B, L, n_dim)
+        return self.input(x.to(self.input.weight.dtype))  # (B, L, n_dim)
 
     def features(
         self,
@@ -77,6 +77,7 @@ class ReservoirBackbone(nn.Module):
         layers: list[int],
         n_out_tokens: int = 1,
         full_seq_layer: int | None = None,
+        padded: bool | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Hidden states at the last ``n_out_tokens`` real positions of every layer asked for.
 
@@ -94,6 +95,9 @@ class ReservoirBackbone(nn.Module):
         full_seq_layer : int, optional
             Also return every position's state at this layer (for split-point
             stores).
+        padded : bool, optional
+            Whether any sequence is shorter than ``L``, when the caller knows
+            it (saves asking the device; see :meth:`attention_mask`).
 
         Returns
         -------
@@ -114,7 +118,7 @@ class ReservoirBackbone(nn.Module):
         idx = lengths[:, None] + offsets[None, :]  # (B, n_out), last real token at lengths-1
         rows = torch.arange(B, device=lengths.device)[:, None]  # (B, 1)
         h = self.embed(x)  # (B, L, n_dim)
-        mask = self.attention_mask(lengths, L, h.dtype)
+        mask = self.attention_mask(lengths, L, h.dtype, padded)
         wanted = set(layers)
         out = [h[rows, idx]] if 0 in wanted else []  # each (B, n_out, n_dim)
         full = h if full_seq_layer == 0 else None
@@ -182,16 +186,25 @@ class Backbone(ReservoirBackbone):
             h = self.embed_norm(h)
         return self.embed_dropout(h)
 
-    def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype) -> torch.Tensor | None:
+    def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype,
+                       padded: bool | None = None) -> torch.Tensor | None:
         """The mask every block gets, in the form its attention implementation reads.
 
         Keys at positions ``>= lengths`` are hidden from every query; causal
         models also hide keys after the query. SDPA takes a boolean mask (True =
-        attend), eager attention an additive one. ``None`` when nothing needs
-        masking and SDPA can apply causality itself.
+        attend), eager attention an additive one. ``None`` when SDPA needs no
+        mask: for causal models always (right padding comes after every real
+        position, so ``is_causal`` alone is exact at the positions read, and
+        SDPA keeps its fastest kernels), for bidirectional ones when no
+        sequence is padded. ``padded`` (any length below ``L``) is computed
+        from ``lengths`` when not given, which waits for the device.
         """
-        padded = bool((lengths < L).any())
-        if not padded and (not self.arch.causal or self.attn_implementation == "sdpa"):
+        sdpa = self.attn_implementation == "sdpa"
+        if self.arch.causal and sdpa:
+            return None
+        if padded is None:
+            padded = bool((lengths < L).any())
+        if not padded and (not self.arch.causal or sdpa):
             return None
         keep = torch.arange(L, device=lengths.device)[None, :] < lengths[:, None]  # (B, L) keys
         keep = keep[:, None, None, :]  # (B, 1, 1, L)

@@ -198,9 +198,9 @@ def fit_raw(task: str, task_params: dict[str, Any] | None = None, readout: str =
     --------
     >>> fit_raw("digits")["metrics"]["test_accuracy"]  # doctest: +SKIP
     """
-    from reservoir.tasks import get_task
+    from reservoir.tasks import load_task
 
-    data = get_task(task, **(task_params or {}))
+    data = load_task(task, task_params)
     if data.kind != "continuous" or data.n_out_tokens != 1:
         raise ReservoirError(f"a raw-input baseline needs a continuous task with one output token; found {task!r} "
                              f"({data.kind}, {data.n_out_tokens} output tokens)")

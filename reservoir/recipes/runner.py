@@ -22,10 +22,10 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
     import reservoir.extract as ex
     from reservoir.store import FeatureStore, remove
-    from reservoir.tasks import get_task
+    from reservoir.tasks import load_task
 
     c = run.cell
-    task = get_task(run.task, **c.task_params)
+    task = load_task(run.task, c.task_params)
     key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
            "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": 1.41}
     path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
@@ -47,7 +47,7 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
                            task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, device=device,
                            batch_size=c.batch_size or 64)
-    return Path(ex.extract(cfg, progress=False))
+    return Path(ex.extract(cfg, progress=False, task=task))
 
 
 def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:

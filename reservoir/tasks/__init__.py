@@ -1,10 +1,11 @@
 """Tasks: fixed arrays per split plus the metadata a readout needs.
 
 Importing this package registers the built-in tasks; build one with
-:func:`get_task`.
+:func:`get_task`, or with :func:`load_task` through the on-disk task cache.
 """
 
 from reservoir.tasks.base import TASKS, Split, TaskData, TaskSpec, get_task, register
 from reservoir.tasks import bits, homology, images, listops  # noqa: F401  (register their tasks)
+from reservoir.tasks.cache import load_task, task_cache_dir
 
-__all__ = ["TASKS", "Split", "TaskData", "TaskSpec", "get_task", "register"]
+__all__ = ["TASKS", "Split", "TaskData", "TaskSpec", "get_task", "load_task", "register", "task_cache_dir"]

@@ -140,14 +140,13 @@ def register(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
-def get_task(name: str, **params: Any) -> TaskData:
-    """Build a registered task with its defaults overridden by ``params``.
+def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A registered task's defaults overridden by ``params`` (``None`` values keep the default).
 
-    Examples
-    --------
-    >>> task = get_task("bit-xor", n_bits=5, n_train=64, n_test=32, seed=0)
-    >>> task.splits["train"].inputs.shape
-    (64, 10, 1)
+    Raises
+    ------
+    ReservoirError
+        For an unknown task or parameter, naming the known ones.
     """
     import reservoir.tasks  # noqa: F401  (registers the built-in tasks)
 
@@ -159,5 +158,16 @@ def get_task(name: str, **params: Any) -> TaskData:
         raise ReservoirError(
             f"task {name!r} has no parameter {unknown[0]!r}; expected one of: {', '.join(sorted(spec.defaults))}"
         )
-    full = {**spec.defaults, **{k: v for k, v in params.items() if v is not None}}
-    return spec.build(**full)
+    return {**spec.defaults, **{k: v for k, v in params.items() if v is not None}}
+
+
+def get_task(name: str, **params: Any) -> TaskData:
+    """Build a registered task with its defaults overridden by ``params`` (no cache; see ``load_task``).
+
+    Examples
+    --------
+    >>> task = get_task("bit-xor", n_bits=5, n_train=64, n_test=32, seed=0)
+    >>> task.splits["train"].inputs.shape
+    (64, 10, 1)
+    """
+    return TASKS[name].build(**resolve_params(name, params))

@@ -1,0 +1,114 @@
+"""How rows become forward passes: windows of store chunks, length buckets, token budgets.
+
+A split is processed in *windows*: consecutive unfinished store chunks whose
+rows, output and inputs fit a memory budget. Inside a window the rows are
+sorted by length and cut into batches, so a batch is padded only to its own
+longest sequence; a window of many chunks pads far less than one chunk alone.
+Batches hold at most ``batch_size`` rows and, with a token budget, at most
+``max_tokens`` padded tokens (rows x longest length), so short sequences travel
+in large batches and long ones in small ones.
+
+Everything here is plain numpy on the host: the plan is known before the
+first forward, and the hot loop never asks the device for a length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+
+#: Default rows per batch when no token budget is given.
+DEFAULT_BATCH_SIZE = 64
+#: Host memory one window may use for its outputs and inputs (the extraction's working set).
+WINDOW_BYTES = 256 << 20
+#: Most rows per window: what a kill can cost, since a window's chunks are written when it ends.
+WINDOW_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class Window:
+    """Chunks processed together; ``rows`` are the split's row indices in chunk order."""
+
+    chunks: list[int]
+    rows: np.ndarray  # (n,)
+
+
+def check_batching(batch_size: int | None, max_tokens: int | None) -> None:
+    """Refuse non-positive batch sizes and token budgets, in one line."""
+    if batch_size is not None and batch_size < 1:
+        raise ReservoirError(f"--batch-size must be >= 1, found {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ReservoirError(f"--max-tokens must be >= 1, found {max_tokens}")
+
+
+def plan_order(lengths: np.ndarray, batch_size: int | None = None,
+               max_tokens: int | None = None) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Rows sorted by length (stable) and the ``(lo, hi)`` bounds of each batch in that order.
+
+    Parameters
+    ----------
+    lengths : np.ndarray
+        ``(n,)`` real lengths, ``n >= 1``.
+    batch_size : int, optional
+        Most rows per batch. Default: :data:`DEFAULT_BATCH_SIZE` without a
+        token budget, unbounded with one.
+    max_tokens : int, optional
+        Most padded tokens per batch (rows x the batch's longest length); a
+        row longer than the budget still gets a batch of its own.
+
+    Returns
+    -------
+    order : np.ndarray
+        ``(n,)`` row indices in increasing length.
+    bounds : list of (int, int)
+        Batch ``i`` is ``order[lo:hi]``, padded to ``lengths[order[hi - 1]]``.
+    """
+    check_batching(batch_size, max_tokens)
+    if batch_size is None and max_tokens is None:
+        batch_size = DEFAULT_BATCH_SIZE
+    lengths = np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")
+    n = len(order)
+    if max_tokens is None:
+        return order, [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+    cap = batch_size or n
+    sorted_len = lengths[order].tolist()
+    bounds, lo = [], 0
+    while lo < n:
+        # rows lo..hi-1 fit while (hi - lo) * sorted_len[hi - 1] <= max_tokens (lengths increase with hi)
+        hi = lo + 1
+        while hi < n and hi - lo < cap and (hi + 1 - lo) * sorted_len[hi] <= max_tokens:
+            hi += 1
+        bounds.append((lo, hi))
+        lo = hi
+    return order, bounds
+
+
+def plan_batches(lengths: np.ndarray, batch_size: int | None = None, max_tokens: int | None = None) -> list[np.ndarray]:
+    """Batches as row-index arrays, in increasing length (see :func:`plan_order`).
+
+    Examples
+    --------
+    >>> [b.tolist() for b in plan_batches(np.array([5, 1, 3, 3]), max_tokens=6)]
+    [[1, 2], [3], [0]]
+    """
+    order, bounds = plan_order(lengths, batch_size, max_tokens)
+    return [order[lo:hi] for lo, hi in bounds]
+
+
+def plan_windows(todo: np.ndarray, chunk_rows: int, n_rows: int, row_bytes: int,
+                 budget: int = WINDOW_BYTES, max_rows: int = WINDOW_ROWS) -> list[Window]:
+    """Group unfinished chunks (in order) into windows of at most ``budget`` bytes and ``max_rows`` rows.
+
+    A window holds at least one chunk, whatever its size.
+    """
+    per_window = max(1, min(budget // max(1, row_bytes * chunk_rows), max_rows // chunk_rows))
+    windows = []
+    for i in range(0, len(todo), per_window):
+        chunks = [int(c) for c in todo[i : i + per_window]]
+        rows = np.concatenate([np.arange(c * chunk_rows, min((c + 1) * chunk_rows, n_rows)) for c in chunks])
+        windows.append(Window(chunks, rows))
+    return windows

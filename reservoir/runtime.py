@@ -1,0 +1,81 @@
+"""Where and in what precision the backbone runs: devices, compute dtypes, position limits.
+
+Shared by extraction, live training and the benchmarks, so that all three run
+the model the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from reservoir.errors import ReservoirError
+
+AMPS = ("auto", "bf16", "fp16", "none")
+
+
+def resolve_device(device: str) -> "Any":
+    """``"auto"`` -> CUDA when present, else CPU; refuses CUDA without a GPU and unknown names."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ReservoirError(f"device {device!r} asked for, found no CUDA device")
+    try:
+        return torch.device(device)
+    except RuntimeError as err:
+        raise ReservoirError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from err
+
+
+def compute_dtype(device, amp: str):
+    """The dtype the frozen forward runs in: bf16/fp16 on CUDA (auto: bf16 where supported), else float32."""
+    import torch
+
+    if amp not in AMPS:
+        raise ReservoirError(f"unknown amp {amp!r}; expected one of: {', '.join(AMPS)}")
+    if device.type != "cuda" or amp == "none":
+        return torch.float32
+    if amp == "auto":
+        amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+def autocast(device, amp: str):
+    """CUDA autocast in :func:`compute_dtype`; a no-op on CPU or with ``amp="none"``.
+
+    Training keeps float32 master weights under autocast; extraction casts the
+    frozen weights once instead (:func:`cast_for_inference`).
+    """
+    import torch
+
+    dtype = compute_dtype(device, amp)
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def cast_for_inference(backbone, device, amp: str):
+    """Move a frozen backbone to ``device`` with its weights cast once to the compute dtype.
+
+    Returns ``(backbone, context)``: the context to run forwards in. Transformer
+    backbones run natively in bf16/fp16 (no autocast over float32 weights, so
+    no per-op casts); the LSTM baseline keeps float32 weights under autocast
+    (its fused kernels pick their own precision).
+    """
+    import torch
+
+    dtype = compute_dtype(device, amp)
+    backbone.to(device)
+    if dtype == torch.float32:
+        return backbone, contextlib.nullcontext()
+    if getattr(backbone, "arch", None) is None:  # LSTM baseline
+        return backbone, autocast(device, amp)
+    return backbone.to(dtype=dtype), contextlib.nullcontext()
+
+
+def check_positions(task, backbone, name: str, hint: str = "") -> None:
+    """Refuse a task whose sequences are longer than the backbone's position table."""
+    if task.max_length > backbone.info.max_positions:
+        raise ReservoirError(f"task {task.name!r} has sequences of up to {task.max_length} tokens; backbone {name!r} "
+                             f"has {backbone.info.max_positions} positions{hint}")

@@ -1,0 +1,147 @@
+"""Tasks built once: a task's arrays kept on disk, found again by what made them.
+
+:func:`load_task` builds a registered task the first time and writes its
+arrays to ``<cache>/<name>-<key>/`` (one ``.npy`` file per array, plus
+``task.json`` with the metadata and the fingerprint). The key hashes the task
+name, every parameter (defaults included), the package version and, for a task
+read from files (a ``data_dir`` parameter), each file's name, size and
+modification time, so edited data is never served from the cache. Later calls
+memory-map the inputs copy-on-write (a large task is not read into memory until rows are
+used) and check them against the recorded fingerprint; an entry that does not
+match is refused, removed and rebuilt.
+
+The cache folder is ``cache/tasks`` under the working directory, or the
+``RESERVOIR_TASK_CACHE`` environment variable (``off`` disables it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir import __version__
+from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params
+
+log = logging.getLogger("reservoir")
+
+ENV = "RESERVOIR_TASK_CACHE"
+DEFAULT_DIR = Path("cache") / "tasks"
+_ARRAYS = ("inputs", "lengths", "labels")
+
+
+def task_cache_dir() -> Path | None:
+    """The task cache folder (``None`` when ``RESERVOIR_TASK_CACHE=off``)."""
+    value = os.environ.get(ENV)
+    if value is not None and value.strip().lower() in ("off", "0", "none", ""):
+        return None
+    return Path(value) if value else DEFAULT_DIR
+
+
+def cache_key(name: str, params: dict[str, Any]) -> str:
+    """What identifies a built task before building it: name, full params, version, data files."""
+    files = []
+    data_dir = params.get("data_dir")
+    if data_dir:
+        root = Path(data_dir)
+        if root.is_dir():
+            for p in sorted(root.rglob("*")):
+                if p.is_file():
+                    st = p.stat()
+                    files.append([str(p.relative_to(root)), st.st_size, st.st_mtime_ns])
+    key = {"name": name, "params": params, "version": __version__, "files": files}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | os.PathLike | None | bool = True
+              ) -> TaskData:
+    """Build a registered task, or load it from the task cache when it was built before.
+
+    Parameters
+    ----------
+    name : str
+        Registered task name.
+    params : dict, optional
+        Task parameters (as for :func:`~reservoir.tasks.get_task`).
+    cache_dir : path, True or None
+        The cache folder; ``True`` for :func:`task_cache_dir`, ``None`` or
+        ``False`` to build without the cache.
+
+    Returns
+    -------
+    TaskData
+        The same arrays, params and fingerprint as ``get_task(name, **params)``.
+
+    Examples
+    --------
+    >>> task = load_task("bit-xor", {"n_train": 64, "n_test": 32}, cache_dir=None)
+    >>> task.splits["train"].inputs.shape
+    (64, 10, 1)
+    """
+    params = dict(params or {})
+    folder = task_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
+    if folder is None or params.get("download"):
+        return get_task(name, **params)
+    full = resolve_params(name, params)
+    entry = folder / f"{name}-{cache_key(name, full)}"
+    if entry.is_dir():
+        task = _read(entry)
+        if task is not None:
+            log.info("task %s: loaded from the task cache %s (fingerprint %s)", name, entry, task.fingerprint[:12])
+            return task
+        log.warning("task %s: the cached copy %s does not match its fingerprint; refused and rebuilt", name, entry)
+        shutil.rmtree(entry, ignore_errors=True)
+    task = get_task(name, **params)
+    try:
+        _write(task, entry)
+        log.info("task %s: built and saved to the task cache %s", name, entry)
+    except OSError as err:  # a read-only or full disk: the task is still good, only not cached
+        log.warning("task %s: not cached (%s)", name, err.strerror or err)
+    return task
+
+
+def _write(task: TaskData, entry: Path) -> None:
+    """Write the task under a temporary name, then rename it into place (readers never see half an entry)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    try:
+        for split_name, split in task.splits.items():
+            for a in _ARRAYS:
+                np.save(tmp / f"{split_name}.{a}.npy", np.ascontiguousarray(getattr(split, a)))
+        meta = {"name": task.name, "params": task.params, "kind": task.kind, "d_in": task.d_in,
+                "n_classes": task.n_classes, "n_out_tokens": task.n_out_tokens, "vocab": task.vocab,
+                "splits": list(task.splits), "fingerprint": task.fingerprint, "reservoir_version": __version__}
+        (tmp / "task.json").write_text(json.dumps(meta, indent=1))
+        os.rename(tmp, entry)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if entry.is_dir():  # another process cached the same task first
+            return
+        raise
+
+
+def _read(entry: Path) -> TaskData | None:
+    """The cached task, or ``None`` when the entry is unreadable or its arrays do not hash to its fingerprint."""
+    try:
+        meta = json.loads((entry / "task.json").read_text())
+        splits = {}
+        for s in meta["splits"]:
+            arrays = {a: np.load(entry / f"{s}.{a}.npy", mmap_mode="c" if a == "inputs" else None) for a in _ARRAYS}
+            splits[s] = Split(**arrays)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return None
+    if fingerprint(meta["name"], meta["params"], splits) != meta["fingerprint"]:
+        return None
+    return TaskData(name=meta["name"], params=meta["params"], kind=meta["kind"], d_in=meta["d_in"],
+                    n_classes=meta["n_classes"], splits=splits, n_out_tokens=meta["n_out_tokens"],
+                    vocab=meta["vocab"], fingerprint=meta["fingerprint"])
+
+
+__all__ = ["load_task", "task_cache_dir", "cache_key"]
