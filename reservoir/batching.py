@@ -100,11 +100,14 @@ def plan_batches(lengths: np.ndarray, batch_size: int | None = None, max_tokens:
 
 
 def plan_windows(todo: np.ndarray, chunk_rows: int, n_rows: int, row_bytes: int,
-                 budget: int = WINDOW_BYTES, max_rows: int = WINDOW_ROWS) -> list[Window]:
+                 budget: int | None = None, max_rows: int | None = None) -> list[Window]:
     """Group unfinished chunks (in order) into windows of at most ``budget`` bytes and ``max_rows`` rows.
 
-    A window holds at least one chunk, whatever its size.
+    Defaults: :data:`WINDOW_BYTES` and :data:`WINDOW_ROWS`. A window holds at
+    least one chunk, whatever its size.
     """
+    budget = WINDOW_BYTES if budget is None else budget
+    max_rows = WINDOW_ROWS if max_rows is None else max_rows
     per_window = max(1, min(budget // max(1, row_bytes * chunk_rows), max_rows // chunk_rows))
     windows = []
     for i in range(0, len(todo), per_window):

@@ -8,6 +8,7 @@ with status 2; nothing that claims to be complete is left behind.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -34,6 +35,13 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted; rerun the same command to resume.", err=True)
             ctx.exit(130)
+
+
+class _EchoHandler(logging.Handler):
+    """Log records as plain lines of the command's report on stdout (stderr carries only the one error line)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(record.getMessage())
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -68,13 +76,9 @@ def main() -> None:
     Extract hidden states once (`reservoir extract`), then fit readouts from
     the store in seconds (`reservoir fit-linear`).
     """
-    import logging
-
     log = logging.getLogger("reservoir")
-    if not log.handlers:  # what the library reports (task cache hits, ...) goes to stderr, one line each
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
+    if not any(isinstance(h, _EchoHandler) for h in log.handlers):
+        log.addHandler(_EchoHandler())  # what the library reports (task cache hits, ...): one line each
         log.setLevel(logging.INFO)
 
 
@@ -278,6 +282,46 @@ def fit_raw(task, params, readout, seed, out):
 @main.group()
 def bench():
     """Benchmarks: what caching buys."""
+
+
+@bench.command("extract")
+@click.option("--task", required=True, help="Task name (see `reservoir tasks`).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--layers", default=None, help="Depth K, a list like 0,3,6, or 'all'.")
+@click.option("--format", "fmt", default="zarr", show_default=True, type=click.Choice(["zarr", "hdf5"]),
+              help="Backend of the temporary store.")
+@click.option("--batch-size", default=None, type=int, help="Most sequences per forward (default 64 without --max-tokens).")
+@click.option("--max-tokens", default=None, type=int, help="Token budget per forward (rows x longest length).")
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--full-seq-layer", default=None, type=int, help="Also store every position at this layer.")
+@click.option("--truncate", is_flag=True, help="Cut sequences longer than the backbone's positions.")
+@click.option("--naive-rows", default=128, show_default=True, type=int,
+              help="Rows the naive way (full model, padded to the maximum, fp32) is timed on, then scaled.")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tokens, dtype, device, amp, seed,
+                  full_seq_layer, truncate, naive_rows, out, quiet):
+    """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
+    from reservoir.bench import bench_extract as run_bench
+    from reservoir.bench import format_extract
+    from reservoir.extract import ExtractConfig
+    from reservoir.results import write_result
+
+    if naive_rows < 1:
+        raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
+    config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
+                           task_params=_parse_params(params), seed=seed, batch_size=batch_size,
+                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
+                           full_seq_layer=full_seq_layer)
+    r = run_bench(config, naive_rows=naive_rows, progress=not quiet)
+    click.echo(format_extract(r))
+    if out:
+        write_result(out, {"kind": "bench-extract", **r})
 
 
 @bench.command("speedup")

@@ -97,7 +97,8 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     device = device or torch.device("cpu")
     engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
     with torch.inference_mode(), autocast(device, amp) if getattr(backbone, "arch", None) is None else _null():
-        feats, states = engine.run(inputs, lengths, *plan_order(lengths, batch_size, max_tokens), progress=progress)
+        feats, states = engine.run(inputs, lengths, np.arange(len(lengths)), *plan_order(lengths, batch_size, max_tokens),
+                                   progress=progress)
     feats = feats.cpu().numpy()
     return feats if full_seq_layer is None else (feats, states.cpu().numpy())
 
@@ -124,25 +125,27 @@ class Engine:
         self.device, self.out_dtype = device, out_dtype
         self.full_seq_layer, self.states_length = full_seq_layer, states_length
 
-    def upload(self, inputs: np.ndarray, lengths: np.ndarray, order: np.ndarray):
-        """The window's rows in length order, padded to its longest, on the device (one transfer)."""
+    def upload(self, inputs: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
+        """``inputs[rows]`` (rows in length order), padded to the longest, on the device (one transfer)."""
         import torch
 
-        L = int(lengths[order[-1]])
-        x = torch.from_numpy(np.ascontiguousarray(inputs[order, :L]))  # (n, L[, d_in])
-        lens = torch.from_numpy(np.ascontiguousarray(lengths[order], dtype=np.int64))  # (n,)
+        L = int(lengths[rows[-1]])
+        x = torch.from_numpy(np.ascontiguousarray(inputs[rows, :L]))  # (n, L[, d_in])
+        lens = torch.from_numpy(np.ascontiguousarray(lengths[rows], dtype=np.int64))  # (n,)
         if self.device.type == "cuda":
             return x.pin_memory().to(self.device, non_blocking=True), lens.pin_memory().to(self.device, non_blocking=True)
         return x, lens
 
-    def run(self, inputs: np.ndarray, lengths: np.ndarray, order: np.ndarray, bounds: list[tuple[int, int]],
-            progress=None, keep: bool = True):
-        """``(features (n, n_layers, n_out, n_dim), states (n, states_length, n_dim) or None)`` in row order."""
+    def run(self, inputs: np.ndarray, lengths: np.ndarray, rows: np.ndarray, order: np.ndarray,
+            bounds: list[tuple[int, int]], progress=None, keep: bool = True):
+        """Features of ``inputs[rows]``: ``(n, n_layers, n_out, n_dim)`` and states ``(n, states_length, n_dim)``
+        or ``None``, in the order of ``rows``; ``order`` sorts ``lengths[rows]``, ``bounds`` cut it into batches.
+        """
         import torch
 
         n, bb = len(order), self.backbone
-        x, lens = self.upload(inputs, lengths, order)
-        sorted_len = lengths[order]
+        x, lens = self.upload(inputs, lengths, rows[order])
+        sorted_len = lengths[rows[order]]
         full = self.full_seq_layer
         feats = states = None
         if keep:
@@ -312,12 +315,10 @@ def extract(config: ExtractConfig, progress: bool = True, task=None, timings: di
 def write_splits(prep: Prepared, store, progress: bool = True) -> None:
     """Compute every unfinished chunk of every split and write it (the pass itself)."""
     import torch
-    from tqdm.auto import tqdm
 
     from reservoir.writer import ChunkWriter
 
     engine = prep.engine()
-    cfg = prep.config
 
     def write(item):
         name, split, window, feats, states, ready = item
@@ -332,19 +333,28 @@ def write_splits(prep: Prepared, store, progress: bool = True) -> None:
             at += hi - lo
 
     with ChunkWriter(write) as writer, torch.inference_mode(), prep.context:
-        for name, split in prep.task.splits.items():
-            r = store.chunk_rows(name)
-            todo = np.flatnonzero(~store.done(name))
-            windows = plan_windows(todo, r, len(split), _row_bytes(store, name, split))
-            bar = tqdm(total=sum(len(w.rows) for w in windows), desc=f"extract {name}", unit="rows",
-                       disable=not progress, dynamic_ncols=True)
-            with bar:
-                for w in windows:
-                    lengths = split.lengths[w.rows]
-                    order, bounds = plan_order(lengths, cfg.batch_size, cfg.max_tokens)
-                    feats, states = engine.run(split.inputs[w.rows], lengths, order, bounds, progress=bar)
-                    feats, states, ready = _to_host(feats, states)
-                    writer.submit((name, split, w, feats, states, ready))
+        for name, split, window, (order, bounds), bar in iter_windows(prep, store, progress):
+            feats, states = engine.run(split.inputs, split.lengths, window.rows, order, bounds, progress=bar)
+            feats, states, ready = _to_host(feats, states)
+            writer.submit((name, split, window, feats, states, ready))
+
+
+def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool = False):
+    """Yield ``(split name, split, window, (order, bounds), progress bar)`` for every unfinished window.
+
+    The one plan both the pass and ``bench extract``'s bare forward follow
+    (the latter with ``every_chunk``: the windows of a fresh store).
+    """
+    from tqdm.auto import tqdm
+
+    cfg = prep.config
+    for name, split in prep.task.splits.items():
+        todo = np.arange(len(store.done(name))) if every_chunk else np.flatnonzero(~store.done(name))
+        windows = plan_windows(todo, store.chunk_rows(name), len(split), _row_bytes(store, name, split))
+        with tqdm(total=sum(len(w.rows) for w in windows), desc=f"extract {name}", unit="rows",
+                  disable=not progress, dynamic_ncols=True) as bar:
+            for w in windows:
+                yield name, split, w, plan_order(split.lengths[w.rows], cfg.batch_size, cfg.max_tokens), bar
 
 
 def _row_bytes(store, name: str, split) -> int:

@@ -1,0 +1,282 @@
+"""``reservoir bench extract``: what extraction costs beyond the model's own forward.
+
+In one run, on one task, backbone and depth, over the same windows and
+batches:
+
+(a) ``extract`` end to end into a temporary store, split into task loading,
+    model loading and the pass (forwards, device-to-host copies, store writes);
+(b) the bare forward of the same truncated model: inputs to the device and
+    ``Backbone.features``, nothing copied back;
+(c) the Hugging Face model's own forward (same depth, same dtype, SDPA, its
+    own attention mask) on the same batches;
+(d) the naive way, as the official FPT code runs a model: the full model with
+    ``output_hidden_states=True``, every sequence padded to the task's
+    maximum, float32 weights, batch 32, on a subset of rows and scaled to the
+    whole task.
+
+Ratios (``pass / bare forward``, ``bare forward / HF forward``,
+``naive / pass``) compare times taken minutes apart on one machine; seconds
+are not comparable across runs. The plan's largest batch runs once before the
+timed parts, so one-time set-up (kernels, allocator growth) is not counted.
+"""
+
+from __future__ import annotations
+
+import copy
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _hf_model(prep, full: bool, dtype):
+    """The backbone's Hugging Face model with the same weights recipe: ``full`` keeps every block, else ``depth``."""
+    from reservoir.backbones.arch import get_module
+    from reservoir.backbones.load import _load_hf, _stats_init
+
+    cfg = prep.config
+    model, _, _ = _load_hf(cfg.backbone, cfg.init, cfg.seed, cfg.revision, "sdpa")
+    if cfg.init == "stats":
+        _stats_init(model, cfg.seed)
+    if not full:
+        parent_path, _, attr = prep.backbone.arch.blocks.rpartition(".")
+        parent = get_module(model, parent_path) if parent_path else model
+        setattr(parent, attr, torch.nn.ModuleList(list(getattr(parent, attr))[: prep.backbone.depth]))
+        model.config.num_hidden_layers = prep.backbone.depth
+    return model.eval().requires_grad_(False).to(prep.device, dtype=dtype)
+
+
+def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> dict[str, Any]:
+    """Time extraction against the bare forward, the Hugging Face forward and the naive way.
+
+    Parameters
+    ----------
+    config : ExtractConfig
+        The extraction to measure (``out`` is ignored: a temporary store is written).
+    naive_rows : int
+        Rows the naive way is timed on (from the start of each split, in
+        proportion), scaled to all rows.
+
+    Returns
+    -------
+    dict
+        Seconds, ratios, token counts and peak memory; see :func:`format_extract`.
+
+    Examples
+    --------
+    >>> from reservoir.extract import ExtractConfig
+    >>> r = bench_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2))  # doctest: +SKIP
+    >>> r["pass_over_bare"]  # doctest: +SKIP
+    """
+    from reservoir.extract import prepare
+
+    if config.device.startswith("cuda") or config.device == "auto":
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+    prep = prepare(config)
+    task, bb, dev = prep.task, prep.backbone, prep.device
+    dtype = next(bb.parameters()).dtype
+    splits = task.splits.values()
+    n_rows = sum(len(s) for s in splits)
+    n_tokens = int(sum(int(s.lengths.sum()) for s in splits))
+    r: dict[str, Any] = {
+        "task": task.name, "task_params": task.params, "backbone": bb.info.to_dict(), "depth": bb.depth,
+        "layers": prep.layers, "n_rows": n_rows, "tokens": n_tokens, "max_length": task.max_length,
+        "batch_size": config.batch_size, "max_tokens": config.max_tokens, "format": None, "device": str(dev),
+        "compute_dtype": str(dtype).replace("torch.", ""), "store_dtype": config.dtype,
+        "torch_threads": torch.get_num_threads(), **prep.timings,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        fmt = config.format or "zarr"
+        path = Path(tmp) / ("store.h5" if fmt == "hdf5" else "store.zarr")
+        t = time_pass(prep, path, fmt, progress)
+        r["store_mb"] = _size_mb(path)
+    plan = t.pop("plan")
+    r.update(t)
+    r["padded_tokens"] = sum((hi - lo) * int(s.lengths[rows[o[hi - 1]]]) for s, rows, o, b in plan for lo, hi in b)
+    r["hf_forward_s"] = _time_hf(prep, plan, dtype)
+    r.update(_time_naive(prep, naive_rows))
+    r["extract_s"] = r["task_s"] + r["model_s"] + r["pass_s"]
+    r.pop("path")
+    r["pass_over_bare"] = r["pass_s"] / r["bare_forward_s"]
+    r["bare_over_hf"] = r["bare_forward_s"] / r["hf_forward_s"]
+    r["naive_over_pass"] = r["naive_s"] / r["pass_s"]
+    r["tokens_per_s"] = n_tokens / r["pass_s"]
+    r["peak_rss_mb"] = _peak_rss_mb()
+    r["peak_device_mb"] = _peak_device_mb(dev)
+    return r
+
+
+def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = True) -> dict[str, Any]:
+    """Time the extraction pass into a new store at ``path`` and (``bare``) the bare forward on the same plan.
+
+    Returns ``pass_s``, ``bare_forward_s``, ``format``, ``path``, the peak
+    memory during the pass and the plan (``(split, rows, order, bounds)`` per window).
+    """
+    from dataclasses import replace
+
+    from reservoir.extract import iter_windows, write_splits
+
+    _warm_up(prep)
+    prep.config = replace(prep.config, out=str(path), format=fmt)
+    store = _create(prep, path, fmt)
+    r: dict[str, Any] = {"format": store.format, "path": path}
+    with store:
+        t0 = time.perf_counter()
+        write_splits(prep, store, progress)
+        store.mark_complete()
+        _sync(prep.device)
+        r["pass_s"] = time.perf_counter() - t0
+        r["peak_rss_mb_extract"] = _peak_rss_mb()
+        r["peak_device_mb_extract"] = _peak_device_mb(prep.device)
+        r["plan"] = [(split, w.rows, order, bounds) for _, split, w, (order, bounds), _ in
+                     iter_windows(prep, store, progress=False, every_chunk=True)]
+    if bare:
+        r["bare_forward_s"] = _time_bare(prep, r["plan"])
+    return r
+
+
+def _create(prep, path: Path, fmt: str):
+    from reservoir.store import FeatureStore
+
+    task = prep.task
+    return FeatureStore.create(
+        path, prep.attrs, splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
+        feature_shape=(len(prep.layers), task.n_out_tokens, prep.backbone.n_dim),
+        projection_weight=prep.projection_weight, final_norm=prep.final_norm, fmt=fmt,
+        states_length=task.max_length if prep.config.full_seq_layer is not None else None)
+
+
+def _warm_up(prep) -> None:
+    """Run the largest batch of the first split's plan once: kernels chosen, allocator grown to its peak size.
+
+    Without it the first timed part pays one-time costs (about a tenth of a
+    MiniLM pass over 2,000 ListOps rows on a CPU) that the later parts do not.
+    """
+    from reservoir.batching import WINDOW_ROWS, plan_order
+
+    split = next(iter(prep.task.splits.values()))
+    rows = np.arange(min(len(split), WINDOW_ROWS))
+    order, bounds = plan_order(split.lengths[rows], prep.config.batch_size, prep.config.max_tokens)
+    lo, hi = max(bounds, key=lambda b: (b[1] - b[0]) * int(split.lengths[rows[order[b[1] - 1]]]))
+    with torch.inference_mode(), prep.context:
+        prep.engine().run(split.inputs, split.lengths, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)])
+    _sync(prep.device)
+
+
+def _time_bare(prep, plan) -> float:
+    """Seconds for the same uploads and forwards as the pass, nothing gathered, copied back or written."""
+    engine = prep.engine()
+    t0 = time.perf_counter()
+    with torch.inference_mode(), prep.context:
+        for split, rows, order, bounds in plan:
+            engine.run(split.inputs, split.lengths, rows, order, bounds, keep=False)
+    _sync(prep.device)
+    return time.perf_counter() - t0
+
+
+def _time_hf(prep, plan, dtype) -> float:
+    """Seconds for the Hugging Face model's own forward (same depth and dtype, its own mask) on the same batches."""
+    bb, dev = prep.backbone, prep.device
+    hf = _hf_model(prep, full=False, dtype=dtype) if bb.arch is not None else None
+    if hf is None:  # the LSTM baseline has no Hugging Face model
+        return float("nan")
+    t0 = time.perf_counter()
+    with torch.inference_mode(), prep.context:
+        for split, rows, order, bounds in plan:
+            x, lens = prep.engine().upload(split.inputs, split.lengths, rows[order])
+            sorted_len = split.lengths[rows[order]]
+            for lo, hi in bounds:
+                L = int(sorted_len[hi - 1])
+                mask = (torch.arange(L, device=dev)[None, :] < lens[lo:hi, None]).long()  # (b, L)
+                hf(inputs_embeds=bb.project(x[lo:hi, :L]), attention_mask=mask)
+    _sync(dev)
+    del hf
+    return time.perf_counter() - t0
+
+
+def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
+    """The official code's way on ``naive_rows`` rows: full model, all hidden states, padded to the maximum, fp32."""
+    bb, dev, task = prep.backbone, prep.device, prep.task
+    n_all = sum(len(s) for s in task.splits.values())
+    if bb.arch is None:
+        return {"naive_s": float("nan"), "naive_rows": 0}
+    hf = _hf_model(prep, full=True, dtype=torch.float32)
+    proj = copy.deepcopy(bb.input).float()
+    L = task.max_length
+    timed = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for split in task.splits.values():
+            take = max(1, round(naive_rows * len(split) / n_all))
+            for lo in range(0, take, 32):
+                x = np.zeros((min(32, take - lo), L, *split.inputs.shape[2:]), dtype=split.inputs.dtype)
+                x[:, : split.inputs.shape[1]] = split.inputs[lo : lo + len(x), :L]
+                xt = torch.from_numpy(x).to(dev)
+                emb = _embed_fp32(proj, xt)
+                hs = hf(inputs_embeds=emb, output_hidden_states=True).hidden_states
+                torch.stack([h[:, -1] for h in hs], dim=1).cpu()  # (b, n_layer + 1, n_dim), as the official code reads
+                timed += len(x)
+    _sync(dev)
+    seconds = time.perf_counter() - t0
+    del hf
+    return {"naive_rows": timed, "naive_timed_s": seconds, "naive_s": seconds * n_all / timed,
+            "naive_padded_length": L}
+
+
+def _embed_fp32(proj, x: torch.Tensor) -> torch.Tensor:
+    """One-hot token ids or vectors through the projection, in float32."""
+    if x.dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
+        return torch.nn.functional.embedding(x.long(), proj.weight.t()) + proj.bias
+    return proj(x.float())
+
+
+def _peak_device_mb(device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def _size_mb(path: Path) -> float:
+    if path.is_file():
+        return path.stat().st_size / 2**20
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def format_extract(r: dict[str, Any]) -> str:
+    """The benchmark as the lines ``reservoir bench extract`` prints."""
+    batches = f"{r['max_tokens']} tokens" if r["max_tokens"] else f"{r['batch_size'] or 64} rows"
+    if r["max_tokens"] and r["batch_size"]:
+        batches += f" / {r['batch_size']} rows"
+    dev_mem = "" if r["peak_device_mb"] is None else f"; device {r['peak_device_mb']:,.0f} MB"
+    return "\n".join([
+        f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
+        f"{r['n_rows']:,} rows, {r['tokens']:,} tokens ({r['padded_tokens']:,} padded), batches of {batches}, "
+        f"{r['device']} ({r['compute_dtype']}), {r['torch_threads']} threads, {r['format']} store ({r['store_dtype']})",
+        f"extract: task {r['task_s']:.2f} s + model {r['model_s']:.2f} s + pass {r['pass_s']:.2f} s "
+        f"= {r['extract_s']:.2f} s",
+        f"bare forward {r['bare_forward_s']:.2f} s; Hugging Face forward {r['hf_forward_s']:.2f} s (same batches)",
+        f"naive (full model, all hidden states, padded to {r['naive_padded_length']}, float32, batch 32): "
+        f"{r['naive_timed_s']:.2f} s for {r['naive_rows']} rows, {r['naive_s']:.2f} s scaled to {r['n_rows']:,}",
+        f"pass / bare forward = {r['pass_over_bare']:.3f}",
+        f"bare forward / HF forward = {r['bare_over_hf']:.3f}",
+        f"naive / pass = {r['naive_over_pass']:.2f}",
+        f"tokens per second (pass): {r['tokens_per_s']:,.0f}",
+        f"peak memory: host {r['peak_rss_mb_extract']:,.0f} MB during extraction, {r['peak_rss_mb']:,.0f} MB "
+        f"whole benchmark{dev_mem}",
+    ])
+
+
+__all__ = ["bench_extract", "format_extract"]

@@ -1,0 +1,227 @@
+"""What caching buys: cached vs live training cost, measured in one run on the same data.
+
+``reservoir bench speedup`` measures, on one task, backbone and depth:
+
+* the one-time extraction (task, model, pass) and a bare forward of the same
+  model over the same batches, so the pass's overhead is a ratio;
+* (a) one epoch of output-only training: live (frozen forward every batch,
+  then the head update) vs from the store (:class:`~reservoir.cached.CachedHead`:
+  features resident on the device, a few fused operations a step), at the
+  asked batch size (Lu et al. train with batches of up to 16) and at a large
+  batch (1024);
+* (b) layernorm tuning of blocks ``s+1..K``: live (blocks ``1..K`` forward,
+  backward through the top blocks) vs from a split-point store at layer ``s``
+  (blocks ``s+1..K`` only).
+
+Live epochs are timed on at most ``max_live_rows`` rows and scaled to the
+epoch (per-row cost is flat across an epoch); cached epochs are timed whole.
+The split-point store keeps every position of every row, so it is extracted
+for the timed rows only and its cost scaled to the epoch. Every timed part
+follows a warm-up step. The break-even point is the number of epochs after
+which extracting first was cheaper than training live. Times are wall-clock
+on this machine and noisy: compare ratios from one run, not seconds across
+runs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reservoir.errors import ReservoirError
+
+LARGE_BATCH = 1024
+
+
+def _epoch_rows(n: int, batch_size: int, seed: int, limit: int | None) -> list[np.ndarray]:
+    perm = np.random.default_rng(seed).permutation(n)
+    if limit is not None:
+        perm = perm[:limit]
+    return [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_steps(model, data, batches, device, start: int = 0) -> float:
+    """Seconds for one optimizer step per batch over ``batches`` (Adam on the trainable parameters), after a warm-up step."""
+    from reservoir.train import loss_fn
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-3)
+
+    def step(rows):
+        x, lengths, y = data.batch(rows, device)
+        logits = model(x, lengths) if start == 0 else model.forward_from(x, lengths, start)
+        loss = loss_fn(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step(batches[0][:2])  # warm-up: kernel selection, optimizer state
+    _sync(device)
+    t0 = time.perf_counter()
+    for rows in batches:
+        step(rows)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _time_cached(model, X: torch.Tensor, Y: torch.Tensor, batch_size: int, seed: int, device) -> float:
+    """Seconds for one cached epoch of the head (a copy of ``model.head``), after a warm-up step."""
+    import copy
+
+    from reservoir.cached import CachedHead
+
+    trainer = CachedHead(copy.deepcopy(model.head), X, Y, model.n_classes)
+    order = trainer.epoch_order(seed, 0)
+    trainer.step(order[: min(batch_size, len(order))])
+    _sync(device)
+    t0 = time.perf_counter()
+    trainer.run(order, batch_size)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def speedup(
+    task: str,
+    task_params: dict[str, Any] | None = None,
+    backbone: str = "minilm",
+    init: str = "pretrained",
+    layers: int | None = None,
+    split_layer: int | None = None,
+    batch_size: int = 16,
+    max_live_rows: int = 1024,
+    seed: int = 0,
+    device: str = "auto",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Measure cached vs live training cost per epoch; return every timing and ratio.
+
+    Examples
+    --------
+    >>> r = speedup("bit-xor", {"n_train": 256, "n_test": 64}, backbone="tiny-gpt2")  # doctest: +SKIP
+    >>> r["output_only"]["speedup"]  # doctest: +SKIP
+    """
+    from reservoir.backbones import load_backbone
+    from reservoir.bench.extract import time_pass
+    from reservoir.cached import resident
+    from reservoir.extract import ExtractConfig, prepare
+    from reservoir.freeze import apply_freeze
+    from reservoir.readouts.features import load_layer
+    from reservoir.store import FeatureStore
+    from reservoir.tasks import load_task
+    from reservoir.train import ReservoirClassifier, _Data, heads_per_token
+
+    if batch_size < 1 or max_live_rows < 1:
+        raise ReservoirError(f"batch size and max live rows must be >= 1, found {batch_size}, {max_live_rows}")
+    base = ExtractConfig(task=task, task_params=dict(task_params or {}), backbone=backbone, init=init, layers=layers,
+                         seed=seed, device=device, dtype="float32")
+    prep = prepare(base)
+    data, dev, K = prep.task, prep.device, prep.backbone.depth
+    s = K - 1 if split_layer is None else split_layer
+    if not 0 <= s < K:
+        raise ReservoirError(f"--split-layer must be within 0..{K - 1} (below the depth {K}), found {s}")
+    tr = data.splits["train"]
+    n = len(tr)
+    n_heads = heads_per_token(data.label_shape, data.n_out_tokens)
+    result: dict[str, Any] = {"task": data.name, "task_params": data.params, "backbone": prep.backbone.info.to_dict(),
+                              "depth": K, "split_layer": s, "batch_size": batch_size, "large_batch": LARGE_BATCH,
+                              "n_train": n, "device": str(dev), "torch_threads": torch.get_num_threads()}
+    # live training keeps float32 weights (autocast on CUDA), as `reservoir train` does
+    live_bb = prep.backbone if next(prep.backbone.parameters()).dtype == torch.float32 else load_backbone(
+        backbone, init=init, depth=K, d_in=data.d_in, seed=seed).to(dev)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # one-time costs: the pass (store written) vs the bare forward on the same batches
+        t = time_pass(prep, Path(tmp) / "last.zarr", "zarr", progress)
+        result.update(task_s=prep.timings["task_s"], model_s=prep.timings["model_s"], pass_s=t["pass_s"],
+                      bare_forward_s=t["bare_forward_s"], extract_overhead=t["pass_s"] / t["bare_forward_s"])
+        result["setup_s"] = result["task_s"] + result["model_s"]
+        result["extract_s"] = result["setup_s"] + result["pass_s"]
+
+        # (a) output only: live forward + head vs head on resident cached features
+        model = ReservoirClassifier(live_bb, data.n_out_tokens, n_heads, data.n_classes, seed=seed).to(dev)
+        apply_freeze(live_bb, model.head, ("output",))
+        live_data = _Data(tr.inputs, tr.lengths, tr.labels)
+        with FeatureStore.open(t["path"]) as st:
+            X, Y = resident(*load_layer(st, "train", K), data.n_out_tokens, dev)
+        result["output_only"] = out = {}
+        for key, b in (("", batch_size), ("large_batch_", LARGE_BATCH)):
+            live_batches = _epoch_rows(n, min(b, max_live_rows), seed, max_live_rows)
+            live_rows = sum(len(r) for r in live_batches)
+            t_live = _time_steps(model, live_data, live_batches, dev) * n / live_rows
+            t_cached = _time_cached(model, X, Y, b, seed, dev)
+            steps = max(1, n // b)
+            out.update({f"{key}live_epoch_s": t_live, f"{key}cached_epoch_s": t_cached,
+                        f"{key}cached_step_ms": 1e3 * t_cached / steps, f"{key}speedup": t_live / t_cached})
+            if not key:
+                out.update(live_rows_timed=live_rows,
+                           break_even_epochs=result["extract_s"] / max(t_live - t_cached, 1e-12))
+
+        # (b) layernorm tuning of blocks s+1..K: live vs a split-point store (extracted for the timed rows)
+        live_batches = _epoch_rows(n, batch_size, seed, max_live_rows)
+        timed = np.sort(np.concatenate(live_batches))
+        model = ReservoirClassifier(live_bb, data.n_out_tokens, n_heads, data.n_classes, seed=seed).to(dev)
+        apply_freeze(live_bb, model.head, ("layernorm", "output"), first_block=s)
+        t_live_ln = _time_steps(model, live_data, live_batches, dev) * n / len(timed)
+        sub = _subset(data, timed)
+        sprep = prepare(ExtractConfig(**{**base.__dict__, "full_seq_layer": s}), task=sub)
+        st_t = time_pass(sprep, Path(tmp) / "split.zarr", "zarr", progress, bare=False)
+        with FeatureStore.open(st_t["path"]) as st:
+            states = np.asarray(st.states("train")[...], dtype=np.float32)
+        local = {int(r): i for i, r in enumerate(timed)}
+        split_batches = [np.array([local[int(r)] for r in rows]) for rows in live_batches]
+        sub_tr = sub.splits["train"]
+        t_split = _time_steps(model, _Data(states, sub_tr.lengths, sub_tr.labels, start=s), split_batches, dev,
+                              start=s) * n / len(timed)
+        extract_split_s = result["setup_s"] + st_t["pass_s"] * n / len(timed)
+        result["extract_split_s"] = extract_split_s
+        result["layernorm_top"] = {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live_ln,
+                                   "split_store_epoch_s": t_split, "speedup": t_live_ln / t_split,
+                                   "rows_timed": len(timed),
+                                   "break_even_epochs": extract_split_s / max(t_live_ln - t_split, 1e-12)}
+    return result
+
+
+def _subset(task, rows: np.ndarray):
+    """The task with only ``rows`` of its train split (what the split-point store is extracted for)."""
+    from dataclasses import replace
+
+    from reservoir.tasks import Split
+
+    tr = task.splits["train"]
+    sub = Split(np.asarray(tr.inputs[rows]), tr.lengths[rows], tr.labels[rows])
+    return replace(task, splits={"train": sub}, fingerprint=f"{task.fingerprint}:rows{len(rows)}")
+
+
+def format_speedup(r: dict[str, Any]) -> str:
+    """The benchmark as a small text table."""
+    a, b = r["output_only"], r["layernorm_top"]
+    big = r["large_batch"]
+    lines = [
+        f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
+        f"{r['n_train']} train rows, batch {r['batch_size']}, {r['device']}, {r['torch_threads']} threads",
+        f"one-time: extraction {r['extract_s']:.2f} s (task {r['task_s']:.2f} s, model {r['model_s']:.2f} s, "
+        f"pass {r['pass_s']:.2f} s); bare forward {r['bare_forward_s']:.2f} s; pass / bare forward = "
+        f"{r['extract_overhead']:.2f}; split-point extraction {r['extract_split_s']:.2f} s (scaled from "
+        f"{b['rows_timed']} rows)",
+        f"{'per epoch':<34} {'live s':>9} {'cached s':>9} {'step ms':>8} {'speedup':>9} {'break-even epochs':>18}",
+        f"{'(a) output layer only':<34} {a['live_epoch_s']:9.2f} {a['cached_epoch_s']:9.4f} "
+        f"{a['cached_step_ms']:8.3f} {a['speedup']:8.0f}x {a['break_even_epochs']:18.2f}",
+        f"{'    at batch ' + str(big):<34} {a['large_batch_live_epoch_s']:9.2f} "
+        f"{a['large_batch_cached_epoch_s']:9.4f} {a['large_batch_cached_step_ms']:8.3f} "
+        f"{a['large_batch_speedup']:8.0f}x",
+        f"{'(b) layernorm, blocks ' + str(b['blocks_trained'][0]) + '..' + str(b['blocks_trained'][-1]):<34} "
+        f"{b['live_epoch_s']:9.2f} {b['split_store_epoch_s']:9.3f} {'':>8} {b['speedup']:8.1f}x "
+        f"{b['break_even_epochs']:18.2f}",
+        f"(live epochs timed on {a['live_rows_timed']} rows and scaled to {r['n_train']})",
+    ]
+    return "\n".join(lines)

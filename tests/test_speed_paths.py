@@ -1,0 +1,196 @@
+"""The fast paths keep the results: token budgets, windows, the chunk writer, compute dtypes, the cached head."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import reservoir.store
+from reservoir.backbones import load_backbone
+from reservoir.batching import plan_order, plan_windows
+from reservoir.cached import CachedHead
+from reservoir.cli import main
+from reservoir.errors import ReservoirError
+from reservoir.extract import ExtractConfig, extract, extract_rows
+from reservoir.store import FeatureStore
+from reservoir.writer import ChunkWriter
+
+LISTOPS = {"n_train": 150, "n_test": 40, "min_length": 5, "max_length": 90}
+
+
+def test_token_budget_plan_covers_every_row_within_budget():
+    lengths = np.random.default_rng(0).integers(1, 90, 500)
+    order, bounds = plan_order(lengths, max_tokens=300)
+    assert sorted(order.tolist()) == list(range(500))
+    assert np.all(np.diff(lengths[order]) >= 0)
+    assert bounds[0][0] == 0 and bounds[-1][1] == 500
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    for lo, hi in bounds:
+        assert (hi - lo) * lengths[order[hi - 1]] <= 300 or hi - lo == 1
+    # a row cap still applies, and the default without a budget is 64 rows
+    assert max(hi - lo for lo, hi in plan_order(lengths, batch_size=5, max_tokens=10_000)[1]) == 5
+    assert [hi - lo for lo, hi in plan_order(lengths)[1]][:2] == [64, 64]
+    with pytest.raises(ReservoirError, match="--max-tokens must be >= 1, found 0"):
+        plan_order(lengths, max_tokens=0)
+
+
+def test_windows_group_whole_chunks_within_limits():
+    todo = np.array([0, 1, 2, 4, 5])
+    windows = plan_windows(todo, chunk_rows=10, n_rows=55, row_bytes=100, budget=2_000, max_rows=1_000)
+    assert [w.chunks for w in windows] == [[0, 1], [2, 4], [5]]
+    assert windows[1].rows.tolist() == [*range(20, 30), *range(40, 50)]
+    assert windows[2].rows.tolist() == list(range(50, 55))
+    # one chunk per window at least, however large
+    assert [w.chunks for w in plan_windows(todo, 10, 55, row_bytes=10**9)] == [[0], [1], [2], [4], [5]]
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-bert"])
+def test_token_budget_gives_the_same_features_as_fixed_batches(tmp_path, name):
+    stores = {}
+    for tag, batching in {"rows": {"batch_size": 7}, "tokens": {"max_tokens": 400}, "default": {}}.items():
+        stores[tag] = extract(ExtractConfig(task="listops", backbone=name, layers=2, dtype="float32",
+                                            task_params=LISTOPS, out=str(tmp_path / f"{tag}.zarr"), **batching),
+                              progress=False)
+    with FeatureStore.open(stores["rows"]) as a:
+        for tag in ("tokens", "default"):
+            with FeatureStore.open(stores[tag]) as b:
+                for split in ("train", "test"):
+                    np.testing.assert_allclose(b.features(split)[...], a.features(split)[...], atol=1e-6, rtol=1e-6)
+                    np.testing.assert_array_equal(b.labels(split), a.labels(split))
+
+
+def test_windows_of_one_chunk_give_the_same_store(tmp_path, monkeypatch):
+    """Many small windows (resume-sized) and one large window write the same bytes."""
+    import reservoir.batching
+
+    big = extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
+                                out=str(tmp_path / "big.zarr")), progress=False)
+    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)
+    monkeypatch.setattr(reservoir.store, "MIN_CHUNK_BYTES", 1000)
+    small = extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
+                                  out=str(tmp_path / "small.zarr")), progress=False)
+    with FeatureStore.open(big) as a, FeatureStore.open(small) as b:
+        assert b.chunk_rows("train") < a.chunk_rows("train")
+        np.testing.assert_allclose(b.features("train")[...], a.features("train")[...], atol=1e-3)
+
+
+def test_chunk_writer_stops_the_run_on_a_write_error():
+    written = []
+
+    def write(item):
+        if item == 2:
+            raise OSError(28, "No space left on device")
+        written.append(item)
+
+    with pytest.raises(OSError, match="No space left"):
+        with ChunkWriter(write, depth=1) as w:
+            for i in range(10):
+                w.submit(i)
+    assert written[:2] == [0, 1] and 2 not in written and len(written) < 10
+
+
+def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch):
+    out = tmp_path / "x.zarr"
+    cfg = ExtractConfig(task="listops", backbone="tiny-gpt2", layers=1, task_params=LISTOPS, out=str(out))
+    calls = {"n": 0}
+    original = FeatureStore.write_chunk
+
+    def failing(self, split, chunk, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        return original(self, split, chunk, *a, **k)
+
+    monkeypatch.setattr(reservoir.store, "MIN_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(FeatureStore, "write_chunk", failing)
+    with pytest.raises(OSError):
+        extract(cfg, progress=False)
+    with FeatureStore.open(out) as st:
+        assert not st.complete and st.done("train").sum() == 1
+    monkeypatch.setattr(FeatureStore, "write_chunk", original)
+    extract(cfg, progress=False)
+    ref = extract(ExtractConfig(**{**cfg.__dict__, "out": str(tmp_path / "ref.zarr")}), progress=False)
+    with FeatureStore.open(out) as a, FeatureStore.open(ref) as b:
+        assert a.complete
+        np.testing.assert_array_equal(a.features("train")[...], b.features("train")[...])
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-bert"])
+def test_weights_cast_once_to_bf16_stay_close_to_float32(name):
+    """The compute-dtype path (what CUDA runs in bf16) on the CPU: features within bf16 tolerance."""
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(3, 40, 30)
+    ids = rng.integers(0, 15, (30, 40)).astype(np.uint8)
+    bb = load_backbone(name, d_in=15)
+    ref = extract_rows(bb, ids, lengths, [0, 1, 2], 1, batch_size=8)
+    low = extract_rows(copy.deepcopy(bb).to(torch.bfloat16), ids, lengths, [0, 1, 2], 1, batch_size=8)
+    assert low.dtype == np.float32
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(low, ref, atol=0.05 * scale, rtol=0.05)
+
+
+def _reference_head_training(head, X, Y, n_classes, order, batch_size, lr, clip):
+    """What the cached side did before: autograd, torch.optim.Adam, clip_grad_norm_."""
+    from reservoir.train import loss_fn
+
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
+    for i in range(len(order) // batch_size):
+        rows = order[i * batch_size : (i + 1) * batch_size]
+        h = X[rows]  # (B, n_out, d)
+        logits = head(h).view(len(rows), X.shape[1], -1, n_classes)
+        loss = loss_fn(logits, Y[rows])
+        opt.zero_grad()
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(list(head.parameters()), clip)
+        opt.step()
+    return head
+
+
+@pytest.mark.parametrize("n_out,n_heads,clip", [(1, 1, 0.0), (1, 3, 1.0), (2, 4, 0.5)])
+def test_cached_head_trains_the_same_head_as_autograd_adam(n_out, n_heads, clip):
+    torch.manual_seed(0)
+    N, d, C = 96, 12, 5
+    X = torch.randn(N, n_out, d) * 3
+    Y = torch.randint(0, C, (N, n_out, n_heads))
+    head = torch.nn.Linear(d, n_heads * C)
+    ref = _reference_head_training(copy.deepcopy(head), X, Y, C, torch.from_numpy(
+        np.random.default_rng([7, 0]).permutation(N)), 16, 1e-2, clip)
+    trainer = CachedHead(copy.deepcopy(head), X, Y, C, lr=1e-2, grad_clip=clip)
+    assert trainer.run(trainer.epoch_order(seed=7, epoch=0), batch_size=16) == N // 16
+    torch.testing.assert_close(trainer.head.weight, ref.weight, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(trainer.head.bias, ref.bias, atol=1e-5, rtol=1e-4)
+    assert trainer.mean_loss() > 0 and trainer.loss_steps == 0
+    # and it learns: a separable problem reaches full accuracy
+    Xs = torch.randn(256, 1, 4)
+    Ys = (Xs[:, :, :1] > 0).long()
+    learner = CachedHead(torch.nn.Linear(4, 2), Xs, Ys, 2, lr=5e-2)
+    for epoch in range(20):
+        learner.run(learner.epoch_order(0, epoch), 32)
+    assert learner.accuracy(Xs, Ys) > 0.97
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_bench_extract_cli(tmp_path):
+    r = run("bench", "extract", "--task", "listops", *sum((["-p", f"{k}={v}"] for k, v in LISTOPS.items()), []),
+            "--backbone", "tiny-gpt2", "--layers", 2, "--device", "cpu", "--naive-rows", 20, "--quiet",
+            "--out", tmp_path / "b.json")
+    assert r.exit_code == 0, r.output
+    for line in ("pass / bare forward = ", "bare forward / HF forward = ", "naive / pass = ", "tokens per second"):
+        assert line in r.stdout
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["kind"] == "bench-extract" and b["n_rows"] == 190 and b["naive_rows"] == 20
+    assert b["pass_over_bare"] == pytest.approx(b["pass_s"] / b["bare_forward_s"])
+    assert b["naive_over_pass"] == pytest.approx(b["naive_s"] / b["pass_s"])
+    assert b["naive_s"] == pytest.approx(b["naive_timed_s"] * 190 / 20)
+    assert b["extract_s"] == pytest.approx(b["task_s"] + b["model_s"] + b["pass_s"])
+    assert b["tokens"] < b["padded_tokens"] < b["n_rows"] * b["max_length"]  # buckets pad less than the naive way
+    assert b["peak_rss_mb"] >= b["peak_rss_mb_extract"] > 100
+    assert f"{b['pass_over_bare']:.3f}" in r.stdout
+

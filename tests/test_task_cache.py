@@ -1,0 +1,117 @@
+"""Tasks built once: the on-disk task cache and the block-parallel ListOps generator."""
+
+import logging
+import random
+
+import numpy as np
+import pytest
+
+from reservoir.tasks import get_task, load_task
+from reservoir.tasks.cache import cache_key
+from reservoir.tasks.listops import LRA_VOCAB, draw_ids, evaluate, generate_split, generate_tree, tree_tokens
+
+PARAMS = {"n_train": 120, "n_test": 30, "min_length": 5, "max_length": 60, "seed": 3}
+
+
+def _same(a, b):
+    assert a.fingerprint == b.fingerprint and a.params == b.params
+    assert (a.kind, a.d_in, a.n_classes, a.n_out_tokens, a.vocab) == (b.kind, b.d_in, b.n_classes, b.n_out_tokens,
+                                                                      b.vocab)
+    assert list(a.splits) == list(b.splits)
+    for name in a.splits:
+        for field in ("inputs", "lengths", "labels"):
+            x, y = getattr(a.splits[name], field), getattr(b.splits[name], field)
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+
+
+def test_second_load_comes_from_the_cache_with_identical_arrays(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="reservoir")
+    built = load_task("listops", PARAMS, cache_dir=tmp_path)
+    assert "built and saved to the task cache" in caplog.text
+    caplog.clear()
+    cached = load_task("listops", PARAMS, cache_dir=tmp_path)
+    assert "loaded from the task cache" in caplog.text
+    _same(cached, built)
+    _same(cached, get_task("listops", **PARAMS))
+    assert len(list(tmp_path.iterdir())) == 1  # one entry, no temporary folder left behind
+    # cached inputs are memory-mapped copy-on-write: writable, and writes never reach the file
+    cached.splits["train"].inputs[0, 0] = 99
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), built)
+
+
+def test_a_tampered_entry_is_refused_and_rebuilt(tmp_path, caplog):
+    load_task("listops", PARAMS, cache_dir=tmp_path)
+    entry = next(tmp_path.iterdir())
+    labels = np.load(entry / "train.labels.npy")
+    labels[0] = (labels[0] + 1) % 10
+    np.save(entry / "train.labels.npy", labels)
+    caplog.set_level(logging.INFO, logger="reservoir")
+    task = load_task("listops", PARAMS, cache_dir=tmp_path)
+    assert "does not match its fingerprint; refused and rebuilt" in caplog.text
+    _same(task, get_task("listops", **PARAMS))
+    (entry / "test.inputs.npy").write_bytes(b"not an array")  # unreadable: refused too
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), task)
+
+
+def test_the_key_follows_params_and_data_files(tmp_path):
+    from reservoir.tasks.base import resolve_params
+
+    a = cache_key("listops", resolve_params("listops", PARAMS))
+    assert a == cache_key("listops", resolve_params("listops", dict(PARAMS)))
+    assert a != cache_key("listops", resolve_params("listops", {**PARAMS, "seed": 4}))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.bin").write_bytes(b"1234")
+    k1 = cache_key("mnist", {"data_dir": str(data)})
+    (data / "f.bin").write_bytes(b"123456")
+    assert cache_key("mnist", {"data_dir": str(data)}) != k1
+
+
+def test_cache_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESERVOIR_TASK_CACHE", "off")
+    monkeypatch.chdir(tmp_path)
+    _same(load_task("bit-xor", {"n_train": 16, "n_test": 8}), get_task("bit-xor", n_train=16, n_test=8))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_draw_ids_makes_the_draws_of_generate_tree():
+    for seed in range(3):
+        r1, r2 = random.Random(seed), random.Random(seed)
+        for _ in range(500):
+            tree, _ = generate_tree(r1, max_length=200)
+            ids, value = draw_ids(r2, 200)
+            assert (tree is None) == (ids is None)
+            if tree is not None:
+                assert ids == [LRA_VOCAB.index(t) for t in tree_tokens(tree)] and value == evaluate(tree)
+
+
+def test_generated_rows_do_not_depend_on_workers():
+    one = generate_split("train", 2500, 0, 20, 300, workers=1)
+    two = generate_split("train", 2500, 0, 20, 300, workers=2)
+    for field in ("inputs", "lengths", "labels"):
+        np.testing.assert_array_equal(getattr(one, field), getattr(two, field))
+    # blocks are seeded by (seed, split, block): the first rows do not depend on n
+    short = generate_split("train", 1000, 0, 20, 300, workers=1)
+    np.testing.assert_array_equal(short.labels, one.labels[:1000])
+
+
+@pytest.mark.parametrize("tokenization", ["lra", "fpt"])
+def test_generated_split_rows_evaluate_to_their_labels(tokenization):
+    split = generate_split("test", 300, 1, 4, 120, tokenization=tokenization, max_tokens=None, workers=1)
+    assert np.all(split.lengths >= 1)
+    if tokenization == "lra":
+        for i in range(len(split)):
+            toks = [LRA_VOCAB[t] for t in split.inputs[i, : split.lengths[i]]]
+            stack = [[]]
+            for t in toks:
+                if t.startswith("["):
+                    stack.append([t])
+                elif t == "]":
+                    op, *args = stack.pop()
+                    v = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)),
+                         "[SM": lambda a: sum(a) % 10}[op](args)
+                    stack[-1].append(v)
+                else:
+                    stack[-1].append(int(t))
+            assert stack[0][0] == split.labels[i]
