@@ -274,6 +274,14 @@ def build_from_store(config: TrainConfig, device):
     return model.to(device), counts, tr, va, data("test"), provenance
 
 
+def _last_token_store(path: str) -> bool:
+    """Whether ``path`` is a store without full-sequence states (its features train a head alone)."""
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(path) as st:
+        return st.full_seq_layer is None
+
+
 def _set_dropout(model: nn.Module, p: float) -> None:
     for m in model.modules():
         if isinstance(m, nn.Dropout):
@@ -291,7 +299,9 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
 
     ``data`` overrides the task's arrays with ``(model, counts, train, val,
     test)`` (split-point stores build their own). A ``last.pt`` left in the
-    run folder by an interrupted run with the same settings is resumed.
+    run folder by an interrupted run with the same settings is resumed. A
+    ``from_store`` without full-sequence states trains the output layer alone
+    from its features (:func:`reservoir.cached.train_cached`).
 
     Examples
     --------
@@ -304,6 +314,10 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     from reservoir.runtime import resolve_device
     from reservoir.results import write_result
 
+    if data is None and config.from_store is not None and _last_token_store(config.from_store):
+        from reservoir.cached import train_cached
+
+        return train_cached(config, progress)
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     if data is None and config.from_store is not None:

@@ -194,3 +194,29 @@ def test_bench_extract_cli(tmp_path):
     assert b["peak_rss_mb"] >= b["peak_rss_mb_extract"] > 100
     assert f"{b['pass_over_bare']:.3f}" in r.stdout
 
+
+
+def test_train_from_a_last_token_store_equals_live_output_only_training(tmp_path):
+    """`train --from-store` on a float32 last-token store: the same head as the live output-only run."""
+    from reservoir.train import TrainConfig, train
+
+    xor = {"n_train": 200, "n_test": 60, "n_bits": 3}
+    store = extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", dtype="float32", task_params=xor,
+                                  out=str(tmp_path / "x.zarr")), progress=False)
+    common = dict(finetune="output", steps=40, eval_every=10, batch_size=16, lr=3e-2, backbone="tiny-gpt2")
+    live = train(TrainConfig(task="bit-xor", task_params=xor, device="cpu", out=str(tmp_path / "live"), **common),
+                 progress=False)
+    cached = train(TrainConfig(task="bit-xor", from_store=str(store), device="cpu", out=str(tmp_path / "cached"),
+                               **common), progress=False)
+    assert cached["cached"] is True
+    assert cached["metrics"]["test_accuracy"] == live["metrics"]["test_accuracy"]
+    assert cached["metrics"]["best_step"] == live["metrics"]["best_step"]
+    for a, b in zip(cached["curve"], live["curve"]):
+        assert a["step"] == b["step"] and a["val_accuracy"] == b["val_accuracy"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    best = torch.load(tmp_path / "cached" / "best.pt", weights_only=True)["head"]
+    ref = torch.load(tmp_path / "live" / "best.pt", weights_only=False)["trainable"]
+    torch.testing.assert_close(best["weight"], ref["head.weight"], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ReservoirError, match="found last-token features only, which train the output layer alone"):
+        train(TrainConfig(task="bit-xor", from_store=str(store), finetune="fpt", out=str(tmp_path / "bad")),
+              progress=False)
