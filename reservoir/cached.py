@@ -5,9 +5,9 @@ output layer") is only real when a cached step costs what the head's
 arithmetic costs. :class:`CachedHead` keeps the features and labels resident
 on the device as single tensors, takes each epoch's order as one device
 tensor, and runs every step as a handful of fused tensor operations: the
-softmax cross-entropy gradient in closed form, gradient-norm clipping and
-Adam written out (the same update as ``torch.optim.Adam``: bias-corrected,
-``eps`` outside the square root). No step does numpy indexing, host
+softmax cross-entropy gradient in closed form, gradient-norm clipping, and
+Adam as PyTorch's fused kernel (one call for all tensors; written out as a
+fallback, the same bias-corrected update with ``eps`` outside the square root). No step does numpy indexing, host
 transfers, ``.item()`` or autograd bookkeeping; the loss is summed on the
 device and read once per evaluation.
 """
@@ -64,6 +64,8 @@ class CachedHead:
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
         self.t = 0
+        self.steps = [torch.zeros((), device=X.device) for _ in self.params]  # for the fused kernel
+        self._fused = hasattr(torch, "_fused_adam_")
         self.loss_sum = torch.zeros((), device=X.device)
         self.loss_steps = 0
 
@@ -95,6 +97,14 @@ class CachedHead:
     def _adam(self, grads: list[torch.Tensor]) -> None:
         b1, b2 = self.betas
         self.t += 1
+        if self._fused:  # one kernel for both tensors (CPU and CUDA builds of torch have it)
+            torch._foreach_add_(self.steps, 1)
+            try:
+                torch._fused_adam_(self.params, grads, self.m, self.v, [], self.steps, lr=self.lr, beta1=b1,
+                                   beta2=b2, weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False)
+                return
+            except (AttributeError, RuntimeError, NotImplementedError):
+                self._fused = False  # the written-out update below, from this step on
         step_size = self.lr / (1 - b1**self.t)
         bc2_sqrt = math.sqrt(1 - b2**self.t)
         torch._foreach_lerp_(self.m, grads, 1 - b1)

@@ -103,6 +103,7 @@ def _time_cached(head: torch.nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_clas
 def head_step_ms(n_dim: int = 768, n_classes: int = 10, batch_size: int = 16, n_rows: int = 4096,
                  device="cpu", seed: int = 0) -> float:
     """Milliseconds of one cached Adam step of an ``n_dim x n_classes`` head on random resident features."""
+    device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(n_rows, 1, n_dim, generator=gen).to(device)
     Y = torch.randint(0, n_classes, (n_rows, 1, 1), generator=gen).to(device)
