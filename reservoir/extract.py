@@ -26,7 +26,13 @@ import numpy as np
 
 from reservoir.batching import check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
-from reservoir.runtime import autocast, cast_for_inference, check_positions, resolve_device  # noqa: F401 (re-exported)
+from reservoir.runtime import (  # noqa: F401 (autocast, resolve_device re-exported)
+    autocast,
+    cast_for_inference,
+    check_positions,
+    forward_context,
+    resolve_device,
+)
 
 DTYPES = ("float16", "float32")
 
@@ -96,17 +102,11 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
 
     device = device or torch.device("cpu")
     engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
-    with torch.inference_mode(), autocast(device, amp) if getattr(backbone, "arch", None) is None else _null():
+    with torch.inference_mode(), forward_context(backbone, device, amp):
         feats, states = engine.run(inputs, lengths, np.arange(len(lengths)), *plan_order(lengths, batch_size, max_tokens),
                                    progress=progress)
     feats = feats.cpu().numpy()
     return feats if full_seq_layer is None else (feats, states.cpu().numpy())
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 class Engine:

@@ -65,13 +65,29 @@ def cast_for_inference(backbone, device, amp: str):
     """
     import torch
 
-    dtype = compute_dtype(device, amp)
     backbone.to(device)
-    if dtype == torch.float32:
-        return backbone, contextlib.nullcontext()
-    if getattr(backbone, "arch", None) is None:  # LSTM baseline
-        return backbone, autocast(device, amp)
-    return backbone.to(dtype=dtype), contextlib.nullcontext()
+    dtype = compute_dtype(device, amp)
+    if dtype != torch.float32 and not _keeps_float32(backbone):
+        backbone.to(dtype=dtype)
+    return backbone, forward_context(backbone, device, amp)
+
+
+def _keeps_float32(backbone) -> bool:
+    """The LSTM baseline (no architecture-table entry) keeps float32 weights under autocast."""
+    return getattr(backbone, "arch", None) is None
+
+
+def forward_context(backbone, device, amp: str):
+    """What a forward of ``backbone`` runs in: autocast for the LSTM baseline, nothing for cast transformers."""
+    return autocast(device, amp) if _keeps_float32(backbone) else contextlib.nullcontext()
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU): what timings must do before reading the clock."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def check_positions(task, backbone, name: str, hint: str = "") -> None:

@@ -32,10 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from reservoir.runtime import synchronize as _sync
 
 
 def _peak_rss_mb() -> float:
@@ -84,9 +81,8 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> dict
     """
     from reservoir.extract import prepare
 
-    if config.device.startswith("cuda") or config.device == "auto":
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     prep = prepare(config)
     task, bb, dev = prep.task, prep.backbone, prep.device
     dtype = next(bb.parameters()).dtype
@@ -195,10 +191,11 @@ def _time_hf(prep, plan, dtype) -> float:
     hf = _hf_model(prep, full=False, dtype=dtype) if bb.arch is not None else None
     if hf is None:  # the LSTM baseline has no Hugging Face model
         return float("nan")
+    engine = prep.engine()
     t0 = time.perf_counter()
     with torch.inference_mode(), prep.context:
         for split, rows, order, bounds in plan:
-            x, lens = prep.engine().upload(split.inputs, split.lengths, rows[order])
+            x, lens = engine.upload(split.inputs, split.lengths, rows[order])
             sorted_len = split.lengths[rows[order]]
             for lo, hi in bounds:
                 L = int(sorted_len[hi - 1])

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from reservoir.errors import ReservoirError
+from reservoir.runtime import synchronize as _sync
 
 LARGE_BATCH = 1024
 
@@ -44,11 +45,6 @@ def _epoch_rows(n: int, batch_size: int, seed: int, limit: int | None) -> list[n
     if limit is not None:
         perm = perm[:limit]
     return [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _time_steps(model, data, batches, device, start: int = 0) -> float:

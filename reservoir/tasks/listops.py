@@ -248,11 +248,7 @@ def generate_split(name: str, n: int, seed: int, min_length: int, max_length: in
     else:
         blocks = [_draw_block(job) for job in jobs]
     lengths = np.array([x for _, ls, _ in blocks for x in ls], dtype=np.int64)  # (n,)
-    inputs = np.zeros((n, int(lengths.max())), dtype=np.uint8)  # (n, L)
-    flat = np.frombuffer(b"".join(ids for ids, _, _ in blocks), dtype=np.uint8)  # (sum lengths,)
-    inputs[np.arange(inputs.shape[1])[None, :] < lengths[:, None]] = flat  # row-major fill, row by row
-    labels = np.array([v for _, _, vs in blocks for v in vs], dtype=np.int64)
-    return Split(inputs=inputs, lengths=lengths, labels=labels)
+    return _pack(b"".join(ids for ids, _, _ in blocks), lengths, [v for _, _, vs in blocks for v in vs])
 
 
 def _cpu_count() -> int:
@@ -391,10 +387,14 @@ def encode(seqs: Sequence[bytes | Sequence[int]], labels: Sequence[int]) -> Spli
     lengths int64 ``(N,)``; labels int64 ``(N,)``.
     """
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)  # (N,)
-    width = int(lengths.max()) if len(seqs) else 0
-    inputs = np.zeros((len(seqs), width), dtype=np.uint8)  # (N, L)
-    flat = np.frombuffer(b"".join(bytes(s) for s in seqs), dtype=np.uint8)  # (sum lengths,)
-    inputs[np.arange(width)[None, :] < lengths[:, None]] = flat  # row-major fill, row by row
+    return _pack(b"".join(bytes(s) for s in seqs), lengths, labels)
+
+
+def _pack(flat: bytes, lengths: np.ndarray, labels: Sequence[int]) -> Split:
+    """Concatenated token ids (one byte each) and their lengths -> a right-padded uint8 :class:`Split`."""
+    width = int(lengths.max()) if len(lengths) else 0
+    inputs = np.zeros((len(lengths), width), dtype=np.uint8)  # (N, L)
+    inputs[np.arange(width)[None, :] < lengths[:, None]] = np.frombuffer(flat, dtype=np.uint8)  # row by row
     return Split(inputs=inputs, lengths=lengths, labels=np.asarray(labels, dtype=np.int64))
 
 
