@@ -18,6 +18,7 @@ import click
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
+from reservoir.runtime import SEED_MAX
 
 
 class _Group(click.Group):
@@ -44,7 +45,12 @@ class _EchoHandler(logging.Handler):
         click.echo(record.getMessage())
 
 
+#: Every --seed: what torch generators, numpy and scikit-learn's ``random_state`` all take.
+SEED = click.IntRange(0, SEED_MAX)
+
+
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text."""
     params: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -54,7 +60,23 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
             params[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             params[key.strip()] = value
+        except (RecursionError, ValueError) as err:  # nested too deeply; an integer of more than 4,300 digits
+            from reservoir.tasks.files import one_line
+
+            found = "JSON nested too deeply to read" if isinstance(err, RecursionError) else one_line(err)
+            raise click.BadParameter(f"expected a JSON value or plain text for {key.strip()!r}, found {found} "
+                                     f"({len(value):,} characters)", param_hint="--param") from None
     return params
+
+
+def _check_out(out: str | None) -> None:
+    """Refuse an --out file that cannot be written before the work whose result it will hold."""
+    from reservoir.results import writable_folder
+
+    if out is not None:
+        if Path(out).is_dir():
+            raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
+        writable_folder(Path(out).parent)
 
 
 def _parse_layers(value: str | None) -> int | list[int] | None:
@@ -101,7 +123,7 @@ def main() -> None:
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
               help="Autocast dtype on CUDA (auto: bf16 where supported).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random/stats inits and the input projection.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random/stats inits and the input projection.")
 @click.option("--gain", default=1.41, show_default=True, type=float, help="Gain of the orthogonal input projection.")
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
 @click.option("--full-seq-layer", default=None, type=int,
@@ -134,36 +156,58 @@ def extract(task, params, backbone, init, layers, out, fmt, batch_size, max_toke
 @main.command()
 @click.argument("store", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the store's attributes as JSON.")
-def info(store, as_json):
-    """Print a store's provenance, splits, shapes, layers and completeness."""
+@click.option("--verify", is_flag=True, help="Read every written chunk and check it against its checksums.")
+def info(store, as_json, verify):
+    """Print a store's provenance, splits, shapes, layers and completeness (--verify: check every chunk)."""
     from reservoir.store import FeatureStore
+    from reservoir.store.lock import describe, holder
 
-    with FeatureStore.open(store) as st:
+    with FeatureStore.open(store, allow_incomplete=True) as st:
         if as_json:
             click.echo(json.dumps(st.attrs, indent=2))
-            return
-        a = st.attrs
-        bb, task = a["backbone"], a["task"]
-        click.echo(f"store      {st.path} ({st.format}, schema {a['schema']}, reservoir {a.get('reservoir_version')})")
-        click.echo(f"complete   {st.complete}   created {a.get('created')}")
-        click.echo(f"backbone   {bb['id']} ({bb['family']}, {bb['n_layer']} layers, {bb['n_dim']} dim) "
-                   f"init={bb['init']} seed={bb['seed']} revision={bb.get('revision')}")
-        click.echo(f"weights    sha256 {bb['weights_sha256'][:16]}...")
-        click.echo(f"task       {task['name']} {json.dumps(task['params'], sort_keys=True)}")
-        click.echo(f"           fingerprint {task['fingerprint'][:16]}...  classes {task['n_classes']}  "
-                   f"label shape {task['label_shape']}")
-        p = a["projection"]
-        click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
-        click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
-                   f"dtype {a['dtype']}   final norm {'stored' if st.final_norm() is not None else 'none'}")
-        if st.full_seq_layer is not None:
-            click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
-        if task.get("truncated"):
-            click.echo(f"truncated to {task['truncated']['max_tokens']} tokens; rows cut: {task['truncated']['rows_cut']}")
-        for split in st.splits:
-            done = st.done(split)
-            click.echo(f"  {split:<10} features {tuple(st.features(split).shape)}  labels "
-                       f"{tuple(st.labels(split).shape)}  chunks {int(done.sum())}/{len(done)} done")
+        else:
+            _describe_store(st)
+            if not st.complete:
+                writer = holder(st.path)
+                click.echo(f"status     {'being written by ' + describe(writer) if writer is not None else 'interrupted'}"
+                           f"{'' if writer is not None else '; rerun the extract command to finish it'}")
+        if verify:
+            bad = st.verify(progress=sys.stderr.isatty())
+            for split in st.splits:
+                done = st.done(split)
+                found = bad.get(split, {})
+                click.echo(f"verify     {split}: {int(done.sum()) - len(found)}/{int(done.sum())} written chunks "
+                           "match their checksums")
+                for c, reason in sorted(found.items()):
+                    click.echo(f"           chunk {c}: {reason}")
+            if bad:
+                raise ReservoirError(f"{st.path}: {sum(map(len, bad.values()))} damaged chunk(s); rerun the extract "
+                                     "command that wrote it to re-extract them")
+
+
+def _describe_store(st) -> None:
+    a = st.attrs
+    bb, task = a["backbone"], a["task"]
+    click.echo(f"store      {st.path} ({st.format}, schema {a['schema']}, reservoir {a.get('reservoir_version')})")
+    click.echo(f"complete   {st.complete}   created {a.get('created')}")
+    click.echo(f"backbone   {bb['id']} ({bb['family']}, {bb['n_layer']} layers, {bb['n_dim']} dim) "
+               f"init={bb['init']} seed={bb['seed']} revision={bb.get('revision')}")
+    click.echo(f"weights    sha256 {bb['weights_sha256'][:16]}...")
+    click.echo(f"task       {task['name']} {json.dumps(task['params'], sort_keys=True)}")
+    click.echo(f"           fingerprint {task['fingerprint'][:16]}...  classes {task['n_classes']}  "
+               f"label shape {task['label_shape']}")
+    p = a["projection"]
+    click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
+    click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
+               f"dtype {a['dtype']}   final norm {'stored' if st.final_norm() is not None else 'none'}")
+    if st.full_seq_layer is not None:
+        click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
+    if task.get("truncated"):
+        click.echo(f"truncated to {task['truncated']['max_tokens']} tokens; rows cut: {task['truncated']['rows_cut']}")
+    for split in st.splits:
+        done = st.done(split)
+        click.echo(f"  {split:<10} features {st.shape(split, 'features')}  labels "
+                   f"{st.shape(split, 'labels')}  chunks {int(done.sum())}/{len(done)} done")
 
 
 @main.command("fit-linear")
@@ -173,7 +217,7 @@ def info(store, as_json):
               help="Multinomial logistic (L-BFGS, whitened) or closed-form ridge (one-vs-rest, streamed statistics).")
 @click.option("--stream", default="off", show_default=True, type=click.Choice(["off", "on", "auto"]),
               help="Fit from store chunks instead of loading the layer; auto streams above 2 GiB of float32 features.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device for the fit.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
@@ -218,7 +262,7 @@ def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_fina
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
 @click.option("--eval-every", default=100, show_default=True, type=int, help="Steps between validation passes.")
 @click.option("--dropout", default=0.0, show_default=True, type=float, help="Dropout inside the backbone in training.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of inits, projection, head and data order.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
 @click.option("--split-layer", default=0, show_default=True, type=int,
               help="Train only blocks above this layer (what a split-point store at this layer allows).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
@@ -264,13 +308,14 @@ def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_swe
 @click.option("--task", required=True, help="A continuous task (images, bit XOR).")
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]))
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the result as JSON here.")
 def fit_raw(task, params, readout, seed, out):
     """Baseline without a backbone: the same readout on the flattened raw inputs."""
     from reservoir.readouts.run import fit_raw as run_raw
     from reservoir.results import write_result
 
+    _check_out(out)
     r = run_raw(task, _parse_params(params), readout, seed)
     m = r["metrics"]
     click.echo(f"{task} raw inputs ({m['n_features']} features), {readout}: train {m['train_accuracy']:.2%}, "
@@ -297,7 +342,7 @@ def bench():
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]))
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the inits and the input projection.")
 @click.option("--full-seq-layer", default=None, type=int, help="Also store every position at this layer.")
 @click.option("--truncate", is_flag=True, help="Cut sequences longer than the backbone's positions.")
 @click.option("--naive-rows", default=128, show_default=True, type=int,
@@ -314,6 +359,7 @@ def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tok
 
     if naive_rows < 1:
         raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
+    _check_out(out)
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
                            task_params=_parse_params(params), seed=seed, batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
@@ -334,7 +380,7 @@ def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tok
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Rows per optimizer step.")
 @click.option("--max-live-rows", default=1024, show_default=True, type=int,
               help="Rows timed for each live epoch (scaled to the full epoch).")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed, device, out):
@@ -342,6 +388,7 @@ def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size,
     from reservoir.bench import format_speedup, speedup
     from reservoir.results import write_result
 
+    _check_out(out)
     r = speedup(task, _parse_params(params), backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
                 device)
     click.echo(format_speedup(r))
@@ -352,13 +399,14 @@ def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size,
 @bench.command("readout")
 @click.argument("store", type=click.Path())
 @click.option("--layer", required=True, type=int, help="Stored layer to fit.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the validation split.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_readout(store, layer, seed, out):
     """fit-linear's logistic readout vs scikit-learn's LogisticRegression: wall time and accuracy."""
     from reservoir.bench import readout_vs_sklearn
     from reservoir.results import write_result
 
+    _check_out(out)
     r = readout_vs_sklearn(store, layer, seed)
     click.echo(f"layer {layer}, {r['n_train']} train rows x {r['n_features']} features, {r['torch_threads']} threads")
     for name in ("reservoir", "sklearn"):
@@ -448,7 +496,7 @@ def plot():
 @click.option("--finetune", default="fpt", show_default=True, help="Groups trained (as in `reservoir train`).")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
 @click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of inits, projection, head and data order.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
 @click.option("--layer", default=1, show_default=True, type=int, help="Block whose attention is drawn (1 = first).")
 @click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")
 @click.option("--split", default="test", show_default=True, help="Split the example comes from.")

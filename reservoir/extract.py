@@ -16,6 +16,7 @@ its rows are written, so a rerun with the same settings skips finished chunks.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,8 @@ class ExtractConfig:
         check_batching(self.batch_size, self.max_tokens)
         if self.amp not in ("auto", "bf16", "fp16", "none"):
             raise ReservoirError(f"unknown amp {self.amp!r}; expected bf16, fp16, none or auto")
+        if not math.isfinite(self.projection_gain) or self.projection_gain <= 0:
+            raise ReservoirError(f"--gain must be a finite number above 0, found {self.projection_gain}")
 
     def default_out(self) -> str:
         name = Path(self.backbone).name if os.sep in self.backbone else self.backbone.replace("/", "_")
@@ -291,6 +294,7 @@ def extract(config: ExtractConfig, progress: bool = True, task=None, timings: di
     prep = prepare(config, task)
     task = prep.task
     out = config.out or config.default_out()
+    fresh = not Path(out).exists()
     store = FeatureStore.create(
         out,
         prep.attrs,
@@ -300,16 +304,32 @@ def extract(config: ExtractConfig, progress: bool = True, task=None, timings: di
         final_norm=prep.final_norm,
         fmt=config.format,
         states_length=task.max_length if config.full_seq_layer is not None else None,
+        progress=progress,
     )
     t0 = time.perf_counter()
-    with store:
+    try:
         if not store.complete:
             write_splits(prep, store, progress)
             store.mark_complete()
+    except BaseException:
+        if fresh:
+            store.discard()  # a store of this run with no chunk written is not left behind
+        else:
+            _close_after_error(store)
+        raise
+    store.close()
     prep.timings["pass_s"] = time.perf_counter() - t0
     if timings is not None:
         timings.update(prep.timings)
     return Path(out)
+
+
+def _close_after_error(store) -> None:
+    """Close a store while another error is being reported (that error is the one the user sees)."""
+    try:
+        store.close()
+    except ReservoirError:
+        pass
 
 
 def write_splits(prep: Prepared, store, progress: bool = True) -> None:
@@ -359,11 +379,10 @@ def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool
 
 def _row_bytes(store, name: str, split) -> int:
     """Host bytes one row of a window takes: its stored features (and states) plus its inputs."""
-    out = store.features(name)
-    row = int(np.prod(out.shape[1:])) * out.dtype.itemsize
+    itemsize = np.dtype(store.attrs["dtype"]).itemsize
+    row = int(np.prod(store.shape(name, "features")[1:])) * itemsize
     if store.full_seq_layer is not None:
-        states = store.states(name)
-        row += int(np.prod(states.shape[1:])) * states.dtype.itemsize
+        row += int(np.prod(store.shape(name, "states")[1:])) * itemsize
     return row + int(np.prod(split.inputs.shape[1:])) * split.inputs.dtype.itemsize
 
 

@@ -18,7 +18,6 @@ swept variant (log x).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
+from reservoir.tasks.files import read_json
 
 
 @dataclass
@@ -71,12 +71,49 @@ class Report:
 
 
 def _load(path: Path) -> dict[str, Any] | None:
+    """The results JSON object at ``path``, ``None`` when the run has none yet; anything else is one line."""
     if not path.is_file():
         return None
+    res = read_json(path, "a results JSON object")
+    if not isinstance(res, dict):
+        raise ReservoirError(f"{path}: expected a results JSON object; found a JSON {type(res).__name__}")
+    return res
+
+
+def _field(res: dict[str, Any], path: Path, dotted: str, kind: type | tuple[type, ...] = (int, float)) -> Any:
+    """``res["a"]["b"]`` for ``dotted="a.b"``, checked to be ``kind``; a missing or mistyped field is one line."""
+    value: Any = res
+    for depth, key in enumerate(dotted.split(".")):
+        if not isinstance(value, dict) or key not in value:
+            where = ".".join(dotted.split(".")[:depth]) or "the top level"
+            raise ReservoirError(f"{path}: expected a results JSON with {dotted}; found no {key!r} in {where}")
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ReservoirError(f"{path}: expected {dotted} to be {names}; found {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def _numbers(values, path: Path, what: str) -> list[float]:
+    """``values`` as floats; anything but numbers is one line naming the file and ``what``."""
+    values = list(values)
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ReservoirError(f"{path}: expected a results JSON, found invalid JSON ({err.msg} at line {err.lineno})")
+        if not any(isinstance(v, bool) for v in values):
+            return [float(v) for v in values]
+    except (TypeError, ValueError):
+        pass
+    raise ReservoirError(f"{path}: expected {what} to hold numbers; found {values!r:.60}")
+
+
+def _curve(res: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """A train result's validation curve: a list of ``{"step": ..., "val_accuracy": ...}``, checked."""
+    curve = _field(res, path, "curve", list)
+    for point in curve:
+        values = [point.get(k) for k in ("step", "val_accuracy")] if isinstance(point, dict) else [None]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            raise ReservoirError(f"{path}: expected curve to be a list of {{step, val_accuracy}} numbers; "
+                                 f"found an entry {point!r:.60}")
+    return curve
 
 
 def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], list[dict]]:
@@ -94,28 +131,32 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
 
     for run in recipe.runs():
         for label, name in run.outputs():
-            res = _load(results_dir / run.id / name)
+            path = results_dir / run.id / name
+            res = _load(path)
             if run.kind == "bench":
                 row = add(label)
                 if res is not None:
                     row.seeds.append(run.seed)
-                    row.more("speedup", res["output_only"]["speedup"])
-                    row.more("layernorm_speedup", res["layernorm_top"]["speedup"])
+                    row.more("speedup", _field(res, path, "output_only.speedup"))
+                    row.more("layernorm_speedup", _field(res, path, "layernorm_top.speedup"))
             elif run.cell.lr_sweep:
                 row = add(label)
                 if res is not None:
-                    accs = res["metrics"]["test_accuracies"]
+                    accs = _numbers(_field(res, path, "metrics.test_accuracies", list), path, "metrics.test_accuracies")
                     row.accs += accs
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
-                    row.best_lr.append(res["best_lr"])
-                    sweeps.append({"label": label, "lrs": [float(v) for v in res["mean_val_by_lr"]],
-                                   "val": list(res["mean_val_by_lr"].values()), "best_lr": res["best_lr"]})
+                    best_lr = _field(res, path, "best_lr")
+                    row.best_lr.append(best_lr)
+                    by_lr = _field(res, path, "mean_val_by_lr", dict)
+                    sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr"),
+                                   "val": _numbers(by_lr.values(), path, "mean_val_by_lr"), "best_lr": best_lr})
             else:  # fit-linear, fit-raw, train: one test accuracy per seed
-                row = add(label, res and res["metrics"]["test_accuracy"], run.seed)
+                row = add(label, None if res is None else _field(res, path, "metrics.test_accuracy"), run.seed)
                 if run.kind == "train" and res is not None:
-                    row.more("steps_to_converge", res["metrics"].get("steps_to_converge"))
+                    if res["metrics"].get("steps_to_converge") is not None:
+                        row.more("steps_to_converge", _field(res, path, "metrics.steps_to_converge"))
                     if res.get("curve"):
-                        curves.append({"label": label, "seed": run.seed, "curve": res["curve"]})
+                        curves.append({"label": label, "seed": run.seed, "curve": _curve(res, path)})
     out = list(rows.values())
     for row in out:
         row.papers = {m: p for m in METRICS if (p := recipe.paper_value(row.label, m)) is not None}

@@ -1,31 +1,63 @@
-"""Where and in what precision the backbone runs: devices, compute dtypes, position limits.
+"""Where, in what precision and from which seeds the backbone runs: devices, compute dtypes, seeds, positions.
 
-Shared by extraction, live training and the benchmarks, so that all three run
-the model the same way.
+Shared by extraction, live training, the readouts and the benchmarks, so that
+all of them run the model the same way and refuse the same bad settings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+from numbers import Integral
 from typing import Any
 
 from reservoir.errors import ReservoirError
 
 AMPS = ("auto", "bf16", "fp16", "none")
+#: The largest seed every consumer takes (torch generators, numpy, scikit-learn's ``random_state``).
+SEED_MAX = 2**32 - 1
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 def resolve_device(device: str) -> "Any":
-    """``"auto"`` -> CUDA when present, else CPU; refuses CUDA without a GPU and unknown names."""
+    """The ``torch.device`` for ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA when present, else CPU).
+
+    The one place devices are checked: an unknown name, CUDA without a GPU
+    or a GPU index beyond the machine's raises ReservoirError (one line).
+
+    Examples
+    --------
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
     import torch
 
+    if isinstance(device, torch.device):
+        device = str(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ReservoirError(f"device {device!r} asked for, found no CUDA device")
-    try:
-        return torch.device(device)
-    except RuntimeError as err:
-        raise ReservoirError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from err
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ReservoirError(f"unknown device {device!r}; expected cpu, cuda, cuda:N or auto")
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ReservoirError(f"device {device!r} asked for, found no CUDA device (use --device cpu)")
+        if int(device.partition(":")[2] or 0) >= count:
+            raise ReservoirError(f"device {device!r} asked for, found {count} CUDA device(s): cuda:0..cuda:{count - 1}")
+    return torch.device(device)
+
+
+def check_seed(seed: Any, what: str = "seed") -> int:
+    """``seed`` as an int, or ReservoirError (one line) unless it is an integer in ``0..SEED_MAX``.
+
+    Examples
+    --------
+    >>> check_seed(7)
+    7
+    """
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed <= SEED_MAX:
+        raise ReservoirError(f"{what} must be an integer in 0..{SEED_MAX}; found {seed!r}")
+    return int(seed)
 
 
 def compute_dtype(device, amp: str):

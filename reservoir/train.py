@@ -8,16 +8,21 @@ groups, and trains with Adam and gradient-norm clipping. Validation accuracy
 (on the task's ``val`` split, else 10% carved from train) picks the best
 checkpoint; the test split is evaluated in full, once, with it. Training
 resumes from ``last.pt`` in its output folder.
+
+Checkpoints (:mod:`reservoir.checkpoint`) hold tensors and plain data only
+and are read with ``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -27,6 +32,62 @@ from torch.nn import functional as F
 from reservoir.errors import ReservoirError
 from reservoir.runtime import autocast, check_positions
 from reservoir.freeze import apply_freeze, describe, parse_groups
+from reservoir import checkpoint as ckpt
+from reservoir.results import writable_folder
+from reservoir.tasks.files import one_line, read_json
+
+
+class _Bound(NamedTuple):
+    """The values one number of :class:`TrainConfig` may take."""
+
+    integer: bool
+    ok: Callable[[float], bool]
+    expected: str
+    optional: bool = False  # None is allowed (it means the default)
+    option: bool = True  # `reservoir train` has an option for it (errors name --the-option, else the field)
+
+
+#: The range of every number in :class:`TrainConfig` (recipes check their cells against it too).
+BOUNDS: dict[str, _Bound] = {
+    "layers": _Bound(True, lambda v: v >= 0, "an integer >= 0", optional=True),
+    "lr": _Bound(False, lambda v: v > 0, "a finite number > 0"),
+    "steps": _Bound(True, lambda v: v >= 1, "an integer >= 1", optional=True),
+    "epochs": _Bound(False, lambda v: v > 0, "a finite number > 0", optional=True),
+    "batch_size": _Bound(True, lambda v: v >= 1, "an integer >= 1"),
+    "eval_every": _Bound(True, lambda v: v >= 1, "an integer >= 1"),
+    "seed": _Bound(True, lambda v: 0 <= v < 2**32, "an integer in 0..4294967295"),  # what numpy and sklearn take
+    "dropout": _Bound(False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "grad_clip": _Bound(False, lambda v: v >= 0, "a finite number >= 0 (0: no clipping)", option=False),
+    "val_fraction": _Bound(False, lambda v: 0 < v < 1, "a number in (0, 1)", option=False),
+    "projection_gain": _Bound(False, lambda v: v > 0, "a finite number > 0", option=False),
+    "split_layer": _Bound(True, lambda v: v >= 0, "an integer >= 0"),
+}
+
+
+def check_number(name: str, value: Any, label: str | None = None) -> None:
+    """Refuse a value of the :class:`TrainConfig` number ``name`` outside :data:`BOUNDS`, in one line.
+
+    ``label`` names the value in the message; by default the ``reservoir
+    train`` option (``--batch-size``), else the field's name.
+
+    Examples
+    --------
+    >>> check_number("steps", 0)
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: --steps must be an integer >= 1, found 0
+    >>> check_number("lr", -1.0, label="lr in cells[0]")
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: lr in cells[0] must be a finite number > 0, found -1.0
+    """
+    bound = BOUNDS[name]
+    if value is None and bound.optional:
+        return
+    finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not (finite and (not bound.integer or value == int(value)) and bound.ok(value)):
+        label = label or ("--" + name.replace("_", "-") if bound.option else name)
+        raise ReservoirError(f"{label} must be {bound.expected}, found {value!r}")
 
 
 @dataclass
@@ -56,13 +117,10 @@ class TrainConfig:
     out: str | None = field(default=None, metadata={"help": "run folder (checkpoints, results.json)"})
 
     def __post_init__(self) -> None:
+        """Refuse bad settings before anything is built or written (one line naming the option)."""
+        for name in BOUNDS:
+            check_number(name, getattr(self, name))
         parse_groups(self.finetune)
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ReservoirError(f"--lr must be a positive number, found {self.lr}")
-        if self.batch_size < 1 or self.eval_every < 1:
-            raise ReservoirError(f"batch size and eval-every must be >= 1, found {self.batch_size}, {self.eval_every}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ReservoirError(f"--dropout must be in [0, 1), found {self.dropout}")
 
     def default_out(self) -> str:
         name = Path(self.backbone).name if os.sep in self.backbone else self.backbone.replace("/", "_")
@@ -70,11 +128,15 @@ class TrainConfig:
         return str(Path("results") / "train" / f"{self.task}-{name}-{self.init}-{groups}-lr{self.lr:g}-seed{self.seed}")
 
     def key(self) -> dict[str, Any]:
-        """Fields that must match to resume a run (everything but device and folder)."""
+        """Fields that must match to resume a run (everything but device and folder), as plain JSON data.
+
+        Plain data is what a checkpoint may hold (and what ``results.json``
+        holds): tuples become lists, numpy scalars floats.
+        """
         d = asdict(self)
         for k in ("device", "out", "amp", "eval_every"):
             d.pop(k)
-        return d
+        return json.loads(json.dumps(d, default=float))
 
 
 def heads_per_token(label_shape: tuple[int, ...], n_out_tokens: int) -> int:
@@ -288,12 +350,6 @@ def _set_dropout(model: nn.Module, p: float) -> None:
             m.p = p
 
 
-def _save(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
 def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, Any]:
     """Train live; return (and write to ``<out>/results.json``) the run's result.
 
@@ -329,8 +385,7 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     else:
         model, counts, tr, va, te, provenance = data
     print(describe(counts))
-    out = Path(config.out or config.default_out())
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_folder(config.out or config.default_out())  # before training: never lose a run to its folder
     steps = config.steps
     if steps is None:
         epochs = config.epochs if config.epochs is not None else None
@@ -339,19 +394,11 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
     opt = torch.optim.Adam(params, lr=config.lr)
     _set_dropout(model, config.dropout)
     model.train(config.dropout > 0)
-    state = {"step": 0, "curve": [], "best_val": -1.0, "best_step": 0, "train_seconds": 0.0}
+    state = ckpt.new_state()
     # best checkpoint: highest validation accuracy, the later one on ties
     last = out / "last.pt"
     if last.exists():
-        ckpt = torch.load(last, map_location=device, weights_only=False)
-        if ckpt["config"] != config.key():
-            field = next(k for k in config.key() if ckpt["config"].get(k) != config.key()[k])
-            raise ReservoirError(f"{out} holds a run with {field}={ckpt['config'].get(field)!r}, this run has "
-                                 f"{config.key()[field]!r}; pass another --out")
-        _load_trainable(model, ckpt["trainable"])
-        opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"])
-        state = ckpt["state"]
+        state = ckpt.resume(last, config, model, opt, device)
     trainable_names = [n for n, p in model.named_parameters() if p.requires_grad]
     bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     running = []
@@ -382,12 +429,12 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
                 trainable = {n: p.detach().clone() for n, p in model.named_parameters() if n in trainable_names}
                 if acc >= state["best_val"]:  # ties go to the later checkpoint (more training)
                     state["best_val"], state["best_step"] = acc, state["step"]
-                    _save(out / "best.pt", {"config": config.key(), "trainable": trainable, "step": state["step"]})
-                _save(last, {"config": config.key(), "trainable": trainable, "optimizer": opt.state_dict(),
+                    ckpt.save(out / "best.pt", {"config": config.key(), "trainable": trainable, "step": state["step"]})
+                ckpt.save(last, {"config": config.key(), "trainable": trainable, "optimizer": opt.state_dict(),
                              "rng": torch.get_rng_state(), "state": state})
     final_val = state["curve"][-1]["val_accuracy"] if state["curve"] else float("nan")
-    best = torch.load(out / "best.pt", map_location=device, weights_only=False)
-    _load_trainable(model, best["trainable"])
+    best = ckpt.load(out / "best.pt", ckpt.BEST_KEYS, device)
+    ckpt.load_trainable(model, best["trainable"], out / "best.pt")
     t_eval = time.perf_counter()
     test_acc = evaluate(model, te, device, amp=config.amp)
     result = {
@@ -413,14 +460,17 @@ def train(config: TrainConfig, progress: bool = True, data=None) -> dict[str, An
 
 def run_config(run_dir: str | os.PathLike) -> TrainConfig:
     """The settings of a finished ``reservoir train`` folder (``results.json`` and ``best.pt``)."""
-    import json
-
     d = Path(run_dir)
     if not ((d / "results.json").is_file() and (d / "best.pt").is_file()):
         found = ", ".join(sorted(p.name for p in d.iterdir())) or "it empty" if d.is_dir() else "no such folder"
         raise ReservoirError(f"{d}: expected a finished `reservoir train` folder (results.json, best.pt), found {found}")
-    raw = json.loads((d / "results.json").read_text())["config"]
-    return TrainConfig(**{k: v for k, v in raw.items() if k in TrainConfig.__dataclass_fields__})
+    raw = read_json(d / "results.json", "the results of a `reservoir train` run")
+    try:
+        raw = raw["config"]
+        return TrainConfig(**{k: v for k, v in raw.items() if k in TrainConfig.__dataclass_fields__})
+    except (AttributeError, KeyError, TypeError, ValueError) as err:  # ValueError: settings out of range
+        raise ReservoirError(f"{d / 'results.json'}: expected the results of a `reservoir train` run, found "
+                             f"{one_line(err)}") from None
 
 
 def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementation: str = "sdpa"):
@@ -440,17 +490,14 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     if config.from_store is not None:
         raise ReservoirError(f"{run_dir} was trained from a split-point store; expected a run trained from task inputs")
     dev = resolve_device(device)
+    best = Path(run_dir) / "best.pt"
+    saved = ckpt.load(best, ckpt.BEST_KEYS, dev)  # before building: a bad file is refused at once
+    diff = ckpt.differing(saved["config"], config)
+    if diff is not None:
+        raise ReservoirError(f"{best}: expected the checkpoint of the run in results.json, found a run with {diff}")
     task, model, _, _, _, _ = _build(config, dev, attn_implementation)
-    ckpt = torch.load(Path(run_dir) / "best.pt", map_location=dev, weights_only=False)
-    _load_trainable(model, ckpt["trainable"])
+    ckpt.load_trainable(model, saved["trainable"], best)
     return task, model.eval(), config
-
-
-def _load_trainable(model: nn.Module, trainable: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in trainable.items():
-            params[name].copy_(value)
 
 
 def parse_lr_sweep(spec: str) -> list[float]:

@@ -47,7 +47,7 @@ def test_lr_sweep_over_seeds(tmp_path):
     [
         (["--finetune", "norms"], "unknown finetune group 'norms'"),
         (["--lr-sweep", "1e-2:1e-6:3"], "--lr-sweep expects 0 < LOW < HIGH"),
-        (["--lr", "-1"], "--lr must be a positive number"),
+        (["--lr", "-1"], "--lr must be a finite number > 0, found -1.0"),
         (["--layers", "5"], "depth 5 is beyond"),
     ],
 )

@@ -31,7 +31,7 @@ def test_round_trip(tmp_path, suffix):
         assert store.splits == ["train", "test"]
         assert store.layers == [0, 1, 2]
         a = store.attrs
-        assert a["schema"] == "reservoir.features/1"
+        assert a["schema"] == "reservoir.features/2"
         assert a["backbone"]["weights_sha256"] == bb.info.weights_sha256
         assert a["task"]["fingerprint"] == task.fingerprint
         assert a["projection"] == {"kind": "orthogonal", "gain": 1.41, "seed": 0, "d_in": 1, "input": "continuous"}
@@ -79,7 +79,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
     out = tmp_path / f"resumed{suffix}"
     with pytest.raises(KeyboardInterrupt):
         extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
-    with FeatureStore.open(out) as store:
+    with FeatureStore.open(out, allow_incomplete=True) as store:
         assert not store.complete
         assert store.done("train").tolist() == [True, False, False]
     monkeypatch.setattr(FeatureStore, "write_chunk", original)
@@ -122,7 +122,7 @@ def test_open_refuses_other_schema_and_non_stores(tmp_path):
     import zarr
 
     zarr.open_group(str(tmp_path / "other.zarr"), mode="w").attrs["schema"] = "other/9"
-    with pytest.raises(ReservoirError, match="expected a store of schema 'reservoir.features/1', found schema 'other/9'"):
+    with pytest.raises(ReservoirError, match="expected a store of schema 'reservoir.features/2', found schema 'other/9'"):
         FeatureStore.open(tmp_path / "other.zarr")
     (tmp_path / "f.txt").write_text("hello")
     with pytest.raises(ReservoirError, match="found another file"):

@@ -117,11 +117,11 @@ def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(tr, "evaluate", stop_after_two)
     with pytest.raises(KeyboardInterrupt):
         train(TrainConfig(**cfg, out=str(tmp_path / "b")), progress=False)
-    assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["state"]["step"] == 40
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["state"]["step"] == 40
     monkeypatch.setattr(tr, "evaluate", original)
     rb = train(TrainConfig(**cfg, out=str(tmp_path / "b")), progress=False)
-    wa = torch.load(tmp_path / "a" / "last.pt", weights_only=False)["trainable"]
-    wb = torch.load(tmp_path / "b" / "last.pt", weights_only=False)["trainable"]
+    wa = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["trainable"]
+    wb = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["trainable"]
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0)
@@ -143,8 +143,8 @@ def test_split_point_store_equals_live_training(tmp_path, suffix):
     assert [p["val_accuracy"] for p in live["curve"]] == [p["val_accuracy"] for p in cached["curve"]]
     np.testing.assert_allclose([p["train_loss"] for p in live["curve"]], [p["train_loss"] for p in cached["curve"]],
                                rtol=1e-5)
-    wa = torch.load(tmp_path / "live" / "last.pt", weights_only=False)["trainable"]
-    wb = torch.load(tmp_path / "cached" / "last.pt", weights_only=False)["trainable"]
+    wa = torch.load(tmp_path / "live" / "last.pt", weights_only=True)["trainable"]
+    wb = torch.load(tmp_path / "cached" / "last.pt", weights_only=True)["trainable"]
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-5)
     assert live["metrics"]["test_accuracy"] == cached["metrics"]["test_accuracy"]

@@ -9,8 +9,11 @@ Names:
   checkpoint, so every init (including ``stats``) can be exercised offline.
 * ``lstm-<layers>x<dim>`` (``lstm-3x768``) — the LSTM baseline of Lu et al.
   (:mod:`reservoir.backbones.lstm`); ``random`` init only.
-* anything else — a Hugging Face hub id (``gpt2``, ``gpt2-medium``) or a local
-  folder with ``config.json`` and weights.
+* anything else — a local folder with ``config.json`` and weights, or a Hugging
+  Face hub id (``gpt2``, ``gpt2-medium``). A hub id loads from the local cache
+  alone when ``HF_HUB_OFFLINE`` is set or the hub does not answer within
+  :data:`HUB_TIMEOUT_S`, and is refused at once (one line) when it is not
+  cached there.
 
 Inits (Lu et al. Table 2 and 9):
 
@@ -22,7 +25,9 @@ Inits (Lu et al. Table 2 and 9):
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
 import os
 import re
 from pathlib import Path
@@ -35,8 +40,14 @@ from reservoir.backbones.arch import arch_for
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo
 from reservoir.errors import ReservoirError
+from reservoir.runtime import check_seed
+from reservoir.tasks.files import one_line
+
+log = logging.getLogger("reservoir")
 
 INITS = ("pretrained", "random", "stats")
+#: Seconds the hub may take to answer before a hub id not in the local cache is refused as unreachable.
+HUB_TIMEOUT_S = 3.0
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "tiny-gpt2": dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=1024),
@@ -120,25 +131,104 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
         raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), found no such folder")
     if not is_folder and revision is None:
         revision = "main"
-    hub_kwargs = {} if is_folder else dict(revision=revision)
+    hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=_hub_offline(name, revision))
     try:
+        config = AutoConfig.from_pretrained(source, **hub_kwargs)
+        arch_for(config.model_type)
         if init == "random":
-            config = AutoConfig.from_pretrained(source, **hub_kwargs)
-            arch_for(config.model_type)
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
-            config = AutoConfig.from_pretrained(source, **hub_kwargs)
-            arch_for(config.model_type)
-            model = AutoModel.from_pretrained(source, **hub_kwargs, **kwargs)
-    except (OSError, ValueError) as err:
-        if isinstance(err, ReservoirError):
-            raise
-        where = "folder" if is_folder else "hub id"
-        raise ReservoirError(
-            f"could not load backbone {name!r} as a {where}: expected a Hugging Face model "
-            f"(config.json and weights), found: {str(err).splitlines()[0][:200]}"
-        ) from err
+            model = _from_pretrained(name, source, **hub_kwargs, **kwargs)
+    except ReservoirError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
+        raise _load_error(name, source, is_folder, err) from None
     return model, model_id, revision
+
+
+def _hub_offline(name: str, revision: str) -> bool:
+    """Whether hub id ``name`` must load from the local Hugging Face cache alone (no network).
+
+    True under ``HF_HUB_OFFLINE`` or when the hub does not answer within
+    :data:`HUB_TIMEOUT_S`; then, unless the id's ``config.json`` is cached at
+    ``revision``, a ReservoirError says so in one line at once (instead of
+    the hub client's retries). A name that is no valid hub id is refused first.
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    expected = f"expected a built-in name ({', '.join(backbone_names())}), a model folder, or a hub id"
+    try:
+        validate_repo_id(name)
+    except HFValidationError as err:
+        raise ReservoirError(f"backbone {name!r}: {expected}; found not a built-in name, not a folder, and not a "
+                             f"valid hub id ({one_line(err)})") from None
+    if not constants.HF_HUB_OFFLINE and _hub_reachable(constants.ENDPOINT):
+        return False
+    if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
+        return True
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the hub {constants.ENDPOINT} is unreachable"
+    raise ReservoirError(f"backbone {name!r}: {expected} that is cached or downloadable; found not a built-in name, "
+                         f"not a folder, not in the Hugging Face cache, and {why}")
+
+
+@functools.lru_cache(maxsize=None)
+def _hub_reachable(endpoint: str) -> bool:
+    """Whether ``endpoint`` answers a HEAD request within :data:`HUB_TIMEOUT_S` (any status; proxies apply)."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return True  # the server answered
+    except (OSError, ValueError, http.client.HTTPException):  # no route, no DNS, refused, timed out, bad URL
+        return False
+    return True
+
+
+def _from_pretrained(name: str, source: str, **kwargs):
+    """``AutoModel.from_pretrained`` with transformers' load report replaced by one line.
+
+    Weights whose shapes differ from what ``config.json`` gives are refused;
+    parameters the checkpoint lacks (left at their random init) are named in
+    one warning line.
+    """
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, loading = AutoModel.from_pretrained(source, output_loading_info=True, ignore_mismatched_sizes=True,
+                                                   **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    mismatched = sorted(loading["mismatched_keys"])
+    if mismatched:
+        key, found, expected = mismatched[0]
+        raise ReservoirError(f"backbone {name!r}: expected weights of the shapes its config.json gives; found "
+                             f"{len(mismatched)} that differ, e.g. {key} {tuple(found)} where the config gives "
+                             f"{tuple(expected)}")
+    missing = sorted(loading["missing_keys"])
+    if missing:
+        log.warning("backbone %s: %d parameter(s) not in the checkpoint keep their random init (%s)", name,
+                    len(missing), ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else ""))
+    return model
+
+
+def _load_error(name: str, source: str, is_folder: bool, err: Exception) -> ReservoirError:
+    """One line for a backbone that transformers could not load, naming the folder (and weights file) or hub id."""
+    from safetensors import SafetensorError
+
+    found = one_line(err)[:300]
+    if is_folder and isinstance(err, SafetensorError):
+        weights = sorted(p.name for p in Path(source).glob("*.safetensors"))
+        found = f"unreadable weights {', '.join(weights)} ({found})"
+    where = "folder" if is_folder else "hub id"
+    return ReservoirError(f"could not load backbone {name!r} as a {where}: expected a Hugging Face model "
+                          f"(config.json and weights), found: {found}")
 
 
 def _stats_init(model: nn.Module, seed: int) -> None:
@@ -206,7 +296,7 @@ def load_backbone(
     d_in : int
         Input size (vocabulary size for token tasks).
     seed : int
-        Seed of the ``random`` and ``stats`` inits.
+        Seed of the ``random`` and ``stats`` inits, in ``0..2**32-1``.
     projection_gain, projection_seed : float, int
         The orthogonal input projection; ``projection_seed`` defaults to ``seed``.
     revision : str, optional
@@ -222,6 +312,9 @@ def load_backbone(
     """
     if init not in INITS:
         raise ReservoirError(f"unknown init {init!r}; expected one of: {', '.join(INITS)}")
+    seed = check_seed(seed)
+    if projection_seed is not None:
+        projection_seed = check_seed(projection_seed, "projection_seed")
     lstm = _lstm_spec(name)
     if lstm is not None:
         return _load_lstm(name, *lstm, init=init, depth=depth, d_in=d_in, seed=seed, projection_gain=projection_gain,

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from reservoir.errors import ReservoirError
+from reservoir.runtime import check_seed
 
 
 def readout_vs_sklearn(store_path: str, layer: int, seed: int = 0, max_iter: int = 1000) -> dict[str, Any]:
@@ -28,6 +29,7 @@ def readout_vs_sklearn(store_path: str, layer: int, seed: int = 0, max_iter: int
     from reservoir.store import FeatureStore
     from reservoir.train import carve_val
 
+    seed = check_seed(seed)
     with FeatureStore.open(store_path) as st:
         X, y = load_layer(st, "train", layer)
         Xt, yt = load_layer(st, "test", layer)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from reservoir.errors import ReservoirError
+from reservoir.runtime import check_seed, resolve_device
 from reservoir.runtime import synchronize as _sync
 
 LARGE_BATCH = 1024
@@ -99,8 +100,8 @@ def _time_cached(head: torch.nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_clas
 def head_step_ms(n_dim: int = 768, n_classes: int = 10, batch_size: int = 16, n_rows: int = 4096,
                  device="cpu", seed: int = 0) -> float:
     """Milliseconds of one cached Adam step of an ``n_dim x n_classes`` head on random resident features."""
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(seed)
+    device = resolve_device(device)
+    gen = torch.Generator().manual_seed(check_seed(seed))
     X = torch.randn(n_rows, 1, n_dim, generator=gen).to(device)
     Y = torch.randint(0, n_classes, (n_rows, 1, 1), generator=gen).to(device)
     epoch_s = _time_cached(torch.nn.Linear(n_dim, n_classes).to(device), X, Y, n_classes, batch_size, seed, device)
@@ -134,7 +135,6 @@ def speedup(
     from reservoir.freeze import apply_freeze
     from reservoir.readouts.features import load_layer
     from reservoir.store import FeatureStore
-    from reservoir.tasks import load_task
     from reservoir.train import ReservoirClassifier, _Data, heads_per_token
 
     if batch_size < 1 or max_live_rows < 1:

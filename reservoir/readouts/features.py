@@ -21,6 +21,7 @@ import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
+from reservoir.errors import ReservoirError
 from reservoir.store import FeatureStore
 
 Chunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
@@ -37,6 +38,9 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
 def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
                rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Features and labels of one split at one layer, ``rows`` store rows at a time.
+
+    Non-finite features (NaN or inf, after the final norm) raise a
+    ReservoirError naming the store, split and layer.
 
     Parameters
     ----------
@@ -63,6 +67,10 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
         X = np.asarray(feats[lo: lo + step, k], dtype=np.float32)  # (r, n_out, n_dim)
         if norm is not None:
             X = layer_norm(X, norm["weight"], norm["bias"], eps)
+        if not np.isfinite(X).all():
+            where = f"split {split!r}, layer {layer}" + (" after the final norm" if norm is not None else "")
+            raise ReservoirError(f"{store.path}: expected finite features; found NaN or inf in {where} (rows from "
+                                 f"{lo}); extract again with --dtype float32 or a smaller --gain")
         y = np.asarray(labels[lo: lo + step])  # (r, *label_shape)
         r, n_out = X.shape[:2]
         if n_out > 1:

@@ -36,6 +36,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch.nn import functional as F
 
 from reservoir.readouts.features import Moments, checked_chunks, chunk_source, encode_labels, holdout_mask
+from reservoir.runtime import resolve_device
 
 DEFAULT_ALPHAS = (10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 
@@ -73,7 +74,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     random_state : int
         Seed of the validation split.
     device : str
-        Torch device for the fit.
+        Torch device for the fit: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``
+        (checked by :func:`reservoir.runtime.resolve_device`).
 
     Attributes
     ----------
@@ -117,6 +119,7 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     # keeps the gradient on low-variance directions exact, where ``P`` is large).
     def fit(self, X, y, validation_data=None):
         """Fit; ``validation_data=(X_val, y_val)`` replaces the carved validation split."""
+        self._device = resolve_device(self.device)
         X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32, y_numeric=False)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
@@ -139,7 +142,7 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         self._set_whitening(moments)
 
         def cached(A, B):  # one whitened chunk, computed on first use
-            return functools.cache(lambda: [(self._tensor(A), torch.as_tensor(B, device=self.device))]), len(A), None
+            return functools.cache(lambda: [(self._tensor(A), torch.as_tensor(B, device=self._device))]), len(A), None
 
         train = cached(Xt, Yt)
         val = cached(Xv, Yv) if Xv is not None else None
@@ -161,6 +164,7 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         --------
         >>> est = LogisticReadout().fit_chunks(lambda: iter_layer(store, "train", 6))  # doctest: +SKIP
         """
+        self._device = resolve_device(self.device)
         train_chunks = chunk_source(train_chunks)
         alphas = sorted(self.alphas or DEFAULT_ALPHAS, reverse=True)
         seed = int(np.random.default_rng(self.random_state).integers(2**63))
@@ -177,8 +181,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         self.classes_ = np.unique(np.concatenate(classes))
         carve = carve and moments.n >= 10 and 0 < n_val < moments.n
         self._set_whitening(moments)
-        mean = torch.as_tensor(self.mean_, dtype=torch.float64, device=self.device)  # (d,)
-        P = torch.as_tensor(self._P, dtype=torch.float64, device=self.device)  # (d, r)
+        mean = torch.as_tensor(self.mean_, dtype=torch.float64, device=self._device)  # (d,)
+        P = torch.as_tensor(self._P, dtype=torch.float64, device=self._device)  # (d, r)
 
         def stream(source, keep=None, val=False):  # keep: None (all rows), True (held out), False (the rest)
             def chunks():
@@ -190,8 +194,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
                         m = holdout_mask(start, len(X), self.val_fraction, seed) == keep
                         start, X, Y = start + len(X), X[m], Y[m]
                     if len(X):
-                        Xc = torch.as_tensor(X, dtype=torch.float64, device=self.device) - mean  # (m, d)
-                        yield Xc, torch.as_tensor(Y, device=self.device)
+                        Xc = torch.as_tensor(X, dtype=torch.float64, device=self._device) - mean  # (m, d)
+                        yield Xc, torch.as_tensor(Y, device=self._device)
             return chunks
 
         full = (stream(train_chunks), moments.n, P)
@@ -209,8 +213,8 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         C = len(self.classes_)
         if val is None:
             alphas = alphas[-1:]
-        W = torch.zeros(self._P.shape[1], n_heads * C, device=self.device)  # (r, n_heads * C)
-        b = torch.zeros(n_heads * C, device=self.device)
+        W = torch.zeros(self._P.shape[1], n_heads * C, device=self._device)  # (r, n_heads * C)
+        b = torch.zeros(n_heads * C, device=self._device)
         self.val_scores_ = {}
         best = (-1.0, alphas[0])
         worse = 0
@@ -257,10 +261,10 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
             lam = np.where(keep, 1.0, lam)
         self._P = (V[:, keep] / np.sqrt(lam[keep])).astype(np.float32)  # (d, r)
         if self.penalty == "standardized":  # the weights on standardized features are diag(sd) @ P @ V
-            self._M = torch.as_tensor(sd[:, None] * self._P, dtype=torch.float32, device=self.device)  # (d, r)
+            self._M = torch.as_tensor(sd[:, None] * self._P, dtype=torch.float32, device=self._device)  # (d, r)
 
     def _tensor(self, X):
-        return torch.as_tensor((X - self.mean_) @ self._P, dtype=torch.float32, device=self.device)  # (m, r)
+        return torch.as_tensor((X - self.mean_) @ self._P, dtype=torch.float32, device=self._device)  # (m, r)
 
     @staticmethod
     def _logits(X, W, b, n_heads, P=None):

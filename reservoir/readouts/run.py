@@ -11,7 +11,8 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.readouts.features import iter_layer, load_layer
-from reservoir.results import write_result
+from reservoir.results import writable_folder, write_result
+from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
 
 READOUTS = ("logistic", "ridge")
@@ -81,8 +82,10 @@ def fit_linear(
     slightly from an in-memory fit; ``timings.load_s`` is then the time spent
     reading chunks over all passes, inside and outside ``fit_s``.
 
-    ``on_result`` is called with ``None`` once every layer has been checked,
-    then with each result as soon as it is ready (the CLI prints a table row).
+    ``on_result`` is called with ``None`` once every layer has been checked
+    (and ``results_dir`` proved writable), then with each result as soon as
+    it is ready (the CLI prints a table row). A bad ``device`` or ``seed`` is
+    refused before the store is opened.
 
     Examples
     --------
@@ -93,6 +96,7 @@ def fit_linear(
         raise ReservoirError(f"unknown readout {readout!r}; expected one of: {', '.join(READOUTS)}")
     if stream not in (True, False, "auto"):
         raise ReservoirError(f"expected stream to be true, false or 'auto', found {stream!r}")
+    seed, device = check_seed(seed), str(resolve_device(device))
     with FeatureStore.open(store_path) as store:
         if not store.complete:
             raise ReservoirError(f"{store_path}: expected a complete store, found an unfinished extraction (rerun it)")
@@ -106,6 +110,9 @@ def fit_linear(
             wanted = list(layers)
         for k in wanted:
             store.layer_index(k)
+        name = Path(store_path).name.split(".")[0]
+        if results_dir is not None:  # refused now, not after the fits
+            writable_folder(Path(results_dir) / name)
         if on_result is not None:
             on_result(None)
         has_val = "val" in store.splits
@@ -135,7 +142,6 @@ def fit_linear(
                 "timings": timings,
             }
             if results_dir is not None:
-                name = Path(store_path).name.split(".")[0]
                 result["path"] = str(write_result(Path(results_dir) / name / f"{readout}-layer{k}.json", result))
             rows.append(result)
             if on_result is not None:
@@ -200,6 +206,7 @@ def fit_raw(task: str, task_params: dict[str, Any] | None = None, readout: str =
     """
     from reservoir.tasks import load_task
 
+    seed, device = check_seed(seed), str(resolve_device(device))
     data = load_task(task, task_params)
     if data.kind != "continuous" or data.n_out_tokens != 1:
         raise ReservoirError(f"a raw-input baseline needs a continuous task with one output token; found {task!r} "

@@ -5,7 +5,7 @@ list-valued axes (``task``, ``backbone``, ``init``, ``seeds``, train's
 ``layers``, ``finetune`` and ``lr``) into concrete *runs*. Every run has a
 stable id, used as its results folder under the output directory::
 
-    name: listops-depth                    # default: the file's stem
+    name: listops-depth                    # default: the file's stem; letters, digits, '.', '_', '-'
     description: ListOps, output layer only, by depth
     defaults: {backbone: minilm, seeds: [0]}   # any cell key; applied where it fits the cell's kind
     cells:
@@ -35,7 +35,12 @@ fit-raw adds ``readout``; bench (cached vs live training cost, as
 split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
 2]``), seeding the backbone init, the projection, the head and the validation
 split; the data's own seed is a task parameter. ``tag`` names a variant (e.g.
-other task parameters) so that its runs get distinct ids. A paper entry's
+other task parameters) so that its runs get distinct ids; like the recipe's
+``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
+``_`` and ``-`` only (not ``.`` or ``..``). Numbers are held to the bounds
+``reservoir train`` applies (:data:`reservoir.train.BOUNDS`: ``lr`` > 0,
+``steps`` >= 1, ``dropout`` in [0, 1), ...), and every list axis names at
+least one value. A paper entry's
 ``match`` keys are row-label keys (:data:`LABEL_KEYS`); ``layer`` is the
 readout's depth (fit-linear: the fitted layer; train and bench: ``layers``).
 Its ``metric`` (:data:`METRICS`) says what ``value`` is: test accuracy in
@@ -47,7 +52,9 @@ Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
 folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
 fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
 sweep ``sweep.json``, bench ``speedup.json``. Runs whose results exist are skipped (``force`` redoes
-them). fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
+them). Every path the runner writes or removes is resolved first and refused unless it lies inside the
+output (or cache) folder, so neither an id nor a symbolic link can send a write, or ``force``'s removal,
+elsewhere. fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
 over everything in the store key (task fingerprint, backbone, init, seed,
 depth, dtype, projection gain); a complete store whose provenance matches is
 reused, an unfinished one is resumed.

@@ -13,6 +13,27 @@ from reservoir.errors import ReservoirError
 from reservoir.recipes.schema import Recipe, Run, fitted_layers, load_recipe
 
 
+def _check_inside(path: Path, root: Path) -> None:
+    """Refuse ``path`` unless, resolved, it lies strictly inside ``root`` (resolved).
+
+    Every path the runner writes or removes is checked first, so that no id
+    and no symbolic link in a results folder sends a write or ``--force``'s
+    removal elsewhere.
+    """
+    resolved, top = path.resolve(), root.resolve()
+    if top not in resolved.parents:
+        raise ReservoirError(f"{path}: expected a path inside {top}, found one resolving to {resolved}; refusing to "
+                             "write or remove it")
+
+
+def _out_dir(recipe: Recipe, out: str | os.PathLike | None) -> Path:
+    """The recipe's results folder: ``out``, else ``results/<name>`` (checked to lie inside ``results``)."""
+    if out is not None:
+        return Path(out)
+    _check_inside(Path("results") / recipe.name, Path("results"))
+    return Path("results") / recipe.name
+
+
 def result_files(run: Run, folder: Path) -> list[Path]:
     """The files a finished ``run`` leaves in ``folder`` (all must exist for it to be skipped)."""
     return [folder / name for _, name in run.outputs()]
@@ -29,8 +50,9 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
            "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": 1.41}
     path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
+    _check_inside(path, cache_dir)
     if path.exists():
-        with FeatureStore.open(path) as st:
+        with FeatureStore.open(path, allow_incomplete=True) as st:  # an unfinished store is resumed below
             a = st.attrs
             found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
                      "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
@@ -121,7 +143,7 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
-    out_dir = Path(out) if out is not None else Path("results") / recipe.name
+    out_dir = _out_dir(recipe, out)
     rows = []
     for run in recipe.runs():
         c = run.cell
@@ -159,9 +181,11 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
-    out_dir = Path(out) if out is not None else Path("results") / recipe.name
+    out_dir = _out_dir(recipe, out)
     cache = Path(cache_dir)
     runs = recipe.runs()
+    for path in [out_dir / "recipe.yaml", *(out_dir / run.id for run in runs)]:  # before anything is written
+        _check_inside(path, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
     if not recipe.raw.get("name"):  # the copy is named like the original

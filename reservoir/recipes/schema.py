@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,27 @@ def _takes(tasks: Any, param: str) -> bool:
     return all(t not in TASKS or param in TASKS[t].defaults for t in _as_list(tasks))
 
 
+_ID = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _check_id(value: Any, what: str) -> str:
+    """A recipe name or a cell tag: it names a results folder, so one safe folder name (no ``/``, not ``..``)."""
+    text = str(value)
+    if not _ID.fullmatch(text) or text in (".", ".."):
+        raise ReservoirError(f"{what}: expected letters, digits, '.', '_' or '-' (one folder name, not '.' or '..'), "
+                             f"found {text!r}")
+    return text
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    """A mapping from YAML (absent: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ReservoirError(f"{what} must be a mapping, found {value!r}")
+    return value
+
+
 def _slug(text: str) -> str:
     return Path(text).name if os.sep in text else text.replace("/", "_").replace(",", "+")
 
@@ -104,22 +126,31 @@ class Cell:
     def __post_init__(self) -> None:
         from reservoir.freeze import parse_groups
         from reservoir.tasks import TASKS
-        from reservoir.train import parse_lr_sweep
+        from reservoir.train import BOUNDS, check_number, parse_lr_sweep
 
         w = self.where
         _choices([self.kind], KINDS, "kind", w)
         self.task = [str(t) for t in _as_list(self.task)]
         if not self.task or not all(self.task):
             raise ReservoirError(f"{w} needs a task (e.g. task: bit-xor)")
+        self.task_params = _mapping(self.task_params, f"task_params in {w}")
         self.seeds = [_number(s, f"seeds in {w}", integer=True) for s in _as_list(self.seeds)]
         self.backbone = [str(b) for b in _as_list(self.backbone)]
         self.finetune = [str(f) for f in _as_list(self.finetune)]
-        self.tag = None if self.tag is None else str(self.tag)
+        self.tag = None if self.tag is None else _check_id(self.tag, f"tag in {w}")
         self.init = _choices(_as_list(self.init), ("pretrained", "random", "stats"), "init", w)
         self.readout = _choices(_as_list(self.readout), ("logistic", "ridge"), "readout", w)
         _choices([self.dtype], ("float16", "float32"), "dtype", w)
         self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
                        for v in _as_list(self.layers)]
+        self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]
+        for axis in ("seeds", "backbone", "init", "readout", "layers", "finetune", "lr"):
+            if not getattr(self, axis):
+                raise ReservoirError(f"{axis} in {w}: expected at least one value, found an empty list")
+        for name, key, values in (("seed", "seeds", self.seeds), ("layers", "layers", self.layers),
+                                  ("lr", "lr", self.lr)):
+            for v in values:  # the bounds `reservoir train` checks, named by the recipe's key
+                check_number(name, v, f"{key} in {w}")
         if self.kind == "bench" and len(self.layers) != 1:
             raise ReservoirError(f"layers in {w} must be one depth for bench, found {self.layers}")
         if self.kind == "fit-linear":
@@ -131,11 +162,14 @@ class Cell:
                 if any(not 0 <= k <= self.layers[0] for k in self.fit_layers):
                     raise ReservoirError(f"fit_layers in {w} must be within 0..{self.layers[0]}, found "
                                          f"{self.fit_layers}")
-        self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]
         for name, integer in (("steps", True), ("batch_size", True), ("eval_every", True), ("epochs", False),
                               ("dropout", False), ("split_layer", True), ("max_live_rows", True)):
-            if getattr(self, name) is not None:
+            if getattr(self, name) is not None:  # None: the default
                 setattr(self, name, _number(getattr(self, name), f"{name} in {w}", integer))
+                if name in BOUNDS:
+                    check_number(name, getattr(self, name), f"{name} in {w}")
+        if self.max_live_rows < 1:
+            raise ReservoirError(f"max_live_rows in {w} must be an integer >= 1, found {self.max_live_rows}")
         for f in self.finetune if self.kind == "train" else ():
             try:
                 parse_groups(f)
@@ -166,12 +200,8 @@ class Cell:
         merged.update(raw)
         if "task" not in merged:
             raise ReservoirError(f"{where} needs a task (e.g. task: bit-xor)")
-        shared = defaults.get("task_params") or {}
-        if not isinstance(shared, dict):
-            raise ReservoirError(f"task_params in defaults must be a mapping, found {shared!r}")
-        own = raw.get("task_params") or {}
-        if not isinstance(own, dict):
-            raise ReservoirError(f"task_params in {where} must be a mapping, found {own!r}")
+        shared = _mapping(defaults.get("task_params"), "task_params in defaults")
+        own = _mapping(raw.get("task_params"), f"task_params in {where}")
         merged["task_params"] = {**{k: v for k, v in shared.items() if _takes(merged["task"], k)}, **own}
         return cls(where=where, **merged)
 
@@ -288,7 +318,8 @@ class Recipe:
                 if "match" not in p or "value" not in p:
                     raise ReservoirError(f"paper[{i}] needs 'match' and 'value'")
                 paper.append(PaperValue(where=f"paper[{i}]", **p))
-            name = str(data.get("name") or Path(source).stem)
+            what = "name" if data.get("name") else "name (the file's stem; set name: in the recipe)"
+            name = _check_id(data.get("name") or Path(source).stem, what)
             recipe = cls(name=name, cells=cells, description=str(data.get("description") or "").strip(),
                          paper=paper, text=text, raw=data)
             labels = recipe.row_labels()  # id collisions are a recipe error
@@ -378,9 +409,17 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
                                  f"{', '.join(names) or '(none in ' + str(recipes_dir()) + ')'}")
     if not p.is_file():
         raise ReservoirError(f"{p}: expected a recipe file, found no such file")
-    text = p.read_text()
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ReservoirError(f"recipe {p.name}: expected UTF-8 text, found byte {err.object[err.start]:#04x} at "
+                             f"offset {err.start}") from None
+    except OSError as err:
+        raise ReservoirError(f"recipe {p}: expected a readable file, found {err.strerror or err}") from None
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ReservoirError(f"recipe {p.name}: expected YAML, found nesting too deep to read") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -29,6 +29,7 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params
+from reservoir.tasks.files import read_json
 
 log = logging.getLogger("reservoir")
 
@@ -96,7 +97,8 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
         if task is not None:
             log.info("task %s: loaded from the task cache %s (fingerprint %s)", name, entry, task.fingerprint[:12])
             return task
-        log.warning("task %s: the cached copy %s does not match its fingerprint; refused and rebuilt", name, entry)
+        log.warning("task %s: the cached copy %s is unreadable or does not match its fingerprint; refused and rebuilt",
+                    name, entry)
         shutil.rmtree(entry, ignore_errors=True)
     task = get_task(name, **params)
     try:
@@ -130,18 +132,18 @@ def _write(task: TaskData, entry: Path) -> None:
 def _read(entry: Path) -> TaskData | None:
     """The cached task, or ``None`` when the entry is unreadable or its arrays do not hash to its fingerprint."""
     try:
-        meta = json.loads((entry / "task.json").read_text())
+        meta = read_json(entry / "task.json", "the task cache's metadata")
         splits = {}
         for s in meta["splits"]:
             arrays = {a: np.load(entry / f"{s}.{a}.npy", mmap_mode="c" if a == "inputs" else None) for a in _ARRAYS}
             splits[s] = Split(**arrays)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        if fingerprint(meta["name"], meta["params"], splits) != meta["fingerprint"]:
+            return None
+        return TaskData(name=meta["name"], params=meta["params"], kind=meta["kind"], d_in=meta["d_in"],
+                        n_classes=meta["n_classes"], splits=splits, n_out_tokens=meta["n_out_tokens"],
+                        vocab=meta["vocab"], fingerprint=meta["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):  # a damaged entry: rebuilt by the caller
         return None
-    if fingerprint(meta["name"], meta["params"], splits) != meta["fingerprint"]:
-        return None
-    return TaskData(name=meta["name"], params=meta["params"], kind=meta["kind"], d_in=meta["d_in"],
-                    n_classes=meta["n_classes"], splits=splits, n_out_tokens=meta["n_out_tokens"],
-                    vocab=meta["vocab"], fingerprint=meta["fingerprint"])
 
 
 __all__ = ["load_task", "task_cache_dir", "cache_key"]

@@ -26,7 +26,6 @@ Tokens
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from numbers import Integral
@@ -34,7 +33,7 @@ from typing import Any, Sequence
 
 from reservoir.errors import ReservoirError
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
-from reservoir.tasks.files import load_pickle
+from reservoir.tasks.files import load_pickle, read_json
 from reservoir.tasks.listops import encode
 
 __all__ = ["AMINO_ACIDS", "VOCAB", "N_FOLDS", "TAPE_SPLITS", "find_split_file", "read_json_records",
@@ -66,14 +65,7 @@ def find_split_file(data_dir: str, split: str, fmt: str = "auto") -> str | None:
 
 def read_json_records(path: str, n: int | None = None) -> list:
     """The records of a TAPE JSON file (a list), the first ``n`` when given."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            records = json.load(f)
-    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-        msg = " ".join(str(err).split())
-        raise ReservoirError(f"TAPE file {path}: expected a JSON list of records; found invalid JSON ({msg})") from None
-    except OSError as err:
-        raise ReservoirError(f"TAPE file {path}: expected a readable file; found {err.strerror or err}") from None
+    records = read_json(path, "a TAPE JSON list of records")
     if not isinstance(records, list):
         raise ReservoirError(f"TAPE file {path}: expected a JSON list of records; found a {type(records).__name__}")
     return records[:n]
@@ -185,6 +177,18 @@ def _bad(name: str, expected: str, value: Any) -> ReservoirError:
     return ReservoirError(f"task 'remote-homology': {name} must be {expected}; found {value!r}")
 
 
+def _split_names(splits: Any) -> list[str]:
+    """TAPE split names from a list, or from one string of names separated by commas (``"valid"`` is ``["valid"]``)."""
+    names = [s.strip() for s in splits.split(",") if s.strip()] if isinstance(splits, str) else splits
+    expected = f"a list of split names among {', '.join(TAPE_SPLITS)}"
+    if not isinstance(names, (list, tuple)) or not names:
+        raise _bad("splits", expected, splits)
+    unknown = [s for s in names if s not in TAPE_SPLITS]
+    if unknown:
+        raise _bad("splits", expected, unknown[0])
+    return list(names)
+
+
 def build_remote_homology(
     data_dir: str | os.PathLike | None = None,
     splits: Sequence[str] | str = TAPE_SPLITS,
@@ -221,14 +225,11 @@ def build_remote_homology(
         ``params["dropped"]`` maps each split name to its count of dropped sequences.
     """
     name = "remote-homology"
-    wanted = [s.strip() for s in splits.split(",") if s.strip()] if isinstance(splits, str) else list(splits)
-    unknown = [s for s in wanted if s not in TAPE_SPLITS]
-    if unknown or not wanted:
-        raise _bad("splits", f"a list of {', '.join(TAPE_SPLITS)}", unknown[0] if unknown else splits)
+    wanted = _split_names(splits)
     if test_split not in HOLDOUTS:
         raise _bad("test_split", f"one of {', '.join(HOLDOUTS)}", test_split)
     if "train" not in wanted or test_split not in wanted:
-        raise _bad("splits", f"a list including 'train' and test_split={test_split!r}", list(splits))
+        raise _bad("splits", f"a list including 'train' and test_split={test_split!r}", wanted)
     if format not in ("auto", "json", "lmdb"):
         raise _bad("format", "'auto', 'json' or 'lmdb'", format)
     if isinstance(max_length, bool) or not isinstance(max_length, Integral) or max_length < 2:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.runtime import check_seed
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
 from reservoir.tasks.files import download_file, load_pickle, one_line
 
@@ -183,6 +184,10 @@ def read_mnist(folder: str, split: str, n: int | None = None) -> tuple[np.ndarra
         paths.append(path)
     images = read_idx(paths[0], IDX_IMAGES_MAGIC)  # (N, H, W)
     labels = read_idx(paths[1], IDX_LABELS_MAGIC)  # (N,)
+    if not images.size:
+        n, h, w = images.shape
+        raise ReservoirError(f"IDX file {paths[0]}: expected at least one image of at least 1x1 pixels; "
+                             f"found a header giving {n} images of {h}x{w}")  # fmt: skip
     if len(images) != len(labels):
         raise ReservoirError(f"IDX files {paths[0]} and {paths[1]}: expected as many labels as images; "
                              f"found {len(labels)} labels for {len(images)} images")  # fmt: skip
@@ -279,7 +284,7 @@ def build_digits(test_fraction: float = 0.2, seed: int = 0, patch: int = 2) -> T
     from sklearn.model_selection import train_test_split
 
     name = "digits"
-    seed = _int_param(name, "seed", seed, 0)
+    seed = check_seed(seed, f"task {name!r}: seed")  # scikit-learn's random_state takes 0..2**32-1
     patch = _int_param(name, "patch", patch, 1)
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, Real) or not 0 < test_fraction < 1:
         raise ReservoirError(f"task {name!r}: test_fraction must be a number in (0, 1); found {test_fraction!r}")
@@ -413,6 +418,9 @@ def read_cifar10(name: str, data_dir: Any, download: bool, n_train: Any, n_test:
         if n is not None and have < n:
             raise ReservoirError(f"task {name!r}: expected at least n_{split}={n} images in {batches}; found {have}")
         data = np.concatenate([p[0] for p in parts])[:n]  # (N, 3072)
+        if not len(data):
+            raise ReservoirError(f"task {name!r}: expected at least one {split} image in {', '.join(files)} in "
+                                 f"{batches}; found none")  # fmt: skip
         out[split] = (data, np.concatenate([p[1] for p in parts])[:n])
     return out
 

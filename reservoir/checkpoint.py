@@ -1,0 +1,135 @@
+"""Training checkpoints: tensors and plain data only, read with ``torch.load(weights_only=True)``.
+
+``last.pt`` holds what resuming needs (the run's settings, the trained
+tensors, optimizer and RNG state, the loop state); ``best.pt`` the settings,
+the trained tensors and the step they are from. A file that would run code
+when unpickled, or any other file that is not such a checkpoint, is refused in
+one line naming it, never executed. Checkpoints are written to a temporary
+file beside their path and renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from reservoir.errors import ReservoirError
+from reservoir.tasks.files import one_line, publish
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.train import TrainConfig
+
+#: What each checkpoint holds (tensors and plain data only).
+LAST_KEYS = ("config", "trainable", "optimizer", "rng", "state")
+BEST_KEYS = ("config", "trainable", "step")
+
+
+def save(path: Path, payload: dict[str, Any]) -> None:
+    """Write a checkpoint to a fresh temporary file beside ``path``, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+        publish(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # the write failed: no partial file is left
+            os.unlink(tmp)
+
+
+def _refusal(err: BaseException) -> str:
+    """Why ``torch.load`` refused a file, on one line: the unpickler's reason without torch's advice around it."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if len(lines) > 2 and lines[0].startswith("Weights only load failed"):  # advice, ..., reason, link to the docs
+        lines = lines[-2:-1]
+    return one_line(lines[0].split(". ")[0].rstrip(".")) if lines else type(err).__name__
+
+
+def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.device = "cpu"
+                    ) -> dict[str, Any]:
+    """A checkpoint written by :func:`reservoir.train.train`, read with ``weights_only=True`` (tensors and plain data, never code).
+
+    Raises
+    ------
+    ReservoirError
+        One line naming ``path`` for anything else: a missing, empty,
+        truncated or garbage file, a pickle that would run code, or a
+        checkpoint without ``keys``.
+
+    Examples
+    --------
+    >>> ckpt = load("results/train/run/best.pt", BEST_KEYS)  # doctest: +SKIP
+    >>> ckpt["step"]  # doctest: +SKIP
+    """
+    path = Path(path)
+    expected = f"{path}: expected a reservoir checkpoint (tensors and plain data)"
+    if not path.is_file():
+        raise ReservoirError(f"{expected}, found {'a folder' if path.is_dir() else 'no such file'}")
+    if path.stat().st_size == 0:
+        raise ReservoirError(f"{expected}, found an empty file")
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it may then refuse
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # a bad file fails in many ways: UnpicklingError, RuntimeError, EOFError, ...
+        raise ReservoirError(f"{expected}, found a file torch.load(weights_only=True) refuses: {_refusal(err)}"
+                             ) from None
+    if not isinstance(ckpt, dict):
+        raise ReservoirError(f"{expected}, found a {type(ckpt).__name__}")
+    missing = [k for k in keys if k not in ckpt]
+    if missing:
+        raise ReservoirError(f"{expected} with {', '.join(keys)}, found one without {', '.join(missing)}")
+    return ckpt
+
+
+def differing(saved: Any, config: TrainConfig) -> str | None:
+    """``"lr=0.01, this run has 0.001"``: the first setting a checkpoint's saved settings differ in (None: none)."""
+    saved = saved if isinstance(saved, dict) else {}
+    diff = next((k for k, v in config.key().items() if saved.get(k) != v), None)
+    return None if diff is None else f"{diff}={saved.get(diff)!r}, this run has {config.key()[diff]!r}"
+
+
+def load_trainable(model: nn.Module, trainable: Any, path: Path) -> None:
+    """Copy a checkpoint's trained tensors into ``model`` (names and shapes must be the model's)."""
+    params = dict(model.named_parameters())
+    if not isinstance(trainable, dict):
+        raise ReservoirError(f"{path}: expected trained tensors by parameter name, found a {type(trainable).__name__}")
+    for name, value in trainable.items():
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        if name not in params or shape != tuple(params[name].shape):
+            raise ReservoirError(f"{path}: expected tensors shaped as this model's parameters, found {name!r}: "
+                                 f"{shape}")
+    with torch.no_grad():
+        for name, value in trainable.items():
+            params[name].copy_(value)
+
+
+def new_state() -> dict[str, Any]:
+    """The loop state of a run that has not started (saved in ``last.pt``)."""
+    return {"step": 0, "curve": [], "best_val": -1.0, "best_step": 0, "train_seconds": 0.0}
+
+
+def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device
+            ) -> dict[str, Any]:
+    """Restore an interrupted run from ``last.pt``: trained tensors, optimizer, RNG; return the loop state."""
+    ckpt = load(last, LAST_KEYS, device)
+    diff = differing(ckpt["config"], config)
+    if diff is not None:
+        raise ReservoirError(f"{last.parent} holds a run with {diff}; pass another --out")
+    load_trainable(model, ckpt["trainable"], last)
+    try:
+        opt.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["rng"].cpu())  # the CPU generator's state, wherever map_location put it
+    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError) as err:
+        raise ReservoirError(f"{last}: expected the optimizer and RNG state of this run, found {one_line(err)}"
+                             ) from None
+    state = ckpt["state"]
+    if not isinstance(state, dict) or not new_state().keys() <= state.keys():
+        found = f"keys {', '.join(map(str, state))}" if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise ReservoirError(f"{last}: expected a loop state with {', '.join(new_state())}, found {found}")
+    return state

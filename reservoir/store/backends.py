@@ -1,0 +1,153 @@
+"""The two on-disk backends of the feature store, behind the few operations it needs.
+
+Arrays returned support numpy slicing. Attributes are JSON-serializable
+dicts (HDF5 keeps each as a JSON string). HDF5 datasets are allocated in full
+when created, so writing a chunk later touches only raw data, never the
+file's metadata: a kill between two chunk writes cannot damage the file's
+structure, only leave chunks unwritten (which their ``done`` flags record).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from reservoir.errors import ReservoirError
+
+Format = Literal["zarr", "hdf5"]
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def existing_format(path: Path) -> Format | None:
+    """The backend of whatever is at ``path`` (``None`` when nothing is); refuses other files."""
+    if path.is_dir():
+        return "zarr"
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(8) == HDF5_MAGIC:
+                return "hdf5"
+        raise ReservoirError(f"{path}: expected a reservoir feature store (Zarr folder or HDF5 file), "
+                             "found another file")
+    return None
+
+
+def detect_format(path: str | os.PathLike, fmt: str | None = None) -> Format:
+    """Backend from an existing store, an explicit choice, or the suffix (``.zarr`` / ``.h5``).
+
+    An explicit choice that contradicts the store already at ``path`` is refused.
+    """
+    if fmt is not None and fmt not in ("zarr", "hdf5"):
+        raise ReservoirError(f"unknown store format {fmt!r}; expected zarr or hdf5")
+    p = Path(path)
+    found = existing_format(p)
+    if found is not None:
+        if fmt is not None and fmt != found:
+            raise ReservoirError(f"{p} is an existing {found} store, --format asks for {fmt}; "
+                                 "drop --format or pass another --out")
+        return found
+    if fmt is not None:
+        return fmt  # type: ignore[return-value]
+    return "hdf5" if p.suffix.lower() in (".h5", ".hdf5", ".hdf") else "zarr"
+
+
+class Backend:
+    """Per-backend operations of :class:`~reservoir.store.FeatureStore`."""
+
+    def __init__(self, path: Path, mode: str):
+        self.path = path
+        self.mode = mode
+
+    def read_attrs(self) -> dict[str, Any]: ...
+    def write_attrs(self, attrs: dict[str, Any]) -> None: ...
+    def array(self, name: str): ...
+    def create(self, name: str, shape, dtype, chunk_rows: int): ...
+    def has(self, name: str) -> bool: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class ZarrBackend(Backend):
+    def __init__(self, path: Path, mode: str):
+        super().__init__(path, mode)
+        import zarr
+
+        self.root = zarr.open_group(str(path), mode=mode, zarr_format=3)
+
+    def read_attrs(self):
+        return dict(self.root.attrs)
+
+    def write_attrs(self, attrs):
+        self.root.attrs.update(attrs)
+
+    def array(self, name):
+        return self.root[name]
+
+    def has(self, name):
+        return name in self.root
+
+    def create(self, name, shape, dtype, chunk_rows):
+        chunks = (chunk_rows, *shape[1:]) if shape else ()
+        return self.root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=0)
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class H5Backend(Backend):
+    def __init__(self, path: Path, mode: str):
+        super().__init__(path, mode)
+        import h5py
+
+        # Readers skip HDF5's own file lock: the store's write lock (reservoir.store.lock) is the one that counts.
+        # Writers get no chunk cache: every write reaches the file inside the call that makes it, so a full disk
+        # raises there (a cached chunk would be written when its dataset is closed, where errors are lost).
+        kw = {"locking": False} if mode == "r" else {"rdcc_nbytes": 0}
+        self.file = h5py.File(path, {"r": "r", "r+": "r+", "w": "w-"}[mode], **kw)
+        self._arrays: dict[str, Any] = {}
+
+    def read_attrs(self):
+        out = {}
+        for k, v in self.file.attrs.items():
+            try:
+                out[k] = json.loads(v)
+            except (TypeError, ValueError, RecursionError):
+                raise ReservoirError(f"{self.path}: expected a reservoir feature store, found an HDF5 file whose "
+                                     f"attribute {k!r} is not reservoir's") from None
+        return out
+
+    def write_attrs(self, attrs):
+        for k, v in attrs.items():
+            self.file.attrs[k] = json.dumps(v)
+
+    def array(self, name):
+        if name not in self._arrays:  # kept open: flush() then reaches (and reports) every write
+            self._arrays[name] = self.file[name]
+        return self._arrays[name]
+
+    def has(self, name):
+        return name in self.file
+
+    def create(self, name, shape, dtype, chunk_rows):
+        import h5py
+
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # chunk writes never touch metadata
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # unwritten chunks are known from their done flags
+        chunks = (chunk_rows, *shape[1:]) if shape and shape[0] else None
+        return self.file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks, fillvalue=0, dcpl=dcpl)
+
+    def flush(self):
+        self.file.flush()
+
+    def close(self):
+        self._arrays.clear()
+        if self.file.id.valid:
+            self.file.close()
+
+
+BACKENDS = {"zarr": ZarrBackend, "hdf5": H5Backend}

@@ -1,0 +1,173 @@
+"""What keeps a store from lying: its layout, per-chunk checksums, and arrays that check what they return.
+
+Every written chunk records a CRC32C of its rows in each row array
+(``features``, ``labels``, ``lengths`` and, in split-point stores, ``states``)
+in ``{split}/checksums`` before its ``done`` flag is set. Readers get
+:class:`CheckedArray` views: the first read of a chunk reads the chunk whole
+and compares its checksum, so a deleted chunk (Zarr reads it as zeros), a
+truncated one or one edited on disk is refused in one line, never returned.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.store.feature_store import FeatureStore
+
+ALGORITHM = "crc32c"
+
+
+def crc(block: np.ndarray) -> int:
+    """CRC32C of an array's bytes in C order."""
+    import google_crc32c
+
+    return int(google_crc32c.value(np.ascontiguousarray(block).tobytes()))
+
+
+def layout(attrs: dict, splits: dict[str, tuple[int, tuple[int, ...]]], feature_shape: tuple[int, ...],
+           chunk_rows: dict[str, int], states_length: int | None, d_in: int, norm: bool) -> dict[str, dict]:
+    """Every array of a store with its shape and dtype (recorded in ``attrs["arrays"]``, checked at open)."""
+    dtype = str(np.dtype(attrs["dtype"]))
+    n_dim = feature_shape[-1]
+    out = {"projection/weight": {"shape": [d_in, n_dim], "dtype": "float32"}}
+    if norm:
+        out.update({f"final_norm/{k}": {"shape": [n_dim], "dtype": "float32"} for k in ("weight", "bias")})
+    for split, (n, label_shape) in splits.items():
+        n_chunks = -(-n // chunk_rows[split])
+        out[f"{split}/features"] = {"shape": [n, *feature_shape], "dtype": dtype}
+        out[f"{split}/labels"] = {"shape": [n, *label_shape], "dtype": "int64"}
+        out[f"{split}/lengths"] = {"shape": [n], "dtype": "int64"}
+        if states_length is not None:
+            out[f"{split}/states"] = {"shape": [n, states_length, n_dim], "dtype": dtype}
+        out[f"{split}/done"] = {"shape": [n_chunks], "dtype": "bool"}
+        out[f"{split}/checksums"] = {"shape": [n_chunks, len(row_arrays(states_length is not None))],
+                                     "dtype": "uint32"}
+    return out
+
+
+def row_arrays(states: bool) -> list[str]:
+    """The arrays of a split whose chunks carry checksums, in the column order of ``checksums``."""
+    return ["features", "labels", "lengths", *(["states"] if states else [])]
+
+
+def check_layout(store: FeatureStore) -> None:
+    """Refuse (one line) a store whose arrays are missing, unreadable, or not the recorded shape and dtype."""
+    expected = store.attrs.get("arrays")
+    if not isinstance(expected, dict):
+        raise ReservoirError(f"{store.path}: damaged store: its attributes lack the array layout; "
+                             "delete it and extract again")
+    for name, spec in expected.items():
+        try:
+            arr = store._b.array(name)
+            shape, dtype = list(arr.shape), str(np.dtype(arr.dtype))
+        except Exception as err:  # noqa: BLE001 - a missing or garbled array, whatever the library says
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ReservoirError(f"{store.path}: damaged store: array {name} is missing or unreadable ({reason}); "
+                                 "delete it and extract again") from None
+        if shape != spec["shape"] or dtype != spec["dtype"]:
+            raise ReservoirError(f"{store.path}: damaged store: array {name} is {dtype} {tuple(shape)}, expected "
+                                 f"{spec['dtype']} {tuple(spec['shape'])}; delete it and extract again")
+    _check_attrs_agree(store, expected)
+
+
+def _check_attrs_agree(store: FeatureStore, arrays: dict[str, dict]) -> None:
+    """Refuse a store whose attributes (layers, pooling, width, label shape, chunking) contradict its arrays."""
+    a = store.attrs
+    try:
+        row = (len(a["layers"]), int(a["pooling"]["n_out_tokens"]), int(a["backbone"]["n_dim"]))
+        label = tuple(a["task"]["label_shape"])
+        wanted = {split: {"features": row, "labels": label, "lengths": (),
+                          "done": (-(-arrays[f"{split}/lengths"]["shape"][0] // int(a["chunk_rows"][split])),)}
+                  for split in a["splits"]}
+    except (KeyError, TypeError, ValueError) as err:
+        raise ReservoirError(f"{store.path}: damaged store: its attributes lack {err} or hold the wrong type; "
+                             "delete it and extract again") from None
+    for split, names in wanted.items():
+        for name, tail in names.items():
+            shape = tuple(arrays[f"{split}/{name}"]["shape"])
+            found = shape if name == "done" else shape[1:]
+            if found != tail:
+                raise ReservoirError(f"{store.path}: damaged store: {split}/{name} has shape {shape}, which its "
+                                     "attributes (layers, pooling, backbone width, label shape, chunk rows) "
+                                     "contradict; delete it and extract again")
+
+
+class Damaged(ReservoirError):
+    """A chunk or array of a store that does not read back as written; ``reason`` says how."""
+
+    def __init__(self, store: FeatureStore, reason: str):
+        self.reason = reason
+        super().__init__(f"{store.path}: damaged store: {reason}; rerun the extract command that wrote it to "
+                         "re-extract the damaged chunks (`reservoir info --verify` lists them)")
+
+
+def _rows(key, n: int) -> tuple[int, int] | np.ndarray:
+    """The rows a key's first index selects: ``(lo, hi)`` for a unit-step range, else an index array."""
+    if key is Ellipsis:
+        return 0, n
+    if isinstance(key, slice):
+        lo, hi, step = key.indices(n)
+        return (lo, max(lo, hi)) if step == 1 else np.arange(lo, hi, step)
+    if isinstance(key, (int, np.integer)):
+        i = int(key) + (n if key < 0 else 0)
+        return i, i + 1
+    idx = np.asarray(key)
+    if idx.dtype == bool:
+        idx = np.flatnonzero(idx)
+    return np.where(idx < 0, idx + n, idx)
+
+
+class CheckedArray:
+    """A row array of a store whose chunks are checked against their checksums before rows are returned.
+
+    Supports what readers use: ``shape``, ``dtype``, ``len`` and numpy
+    indexing whose first index selects rows. A chunk is read whole and checked
+    the first time any of its rows is read; later reads of it go straight to
+    the store.
+    """
+
+    def __init__(self, store: FeatureStore, split: str, name: str):
+        self._store, self._split, self._name = store, split, name
+        self._arr = store._b.array(f"{split}/{name}")
+        self.shape = tuple(self._arr.shape)
+        self.dtype = np.dtype(self._arr.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self[...], dtype=dtype)
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        if key and key[0] is Ellipsis and len(key) > 1:
+            key = (slice(None), *key)  # rows first
+        n, r = self.shape[0], self._store.chunk_rows(self._split)
+        rows = _rows(key[0] if key else Ellipsis, n)
+        if isinstance(rows, tuple):
+            lo, hi = rows
+            if hi > lo:
+                c0, c1 = lo // r, (hi - 1) // r + 1
+                block = self._store.read_chunks(self._split, self._name, c0, c1)  # checked
+                inner = (slice(lo - c0 * r, hi - c0 * r), *key[1:]) if not isinstance(key[0], (int, np.integer)) \
+                    else (lo - c0 * r, *key[1:])
+                return block[inner]
+            return self._read(key)
+        for c in np.unique(rows // r) if len(rows) else ():
+            self._store.read_chunks(self._split, self._name, int(c), int(c) + 1)
+        return self._read(key)
+
+    def _read(self, key):
+        try:
+            return self._arr[key]
+        except Exception as err:  # noqa: BLE001 - a chunk damaged after it was checked
+            raise Damaged(self._store, f"{self._split}/{self._name}: {err}") from None

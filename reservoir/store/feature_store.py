@@ -1,0 +1,555 @@
+"""The feature store: one layout over Zarr (v3) and HDF5, written by one process at a time, read only when whole.
+
+Layout (same names in both backends)::
+
+    attrs: schema, reservoir_version, complete, created, arrays{name: shape, dtype}, checksums{...},
+           backbone{...}, projection{...}, task{...}, layers, pooling{...}, dtype
+    projection/weight          (d_in, n_dim)
+    final_norm/weight, bias    (n_dim,)           when the backbone has one
+    {split}/features           (N, n_layers, n_out_tokens, n_dim)
+    {split}/labels             (N, ...)
+    {split}/lengths            (N,)               real length of each sequence
+    {split}/done               (n_chunks,) bool   which row chunks are fully written
+    {split}/checksums          (n_chunks, k)      CRC32C of each chunk's rows in features, labels, lengths(, states)
+    {split}/states             (N, L, n_dim)      split-point stores only: every position at
+                                                  layer ``full_seq_layer``, zero past the length
+
+What a store guarantees:
+
+- **Creation is atomic.** A new store is built under a hidden temporary name
+  beside its path (attributes, projection, final norm, every array) and
+  renamed into place, so a store at its path always has its whole layout.
+- **One writer.** Writing holds an exclusive lock (:mod:`reservoir.store.lock`)
+  taken before anything at the path is opened; a second writer is refused in
+  one line naming the holder, and a lock left by a killed process is free.
+- **Chunks are verified.** Rows are chunked (at least ~1 MiB of features per
+  chunk). A chunk's checksums are recorded, then its ``done`` flag set;
+  ``complete`` is set last. Readers check every chunk they read against its
+  checksums (:mod:`reservoir.store.checks`), and reopening a store for writing
+  verifies it and re-extracts the damaged chunks.
+- **Nothing non-finite is stored**, and a failed write stops the run with the
+  chunk not marked done, so the same command resumes bit-identically.
+
+The settings that shape the features (:data:`KEY_FIELDS`) are the store's key:
+reopening it with other settings is refused, naming the first differing field.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir import __version__
+from reservoir.errors import ReservoirError
+from reservoir.store import checks
+from reservoir.store import lock as locks
+from reservoir.store.backends import BACKENDS, Backend, Format, detect_format
+
+log = logging.getLogger("reservoir")
+
+SCHEMA = "reservoir.features/2"
+#: Attributes that shape the features; a store is refused if any differs (reported in this order).
+KEY_FIELDS = ("schema", "task", "backbone", "projection", "layers", "pooling", "dtype", "full_seq_layer")
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
+    """Rows per chunk so that a chunk holds at least :data:`MIN_CHUNK_BYTES`."""
+    return max(1, min(max(n_rows, 1), math.ceil(MIN_CHUNK_BYTES / max(row_bytes, 1))))
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: d}
+
+
+def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first key field (dotted, e.g. ``task.name``, ``backbone.init``) whose values differ."""
+    for field in KEY_FIELDS:
+        a, b = _flat(old.get(field), field), _flat(new.get(field), field)
+        for k in [*b, *(k for k in a if k not in b)]:  # the new settings' order: task.name, then params
+            if a.get(k) != b.get(k):
+                return k, a.get(k), b.get(k)
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    """The cause of a library error in a few words (HDF5's messages span lines and carry a C-level report)."""
+    if isinstance(err, OSError) and err.errno:
+        return os.strerror(err.errno)
+    text = str(err).strip()
+    found = re.search(r"error message = '([^']+)'", text)
+    if found:
+        return found.group(1)
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class FeatureStore:
+    """A feature store on disk (Zarr folder or HDF5 file).
+
+    Use :meth:`open` to read a complete store and :meth:`create` to start (or
+    resume) writing one. Usable as a context manager; a writer's lock is
+    released when the store is closed.
+
+    Examples
+    --------
+    >>> store = FeatureStore.open("cache/bit-xor-tiny.zarr")      # doctest: +SKIP
+    >>> store.splits, store.layers, store.features("test").shape  # doctest: +SKIP
+    (['train', 'test'], [0, 1, 2], (1000, 3, 1, 32))
+    """
+
+    def __init__(self, backend: Backend, fmt: Format, lock: locks.StoreLock | None = None):
+        self._b = backend
+        self._lock = lock
+        self.format = fmt
+        self.path = backend.path
+        self.attrs = backend.read_attrs()
+        self._verified: set[tuple[str, str, int]] = set()
+        self._sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    # -- opening -----------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "r", allow_incomplete: bool = False,
+             _lock: locks.StoreLock | None = None) -> "FeatureStore":
+        """Open an existing store for reading; refuses anything that is not a whole store of ours.
+
+        A store being written, or left unfinished by an interrupted run, is
+        refused unless ``allow_incomplete`` (what ``reservoir info`` uses).
+        """
+        p = Path(path)
+        if not p.exists():
+            raise ReservoirError(f"{p}: expected a feature store, found no such file or folder")
+        fmt = detect_format(p)
+        writer = locks.holder(p) if _lock is None else None
+        if writer is not None and not allow_incomplete:
+            raise ReservoirError(f"{p} is being written by {locks.describe(writer)}; wait for it to finish")
+        try:
+            backend = BACKENDS[fmt](p, mode)
+        except Exception as err:  # noqa: BLE001 - any library error is a bad store
+            raise ReservoirError(f"{p}: expected a readable {fmt} feature store, found: {_one_line(err)}") from None
+        try:
+            store = cls(backend, fmt, _lock)
+            schema = store.attrs.get("schema")
+            if schema != SCHEMA:
+                hint = "; it was written by an older reservoir: extract it again" \
+                    if str(schema).startswith("reservoir.features/") else ""
+                raise ReservoirError(f"{p}: expected a store of schema {SCHEMA!r}, found schema {schema!r}{hint}")
+            checks.check_layout(store)
+            if not store.complete and not allow_incomplete:
+                raise ReservoirError(f"{p} is incomplete (an extraction was interrupted); rerun the same "
+                                     "`reservoir extract` command to finish it")
+        except BaseException:
+            backend.close()
+            raise
+        return store
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike,
+        attrs: dict[str, Any],
+        splits: dict[str, tuple[int, tuple[int, ...]]],
+        feature_shape: tuple[int, int, int],
+        projection_weight: np.ndarray,
+        final_norm: dict[str, np.ndarray] | None = None,
+        fmt: str | None = None,
+        states_length: int | None = None,
+        progress: bool = False,
+    ) -> "FeatureStore":
+        """Create a store, or reopen one written with identical settings to resume (and repair) it.
+
+        Takes the store's write lock first; the returned store holds it until closed.
+
+        Parameters
+        ----------
+        attrs : dict
+            Must contain every :data:`KEY_FIELDS` entry except ``schema``.
+        splits : dict
+            ``split -> (n_rows, label_shape)``.
+        feature_shape : tuple
+            ``(n_layers, n_out_tokens, n_dim)``.
+        states_length : int, optional
+            Sequence length of the full-sequence states of a split-point store.
+        progress : bool
+            Show a progress bar while an existing store is verified.
+        """
+        p = Path(path)
+        lock = locks.StoreLock(p).acquire()
+        try:
+            fmt = detect_format(p, fmt)
+            key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
+            if not p.exists():
+                _remove_temporaries(p)
+                tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+                cls._build(tmp, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
+                           states_length)
+                os.rename(tmp, p)
+                _fsync_dir(p.parent)
+            store = cls.open(p, mode="r+", allow_incomplete=True, _lock=lock)
+        except BaseException:
+            lock.release()
+            raise
+        try:
+            diff = first_difference(store.attrs, key)
+            if diff is not None:
+                field, old, new = diff
+                raise ReservoirError(f"{p} was written with {field}={old!r}, this run has {new!r}; "
+                                     "pass another --out or delete the store")
+            store.repair(progress)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @staticmethod
+    def _build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, projection_weight,
+               final_norm, states_length) -> None:
+        """Write a new store's whole layout at ``tmp`` (removed again if anything fails)."""
+        dtype = np.dtype(attrs["dtype"])
+        row_bytes = (int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
+        chunk_rows = {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}
+        layout = checks.layout(attrs, splits, feature_shape, chunk_rows, states_length, projection_weight.shape[0],
+                               final_norm is not None)
+        try:
+            backend = BACKENDS[fmt](tmp, "w")
+        except Exception as err:  # noqa: BLE001 - the library's error for an unwritable place
+            remove(tmp, ignore_errors=True)
+            raise ReservoirError(f"{tmp.parent}: expected a writable output folder, found: {_one_line(err)}") from None
+        try:
+            backend.write_attrs({
+                **attrs,
+                "reservoir_version": __version__,
+                "complete": False,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "splits": list(splits),
+                "chunk_rows": chunk_rows,
+                "arrays": layout,
+                "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None)},
+            })
+            for name, spec in layout.items():
+                shape = tuple(spec["shape"])
+                rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
+                backend.create(name, shape, spec["dtype"], rows)
+            backend.array("projection/weight")[...] = projection_weight
+            for name, arr in (final_norm or {}).items():
+                backend.array(f"final_norm/{name}")[...] = arr
+            backend.flush()
+        except BaseException as err:
+            _close_quietly(backend)
+            remove(tmp, ignore_errors=True)
+            if isinstance(err, Exception) and not isinstance(err, ReservoirError):
+                raise ReservoirError(f"{tmp.parent}: could not create the store ({_one_line(err)})") from err
+            raise
+        try:
+            backend.close()
+        except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
+            remove(tmp, ignore_errors=True)
+            raise ReservoirError(f"{tmp.parent}: could not create the store ({_one_line(err)})") from err
+
+    # -- reading -----------------------------------------------------------
+    @property
+    def splits(self) -> list[str]:
+        return list(self.attrs.get("splits", []))
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.attrs["layers"])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.attrs.get("complete", False))
+
+    @property
+    def n_out_tokens(self) -> int:
+        return int(self.attrs["pooling"]["n_out_tokens"])
+
+    @property
+    def full_seq_layer(self) -> int | None:
+        return self.attrs.get("full_seq_layer")
+
+    def chunk_rows(self, split: str) -> int:
+        return int(self.attrs["chunk_rows"][split])
+
+    def row_arrays(self) -> list[str]:
+        """The per-row arrays of each split, in the column order of ``checksums``."""
+        return list(self.attrs["checksums"]["arrays"])
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise ReservoirError(f"{self.path}: expected a split among {self.splits}, found {split!r}")
+
+    def features(self, split: str) -> checks.CheckedArray:
+        """``(N, n_layers, n_out_tokens, n_dim)`` array (lazy; slice it; rows are checked when read)."""
+        self._check_split(split)
+        return checks.CheckedArray(self, split, "features")
+
+    def labels(self, split: str, lazy: bool = False):
+        """``(N, ...)`` labels; ``lazy=True`` gives the (checked) store array to slice instead of loading it."""
+        self._check_split(split)
+        arr = checks.CheckedArray(self, split, "labels")
+        return arr if lazy else np.asarray(arr[...])
+
+    def lengths(self, split: str) -> np.ndarray:
+        self._check_split(split)
+        return np.asarray(checks.CheckedArray(self, split, "lengths")[...])
+
+    def states(self, split: str) -> checks.CheckedArray:
+        """``(N, L, n_dim)`` layer-``full_seq_layer`` states of a split-point store (lazy, checked)."""
+        self._check_split(split)
+        if self.full_seq_layer is None:
+            raise ReservoirError(f"{self.path}: expected a split-point store (extract --full-seq-layer S), "
+                                 "found one without full-sequence states")
+        return checks.CheckedArray(self, split, "states")
+
+    def shape(self, split: str, name: str) -> tuple[int, ...]:
+        """Shape of ``{split}/{name}`` as recorded when the store was created (reads no data)."""
+        return tuple(self.attrs["arrays"][f"{split}/{name}"]["shape"])
+
+    def done(self, split: str) -> np.ndarray:
+        self._check_split(split)
+        return np.asarray(self._b.array(f"{split}/done")[...], dtype=bool)
+
+    def projection_weight(self) -> np.ndarray:
+        return np.asarray(self._b.array("projection/weight")[...])
+
+    def final_norm(self) -> dict[str, np.ndarray] | None:
+        if "final_norm/weight" not in self.attrs["arrays"]:
+            return None
+        return {k: np.asarray(self._b.array(f"final_norm/{k}")[...]) for k in ("weight", "bias")}
+
+    def layer_index(self, layer: int) -> int:
+        """Position of ``layer`` along the store's layer axis."""
+        if layer not in self.layers:
+            raise ReservoirError(f"{self.path}: expected a layer among {self.layers}, found {layer}")
+        return self.layers.index(layer)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the features: the key fields plus the version that wrote them."""
+        return {k: self.attrs.get(k) for k in (*KEY_FIELDS, "reservoir_version", "created")}
+
+    # -- checking ----------------------------------------------------------
+    def _done_and_sums(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._sums:
+            try:
+                self._sums[split] = (np.asarray(self._b.array(f"{split}/done")[...], dtype=bool),
+                                     np.asarray(self._b.array(f"{split}/checksums")[...]))
+            except Exception as err:  # noqa: BLE001
+                raise checks.Damaged(self, f"{split}/done or {split}/checksums unreadable ({_one_line(err)})") from None
+        return self._sums[split]
+
+    def read_chunks(self, split: str, name: str, c0: int, c1: int) -> np.ndarray:
+        """Rows of chunks ``c0..c1-1`` of ``{split}/{name}``, each checked against its checksum."""
+        r, n = self.chunk_rows(split), self.shape(split, name)[0]
+        lo, hi = c0 * r, min(c1 * r, n)
+        try:
+            block = np.asarray(self._b.array(f"{split}/{name}")[lo:hi])
+        except Exception as err:  # noqa: BLE001 - a truncated or garbled chunk
+            raise checks.Damaged(self, f"{split}/{name} rows {lo}-{hi - 1} unreadable ({_one_line(err)})") from None
+        done, sums = self._done_and_sums(split)
+        col = self.row_arrays().index(name)
+        for c in range(c0, c1):
+            if (split, name, c) in self._verified:
+                continue
+            if not done[c]:
+                if self.complete:
+                    raise checks.Damaged(self, f"chunk {c} of split {split!r} is marked unwritten")
+                raise ReservoirError(f"{self.path}: chunk {c} of split {split!r} is not written yet (the store is "
+                                     "incomplete); rerun the extract command to finish it")
+            part = block[(c - c0) * r: (c - c0 + 1) * r]
+            if checks.crc(part) != int(sums[c, col]):
+                raise checks.Damaged(self, f"chunk {c} of {split}/{name} (rows {c * r}-{c * r + len(part) - 1}) "
+                                           "does not match its checksum")
+            self._verified.add((split, name, c))
+        return block
+
+    def verify(self, progress: bool = False) -> dict[str, dict[int, str]]:
+        """Check every written chunk of every row array; ``{split: {chunk: reason}}`` for the damaged ones."""
+        from tqdm.auto import tqdm
+
+        bad: dict[str, dict[int, str]] = {}
+        total = sum(self.shape(s, "done")[0] for s in self.splits)
+        with tqdm(total=total, desc="verify", unit="chunks", disable=not progress, dynamic_ncols=True) as bar:
+            for split in self.splits:
+                bad[split] = {}
+                n_chunks = self.shape(split, "done")[0]
+                try:
+                    done, _ = self._done_and_sums(split)
+                except checks.Damaged as err:
+                    bad[split] = dict.fromkeys(range(n_chunks), err.reason)
+                    bar.update(n_chunks)
+                    continue
+                for c in np.flatnonzero(done):
+                    for name in self.row_arrays():
+                        try:
+                            self.read_chunks(split, name, int(c), int(c) + 1)
+                        except checks.Damaged as err:
+                            bad[split][int(c)] = err.reason
+                            break
+                    bar.update(1)
+                bar.update(n_chunks - int(done.sum()))
+        return {s: b for s, b in bad.items() if b}
+
+    def repair(self, progress: bool = False) -> dict[str, dict[int, str]]:
+        """Verify an existing store opened for writing; mark damaged chunks unwritten so extraction redoes them."""
+        bad = self.verify(progress)
+        if bad:
+            listed = "; ".join(f"{s} {', '.join(map(str, sorted(b)))}" for s, b in bad.items())
+            log.warning("%s: %d damaged chunk(s) will be extracted again: %s",
+                        self.path, sum(map(len, bad.values())), listed)
+            self._b.write_attrs({"complete": False})
+            self.attrs["complete"] = False
+            for split, chunks in bad.items():
+                for c in chunks:
+                    self._b.array(f"{split}/done")[c] = False
+            self._b.flush()
+            self._sums.clear()
+            self._verified.clear()
+        return bad
+
+    # -- writing -----------------------------------------------------------
+    def write_chunk(self, split: str, chunk: int, features: np.ndarray, labels: np.ndarray,
+                    lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
+        """Write the rows of one chunk and their checksums, then mark it done.
+
+        Refuses non-finite features or states (nothing of the chunk is
+        written); a failed write raises one line and leaves the chunk not done.
+        """
+        if self._lock is None:
+            raise ReservoirError(f"{self.path}: opened for reading; write through FeatureStore.create")
+        r = self.chunk_rows(split)
+        lo = chunk * r
+        hi = lo + len(features)
+        dtype = np.dtype(self.attrs["dtype"])
+        rows = {"features": np.asarray(features, dtype=dtype), "labels": np.asarray(labels, dtype=np.int64),
+                "lengths": np.zeros(hi - lo, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)}
+        if "states" in self.row_arrays():
+            rows["states"] = np.asarray(states, dtype=dtype)
+        self._check_finite(split, lo, rows)
+        sums = np.array([checks.crc(rows[name]) for name in self.row_arrays()], dtype=np.uint32)
+        try:
+            for name, values in rows.items():
+                self._b.array(f"{split}/{name}")[lo:hi] = values
+            self._b.array(f"{split}/checksums")[chunk] = sums
+            self._b.flush()
+            self._b.array(f"{split}/done")[chunk] = True
+            self._b.flush()
+        except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
+            raise ReservoirError(f"{self.path}: could not write chunk {chunk} of split {split!r} "
+                                 f"({_one_line(err)}); it is not marked done: fix the cause (e.g. free disk space) "
+                                 "and rerun the same command to resume") from err
+        self._sums.pop(split, None)
+
+    def _check_finite(self, split: str, lo: int, rows: dict[str, np.ndarray]) -> None:
+        feats = rows["features"]  # (r, n_layers, n_out, n_dim)
+        ok = np.isfinite(feats).reshape(len(feats), feats.shape[1], -1).all(axis=(0, 2))
+        if "states" in rows and not np.isfinite(rows["states"]).all():
+            where = f"the layer-{self.full_seq_layer} states"
+        elif not ok.all():
+            where = f"layer {self.layers[int(np.flatnonzero(~ok)[0])]}"
+        else:
+            return
+        raise ReservoirError(f"{self.path}: non-finite values (NaN or inf) in {where} of split {split!r} "
+                             f"(rows from {lo}); nothing stored: extract with --dtype float32 "
+                             "(float16 overflows above 65504) or a smaller --gain")
+
+    def mark_complete(self) -> None:
+        """Set ``complete`` after checking that every chunk of every split is done."""
+        for split in self.splits:
+            done = self.done(split)
+            if not done.all():
+                raise ReservoirError(f"{self.path}: cannot mark complete: chunks {np.flatnonzero(~done)[:5].tolist()} "
+                                     f"of split {split!r} are not written")
+        self._b.write_attrs({"complete": True})
+        self._b.flush()
+        self.attrs["complete"] = True
+
+    def discard(self) -> None:
+        """Close and delete the store if it holds no written chunk, then release the lock.
+
+        What a run that created the store calls when it fails before writing
+        anything, so no empty store is left at the path.
+        """
+        try:
+            written = any(self.done(s).any() for s in self.splits)
+        except Exception:  # noqa: BLE001 - unreadable: leave it for the next run to refuse or repair
+            written = True
+        _close_quietly(self._b)
+        try:
+            if not written:
+                remove(self.path, ignore_errors=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def close(self) -> None:
+        """Close the store (and release the write lock); a failing close is one line."""
+        try:
+            self._b.close()
+        except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
+            raise ReservoirError(f"{self.path}: could not close the store ({_one_line(err)}); rerun the same "
+                                 "command to resume") from err
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def __enter__(self) -> "FeatureStore":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except ReservoirError:
+            if exc_type is None:
+                raise  # otherwise the error already in flight is the one to report
+
+
+def _close_quietly(backend: Backend) -> None:
+    """Close a backend whose write already failed (the first error is the one reported)."""
+    try:
+        backend.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _remove_temporaries(path: Path) -> None:
+    """Remove half-built stores of killed runs beside ``path`` (called with its write lock held)."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        remove(tmp, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove(path: str | os.PathLike, ignore_errors: bool = False) -> None:
+    """Delete a store (folder or file) if it exists."""
+    p = Path(path)
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=ignore_errors)
+    elif p.exists() or p.is_symlink():
+        try:
+            p.unlink()
+        except OSError:
+            if not ignore_errors:
+                raise

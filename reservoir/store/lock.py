@@ -1,0 +1,143 @@
+"""One writer per store: an exclusive lock file beside the store, held for the whole write.
+
+The lock is ``flock`` on ``<store>.lock``. The kernel drops it when the holding
+process exits, however it exits, so a lock left by a killed process is simply
+taken by the next writer (a stale lock cannot block anyone). The holder writes
+its pid, host and start time into the file so that a refused writer, or a
+reader of an unfinished store, can say who is writing. The file is removed on
+release; a writer that locked a file another process has just removed
+notices (the path no longer names the locked file) and locks the new one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from reservoir.errors import ReservoirError
+
+
+def lock_path(store: str | os.PathLike) -> Path:
+    """The lock file of a store: ``<store>.lock`` beside it."""
+    p = Path(store)
+    return p.with_name(p.name + ".lock")
+
+
+def describe(holder: dict | None) -> str:
+    """``pid 123 on host-a since 2026-01-01T10:00:00+00:00`` (or what is known of it)."""
+    if not holder:
+        return "a process that has not yet recorded itself"
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"
+
+
+def _read_holder(fd: int, wait: float = 0.2) -> dict | None:
+    """The holder's record, waiting up to ``wait`` seconds for a writer that has locked but not yet written it."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            raw = os.pread(fd, 4096, 0)
+            found = json.loads(raw.decode()) if raw else None
+        except (OSError, ValueError, RecursionError):  # not what a writer records: say nothing about the holder
+            found = None
+        if isinstance(found, dict) or time.monotonic() > deadline:
+            return found if isinstance(found, dict) else None
+        time.sleep(0.005)
+
+
+def holder(store: str | os.PathLike) -> dict | None:
+    """Who holds the write lock of ``store`` (``{pid, host, started}``), or ``None`` when nobody does."""
+    try:
+        fd = os.open(lock_path(store), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_holder(fd) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class StoreLock:
+    """Exclusive write lock of one store; :meth:`acquire` refuses in one line when another process holds it.
+
+    Examples
+    --------
+    >>> lock = StoreLock("/tmp/doc-lock.zarr").acquire()
+    >>> holder("/tmp/doc-lock.zarr")["pid"] == os.getpid()
+    True
+    >>> lock.release()
+    """
+
+    def __init__(self, store: str | os.PathLike):
+        self.store = Path(store)
+        self.path = lock_path(store)
+        self._fd: int | None = None
+
+    def acquire(self) -> "StoreLock":
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ReservoirError(f"{self.store}: expected a writable output path, "
+                                 f"found: {err.strerror or err}") from err
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise ReservoirError(f"{self.store}: expected a writable output path, could not create its lock file "
+                                     f"{self.path}: {err.strerror or err}") from err
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                who = _read_holder(fd)
+                os.close(fd)
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise ReservoirError(f"{self.store}: could not lock {self.path}: {err.strerror or err}") from err
+                raise ReservoirError(f"{self.store} is being written by {describe(who)}; wait for it to finish "
+                                     "or pass another --out") from None
+            if self._still_current(fd):
+                break
+            os.close(fd)  # the holder removed the file between our open and lock: lock the new one
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self._fd = fd
+        return self
+
+    def _still_current(self, fd: int) -> bool:
+        try:
+            here = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (in that order, so no one locks a file about to vanish)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> "StoreLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,376 @@
+"""The fault suite: what a store guarantees when processes die, race, disks fill and files get damaged.
+
+Kills and races run the real command in subprocesses (``python -m
+reservoir.cli``); everything else runs in-process. The number of random-moment
+kills per backend is ``RESERVOIR_FAULT_KILLS`` (default 3) and of two-writer
+races ``RESERVOIR_FAULT_RACES`` (default 1); the README's Reliability section
+quotes a run with 20 and 10.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from reservoir.errors import ReservoirError
+from reservoir.store import FeatureStore
+from reservoir.store.backends import H5Backend, ZarrBackend
+from reservoir.store.lock import StoreLock, holder, lock_path
+from test_cli import assert_bad_input, assert_ok, invoke
+
+# float32, tiny-gpt2 (3 layers x 32 dim): 2731 rows a chunk -> train has 3 chunks, test 1
+ARGS = ["extract", "--task", "bit-xor", "-p", "n_train=6000", "-p", "n_test=500", "--backbone", "tiny-gpt2",
+        "--layers", "2", "--dtype", "float32", "--batch-size", "512", "--quiet"]  # fmt: skip
+ROW_ARRAYS = ("features", "labels", "lengths", "checksums", "done")
+KILLS = int(os.environ.get("RESERVOIR_FAULT_KILLS", "3"))
+RACES = int(os.environ.get("RESERVOIR_FAULT_RACES", "1"))
+
+
+def arrays(path) -> dict[str, np.ndarray]:
+    """Every row array of a store, read raw (no checks), plus the attributes that define it."""
+    with FeatureStore.open(path) as st:
+        out = {f"{s}/{k}": np.asarray(st._b.array(f"{s}/{k}")[...]) for s in st.splits for k in ROW_ARRAYS}
+        out["projection/weight"] = st.projection_weight()
+        out.update({f"final_norm/{k}": v for k, v in st.final_norm().items()})
+        out["attrs"] = np.array(json.dumps({k: st.attrs[k] for k in ("task", "backbone", "layers", "complete")}))
+    return out
+
+
+def assert_identical(path, reference) -> None:
+    a, b = arrays(path), arrays(reference)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, Path]:
+    """An uninterrupted store of each backend, made by the CLI."""
+    folder = tmp_path_factory.mktemp("reference")
+    out = {}
+    for fmt, suffix in (("zarr", ".zarr"), ("hdf5", ".h5")):
+        out[fmt] = folder / f"ref{suffix}"
+        assert_ok(invoke(*ARGS, "--out", out[fmt]))
+    return out
+
+
+def _command(out: Path) -> list[str]:
+    return [sys.executable, "-m", "reservoir.cli", *ARGS, "--out", str(out)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+# ------------------------------------------------------------------ kills
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
+def test_random_sigkill_then_same_command_is_bit_identical(tmp_path, reference, fmt):
+    """Kill one extraction at a random moment (half the trials within 50 ms of taking the lock, i.e. while
+    the store is created), rerun the same command: the store equals the uninterrupted one."""
+    rng = random.Random(f"kill-{fmt}")
+    states = []
+    suffix = ".zarr" if fmt == "zarr" else ".h5"
+    for trial in range(KILLS):
+        out = tmp_path / f"t{trial}{suffix}"
+        t0 = time.monotonic()
+        proc = subprocess.Popen(_command(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while not lock_path(out).exists() and proc.poll() is None:
+            time.sleep(0.001)
+        startup = time.monotonic() - t0
+        time.sleep(rng.uniform(0, 0.05) if trial % 2 == 0 else rng.uniform(0, max(0.5, startup / 2)))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        states.append(_state(out))
+        rerun = subprocess.run(_command(out), env=_env(), capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stderr
+        assert "Traceback" not in rerun.stderr
+        assert_identical(out, reference[fmt])
+        assert not list(tmp_path.glob(f".{out.name}.tmp-*"))  # half-built stores of killed runs are cleared
+    print(f"{fmt}: {KILLS} SIGKILLs left " + ", ".join(f"{states.count(k)} {k}" for k in sorted(set(states)))
+          + "; each rerun gave the uninterrupted store")
+
+
+def _state(out: Path) -> str:
+    """What a killed run left at ``out``."""
+    if not out.exists():
+        return "no store"
+    with FeatureStore.open(out, allow_incomplete=True) as st:
+        return "a complete store" if st.complete else "an unfinished store"
+
+
+# ------------------------------------------------------------------ one writer
+def test_second_writer_refused_in_one_line_naming_the_holder(tmp_path):
+    out = tmp_path / "s.h5"
+    with h5py.File(out, "w") as f:  # an existing file at the path must not be truncated by the refused writer
+        f.attrs["schema"] = json.dumps("something else")
+    before = out.read_bytes()
+    with StoreLock(out):
+        line = assert_bad_input(invoke(*ARGS, "--out", out))
+        assert f"is being written by pid {os.getpid()} on " in line
+        assert "pass another --out" in line
+        # readers are told too
+        assert "is being written by" in assert_bad_input(invoke("fit-linear", out, "--results", tmp_path / "r"))
+    assert out.read_bytes() == before
+    assert not lock_path(out).exists()  # released and removed
+
+
+def test_lock_left_by_a_dead_process_is_taken_over(tmp_path, reference):
+    out = tmp_path / "s.zarr"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock_path(out).write_text(json.dumps({"pid": dead.pid, "host": "here", "started": "earlier"}))
+    assert holder(out) is None  # a lock file nobody holds is no lock
+    assert_ok(invoke(*ARGS, "--out", out))
+    assert_identical(out, reference["zarr"])
+
+
+def test_two_concurrent_writers_leave_one_correct_store(tmp_path, reference):
+    """``RACES`` times: two identical extractions start together into one path. Each race ends with the
+    uninterrupted store and either one clean refusal or, when one run finished before the other took the
+    lock, a second run that found the store complete."""
+    outcomes = []
+    for race in range(RACES):
+        out = tmp_path / f"race{race}.zarr"
+        procs = [subprocess.Popen(_command(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+        results = [(p.wait(), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stderr.close()
+        codes = sorted(rc for rc, _ in results)
+        assert codes in ([0, 0], [0, 2]), results
+        for rc, err in results:
+            if rc == 2:
+                lines = [ln for ln in err.splitlines() if ln.strip()]
+                assert len(lines) == 1 and "is being written by pid" in lines[0], err
+        assert_identical(out, reference["zarr"])
+        outcomes.append("refused" if codes == [0, 2] else "both finished")
+    print(f"two-writer races: {outcomes.count('refused')} of {RACES} ended with a refusal, "
+          f"{outcomes.count('both finished')} with the second run finding the store complete")
+
+
+def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
+    out = tmp_path / "s.zarr"
+    original = FeatureStore.write_chunk
+    calls = []
+
+    def interrupted(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(FeatureStore, "write_chunk", interrupted)
+    assert invoke(*ARGS, "--out", out).exit_code == 130
+    line = assert_bad_input(invoke("fit-linear", out, "--results", tmp_path / "r"))
+    assert "is incomplete (an extraction was interrupted)" in line
+    info = invoke("info", out)
+    assert_ok(info)
+    assert "status     interrupted" in info.stdout
+
+
+# ------------------------------------------------------------------ damaged chunks
+def _zarr_chunk(store: Path, split: str, name: str, chunk: int) -> Path:
+    files = sorted((store / split / name / "c" / str(chunk)).rglob("*"))
+    return next(f for f in files if f.is_file())
+
+
+def _h5_corrupt(store: Path, split: str, name: str, chunk: int) -> None:
+    with h5py.File(store, "r") as f:
+        offset = f[f"{split}/{name}"].id.get_chunk_info(chunk).byte_offset
+    with open(store, "r+b") as fh:
+        fh.seek(offset + 16)
+        fh.write(b"\x7f" * 64)
+
+
+@pytest.mark.parametrize(
+    "fmt, damage",
+    [
+        ("zarr", "delete features"),
+        ("zarr", "delete labels"),
+        ("zarr", "truncate features"),
+        ("hdf5", "overwrite features"),
+    ],
+)
+def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, monkeypatch, fmt, damage):
+    out = tmp_path / ("s.zarr" if fmt == "zarr" else "s.h5")
+    assert_ok(invoke(*ARGS, "--out", out))
+    action, name = damage.split()
+    if fmt == "zarr":
+        chunk = _zarr_chunk(out, "train", name, 1)
+        if action == "delete":
+            chunk.unlink()  # Zarr would read it as zeros
+        else:
+            chunk.write_bytes(chunk.read_bytes()[:100])
+    else:
+        _h5_corrupt(out, "train", name, 1)
+
+    line = assert_bad_input(invoke("fit-linear", out, "--layer", "2", "--results", tmp_path / "r"))
+    assert "damaged store" in line and "train" in line
+    verify = invoke("info", out, "--verify")
+    assert verify.exit_code == 2
+    assert "verify     train: 2/3 written chunks match their checksums" in verify.stdout
+    assert "chunk 1:" in verify.stdout
+    assert "1 damaged chunk(s)" in verify.stderr
+
+    written = []
+    original = FeatureStore.write_chunk
+    monkeypatch.setattr(FeatureStore, "write_chunk",
+                        lambda self, split, c, *a, **k: (written.append((split, c)), original(self, split, c, *a, **k)))
+    result = invoke(*ARGS, "--out", out)
+    assert_ok(result)
+    assert "1 damaged chunk(s) will be extracted again: train 1" in result.stdout
+    assert written == [("train", 1)]  # exactly the damaged chunk
+    assert_identical(out, reference[fmt])
+    assert_ok(invoke("info", out, "--verify"))
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("delete train/labels", "array train/labels is missing or unreadable"),
+        ("garble train/features/zarr.json", "array train/features is missing or unreadable"),
+        ("shape train/features", "array train/features is float32 (7000, 3, 1, 32), expected float32 (6000"),
+        ("delete zarr.json", "expected a readable zarr feature store"),
+    ],
+)
+def test_structurally_damaged_store_is_one_line_everywhere(tmp_path, reference, damage, expected):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(reference["zarr"], out)
+    action, name = damage.split()
+    target = out / name
+    if action == "delete":
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    elif action == "garble":
+        target.write_text("{not json")
+    else:
+        meta = json.loads((target / "zarr.json").read_text())
+        meta["shape"][0] = 7000
+        (target / "zarr.json").write_text(json.dumps(meta))
+    for cmd in (["info", out], ["fit-linear", out, "--results", tmp_path / "r"], ARGS + ["--out", out]):
+        assert expected in assert_bad_input(invoke(*cmd)), cmd
+
+
+@pytest.mark.parametrize("edit", ["layers", "label_shape"])
+def test_attributes_contradicting_the_arrays_are_one_line(tmp_path, reference, edit):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(reference["zarr"], out)
+    meta = json.loads((out / "zarr.json").read_text())
+    if edit == "layers":
+        meta["attributes"]["layers"] = [0, 1, 2, 3]
+    else:
+        meta["attributes"]["task"]["label_shape"] = [5, 1]
+    (out / "zarr.json").write_text(json.dumps(meta))
+    for cmd in (["info", out], ["fit-linear", out, "--layer", "2", "--results", tmp_path / "r"]):
+        line = assert_bad_input(invoke(*cmd))
+        assert "damaged store: train/" in line and "attributes" in line, line
+
+
+# ------------------------------------------------------------------ write errors
+@pytest.mark.parametrize("backend", [ZarrBackend, H5Backend])
+def test_full_disk_stops_with_one_line_and_resumes_bit_identically(tmp_path, reference, monkeypatch, backend):
+    """A write that fails with ENOSPC ends the run in one line with that chunk not marked done; the same
+    command then resumes to the uninterrupted store. (Injected at the fourth flush: after creation, chunk 0's
+    rows and its flag, chunk 1's rows.)"""
+    fmt = "zarr" if backend is ZarrBackend else "hdf5"
+    out = tmp_path / ("s.zarr" if fmt == "zarr" else "s.h5")
+    original, flushes = backend.flush, []
+
+    def full_disk(self):
+        flushes.append(1)
+        if len(flushes) == 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(self)
+
+    monkeypatch.setattr(backend, "flush", full_disk)
+    line = assert_bad_input(invoke(*ARGS, "--out", out))
+    assert "could not write chunk 1 of split 'train' (No space left on device); it is not marked done" in line
+    monkeypatch.setattr(backend, "flush", original)
+    with FeatureStore.open(out, allow_incomplete=True) as st:
+        assert not st.complete and st.done("train").tolist() == [True, False, False]
+    assert_ok(invoke(*ARGS, "--out", out))
+    assert_identical(out, reference[fmt])
+
+
+def test_failed_creation_leaves_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "s.zarr"
+
+    def no_space(self, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ZarrBackend, "create", no_space)
+    line = assert_bad_input(invoke(*ARGS, "--out", out))
+    assert "No space left on device" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no store, no temporary, no lock file
+
+
+# ------------------------------------------------------------------ non-finite values
+@pytest.mark.parametrize("gain", ["nan", "inf", "-inf", "0", "-1"])
+def test_gain_must_be_finite_and_positive(tmp_path, gain):
+    line = assert_bad_input(invoke(*ARGS, "--gain", gain, "--out", tmp_path / "s.zarr"))
+    assert "--gain must be a finite number above 0" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_float16_overflow_is_refused_and_no_store_is_left(tmp_path):
+    args = [a for a in ARGS if a not in ("--dtype", "float32")]
+    line = assert_bad_input(invoke(*args, "--gain", "1e30", "--out", tmp_path / "s.zarr"))
+    assert "non-finite values (NaN or inf) in layer 0 of split 'train'" in line
+    assert "--dtype float32" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_store_refuses_non_finite_chunks(tmp_path):
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float32",
+             "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (4, ())}, (2, 1, 3),
+                             np.eye(2, 3, dtype=np.float32)) as st:
+        feats = np.zeros((4, 2, 1, 3), np.float32)
+        feats[1, 1, 0, 2] = np.nan
+        with pytest.raises(ReservoirError, match="non-finite values .* in layer 1 of split 'train'"):
+            st.write_chunk("train", 0, feats, np.zeros(4, np.int64), lengths=np.ones(4))
+        assert not st.done("train").any()
+
+
+# ------------------------------------------------------------------ other one-line cases
+def test_format_contradicting_the_existing_store_is_refused(tmp_path, reference):
+    line = assert_bad_input(invoke(*ARGS, "--format", "hdf5", "--out", reference["zarr"]))
+    assert "is an existing zarr store, --format asks for hdf5" in line
+
+
+def test_other_task_is_named_in_the_refusal(reference):
+    args = ["extract", "--task", "listops", "-p", "n_train=40", "-p", "n_test=20", "-p", "max_length=60",
+            "--backbone", "tiny-gpt2", "--layers", "2", "--dtype", "float32", "--quiet"]
+    line = assert_bad_input(invoke(*args, "--out", reference["zarr"]))
+    assert "was written with task.name='bit-xor', this run has 'listops'" in line
+
+
+@pytest.mark.parametrize("cmd", ["info", "fit-linear", "extract"])
+def test_non_store_hdf5_file_with_attributes_is_one_line(tmp_path, cmd):
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["note"] = "not json"
+        f.attrs["n"] = 3
+        f["data"] = np.arange(5)
+    before = path.read_bytes()
+    args = {"info": ["info", path], "fit-linear": ["fit-linear", path, "--results", tmp_path / "r"],
+            "extract": [*ARGS, "--out", path]}[cmd]
+    line = assert_bad_input(invoke(*args))
+    assert "expected a reservoir feature store" in line
+    assert path.read_bytes() == before
