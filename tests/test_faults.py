@@ -76,19 +76,21 @@ def _env() -> dict[str, str]:
 # ------------------------------------------------------------------ kills
 @pytest.mark.parametrize("fmt", ["zarr", "hdf5"])
 def test_random_sigkill_then_same_command_is_bit_identical(tmp_path, reference, fmt):
-    """Kill one extraction at a random moment (half the trials within 50 ms of taking the lock, i.e. while
-    the store is created), rerun the same command: the store equals the uninterrupted one."""
+    """Kill one extraction at a random moment, rerun the same command: the store equals the uninterrupted one.
+
+    Moments are drawn from the writing phase (from the lock being taken to the process's exit, timed on an
+    uninterrupted run): half uniformly over it, half within its first 50 ms, while the store is created.
+    """
     rng = random.Random(f"kill-{fmt}")
-    states = []
     suffix = ".zarr" if fmt == "zarr" else ".h5"
+    phase = _writing_phase(tmp_path / f"timed{suffix}")
+    states = []
     for trial in range(KILLS):
         out = tmp_path / f"t{trial}{suffix}"
-        t0 = time.monotonic()
         proc = subprocess.Popen(_command(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while not lock_path(out).exists() and proc.poll() is None:
             time.sleep(0.001)
-        startup = time.monotonic() - t0
-        time.sleep(rng.uniform(0, 0.05) if trial % 2 == 0 else rng.uniform(0, max(0.5, startup / 2)))
+        time.sleep(rng.uniform(0, 0.05) if trial % 2 == 0 else rng.uniform(0, phase))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stderr.close()
@@ -98,8 +100,19 @@ def test_random_sigkill_then_same_command_is_bit_identical(tmp_path, reference, 
         assert "Traceback" not in rerun.stderr
         assert_identical(out, reference[fmt])
         assert not list(tmp_path.glob(f".{out.name}.tmp-*"))  # half-built stores of killed runs are cleared
-    print(f"{fmt}: {KILLS} SIGKILLs left " + ", ".join(f"{states.count(k)} {k}" for k in sorted(set(states)))
+    print(f"{fmt}: {KILLS} SIGKILLs in a {phase:.2f} s writing phase left "
+          + ", ".join(f"{states.count(k)} {k}" for k in sorted(set(states)))
           + "; each rerun gave the uninterrupted store")
+
+
+def _writing_phase(out: Path) -> float:
+    """Seconds from the lock being taken to the end of an uninterrupted run of the command."""
+    proc = subprocess.Popen(_command(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not lock_path(out).exists() and proc.poll() is None:
+        time.sleep(0.001)
+    t0 = time.monotonic()
+    assert proc.wait() == 0
+    return time.monotonic() - t0
 
 
 def _state(out: Path) -> str:
