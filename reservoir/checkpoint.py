@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from reservoir import settings
 from reservoir.errors import ReservoirError
 from reservoir.tasks.files import one_line, publish
 
@@ -89,9 +90,9 @@ def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.dev
 
 def differing(saved: Any, config: TrainConfig) -> str | None:
     """``"lr=0.01, this run has 0.001"``: the first setting a checkpoint's saved settings differ in (None: none)."""
-    saved = saved if isinstance(saved, dict) else {}
-    diff = next((k for k, v in config.key().items() if saved.get(k) != v), None)
-    return None if diff is None else f"{diff}={saved.get(diff)!r}, this run has {config.key()[diff]!r}"
+    new = config.key()
+    diff = settings.first_difference(saved if isinstance(saved, dict) else {}, new, keys=new)
+    return None if diff is None else settings.describe_difference(diff)
 
 
 def load_trainable(model: nn.Module, trainable: Any, path: Path) -> None:

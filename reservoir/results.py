@@ -1,15 +1,25 @@
-"""Results files: one JSON per experiment cell, carrying its full config and provenance."""
+"""Results: typed result objects, and their files (one JSON per experiment cell, with full config and provenance).
+
+Every result type (:class:`~reservoir.readouts.run.FitResult`,
+:class:`~reservoir.train.TrainResult`, ...) is a dataclass deriving from
+:class:`Result`: its fields are the JSON file's top-level keys, so
+``to_dict()`` gives what the file holds and ``from_dict()`` reads files
+written by any version (keys a type does not know are kept in ``extra``).
+Whoever owns an output folder writes the result files in it; functions that
+compute results return them and write nothing unless given a path.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
@@ -87,3 +97,58 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
             raise ReservoirError(f"{p}: could not write the results ({err.strerror or one_line(err)})") from None
         raise
     return p
+
+
+R = TypeVar("R", bound="Result")
+
+
+@dataclasses.dataclass
+class Result:
+    """Base of the typed results: dataclass fields are the JSON keys; unknown keys are kept in ``extra``.
+
+    Examples
+    --------
+    >>> @dataclasses.dataclass
+    ... class Demo(Result):
+    ...     metrics: dict
+    >>> r = Demo.from_dict({"metrics": {"test_accuracy": 0.5}, "written": "2026-01-01"})
+    >>> r.metrics["test_accuracy"], r.extra, r.to_dict()
+    (0.5, {'written': '2026-01-01'}, {'metrics': {'test_accuracy': 0.5}, 'written': '2026-01-01'})
+    """
+
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict: every field (``None`` fields left out), then the ``extra`` keys."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+    @classmethod
+    def from_dict(cls: type[R], data: dict[str, Any]) -> R:
+        """A result from a dict (a results file's content); refuses one without the type's required keys."""
+        if not isinstance(data, dict):
+            raise ReservoirError(f"expected a {cls.__name__} as a JSON object, found {type(data).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        required = [n for n, f in known.items()
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise ReservoirError(f"expected a {cls.__name__} with {', '.join(required)}, found one without "
+                                 f"{', '.join(missing)}")
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
+
+    @classmethod
+    def read(cls: type[R], path: str | os.PathLike) -> R:
+        """A result from its JSON file; any reason it cannot be read is one line naming the file."""
+        from reservoir.tasks.files import read_json
+
+        data = read_json(path, f"a {cls.__name__} JSON object")
+        try:
+            return cls.from_dict(data)
+        except ReservoirError as err:
+            raise ReservoirError(f"{path}: {err}") from None
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the result as JSON at ``path`` (see :func:`write_result`)."""
+        return write_result(path, self.to_dict())

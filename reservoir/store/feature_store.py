@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir import __version__
+from reservoir import __version__, settings
 from reservoir.errors import ReservoirError
 from reservoir.store import checks
 from reservoir.store import lock as locks
@@ -66,23 +66,9 @@ def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
     return max(1, min(max(n_rows, 1), math.ceil(MIN_CHUNK_BYTES / max(row_bytes, 1))))
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
-        return out
-    return {prefix: d}
-
-
 def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any, Any] | None:
     """The first key field (dotted, e.g. ``task.name``, ``backbone.init``) whose values differ."""
-    for field in KEY_FIELDS:
-        a, b = _flat(old.get(field), field), _flat(new.get(field), field)
-        for k in [*b, *(k for k in a if k not in b)]:  # the new settings' order: task.name, then params
-            if a.get(k) != b.get(k):
-                return k, a.get(k), b.get(k)
-    return None
+    return settings.first_difference(old, new, KEY_FIELDS)
 
 
 def _one_line(err: BaseException) -> str:
@@ -204,8 +190,7 @@ class FeatureStore:
         try:
             diff = first_difference(store.attrs, key)
             if diff is not None:
-                field, old, new = diff
-                raise ReservoirError(f"{p} was written with {field}={old!r}, this run has {new!r}; "
+                raise ReservoirError(f"{p} was written with {settings.describe_difference(diff)}; "
                                      "pass another --out or delete the store")
             store.repair(progress)
         except BaseException:
