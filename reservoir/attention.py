@@ -81,7 +81,7 @@ def attention(run_dir: str | os.PathLike, layer: int = 1, example: int = 0, spli
     example's length), ``ticks``, ``label``, ``prediction``, ``config`` and
     ``n_averaged``.
     """
-    from reservoir.train import load_run
+    from reservoir.training import load_run
 
     task, model, config = load_run(run_dir, device=device, attn_implementation="eager")
     if split not in task.splits:

@@ -7,9 +7,12 @@ on the device as single tensors, takes each epoch's order as one device
 tensor, and runs every step as a handful of fused tensor operations: the
 softmax cross-entropy gradient in closed form, gradient-norm clipping, and
 Adam as PyTorch's fused kernel (one call for all tensors; written out as a
-fallback, the same bias-corrected update with ``eps`` outside the square root). No step does numpy indexing, host
-transfers, ``.item()`` or autograd bookkeeping; the loss is summed on the
-device and read once per evaluation.
+fallback, the same bias-corrected update with ``eps`` outside the square
+root). No step does numpy indexing, host transfers, ``.item()`` or autograd
+bookkeeping; the loss is summed on the device and read once per evaluation.
+
+``reservoir train --from-store`` on a last-token store runs it through
+:func:`reservoir.training.train_cached`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class CachedHead:
 
     The head maps each of the ``n_out`` positions to ``n_heads * n_classes``
     logits; the loss is the mean cross-entropy over every label element, as in
-    live training (:func:`reservoir.train.loss_fn`).
+    live training (:func:`reservoir.training.loss_fn`).
 
     Parameters
     ----------
@@ -70,7 +73,7 @@ class CachedHead:
         self.loss_steps = 0
 
     def epoch_order(self, seed: int, epoch: int) -> torch.Tensor:
-        """Epoch ``epoch``'s row order, the permutation live training uses (:func:`reservoir.train.batch_rows`)."""
+        """Epoch ``epoch``'s row order, the permutation live training uses (:func:`reservoir.training.batch_rows`)."""
         perm = np.random.default_rng([seed, epoch]).permutation(self.N)
         return torch.from_numpy(perm).to(self.X.device)
 
@@ -145,85 +148,3 @@ def resident(X: np.ndarray, Y: np.ndarray, n_out: int, device) -> tuple[torch.Te
     Yt = torch.from_numpy(np.ascontiguousarray(Y, dtype=np.int64)).reshape(N, -1).to(device)
     return Xt, Yt
 
-
-def train_cached(config, progress: bool = True) -> dict:
-    """``reservoir train --from-store STORE --finetune output`` on a last-token store: the head alone.
-
-    The output-only run of live training (same head init, batch order, loss,
-    gradient clip and Adam) with the frozen forward replaced by the store's
-    features at the top layer (final norm applied): the same trained head, at
-    the cost of the head. Validation picks the best step as in live training;
-    the test split is evaluated once with it. Writes ``results.json`` and
-    ``best.pt`` (tensors only) into the run folder.
-    """
-    import time
-    from dataclasses import asdict
-    from pathlib import Path
-
-    from reservoir.errors import ReservoirError
-    from reservoir.freeze import parse_groups
-    from reservoir.readouts.features import load_layer
-    from reservoir.results import write_result
-    from reservoir.runtime import resolve_device
-    from reservoir.store import FeatureStore
-    from reservoir.train import carve_val, heads_per_token, steps_to_converge
-
-    if parse_groups(config.finetune) != ("output",):
-        raise ReservoirError(f"{config.from_store}: expected a split-point store (extract --full-seq-layer S) to "
-                             f"train --finetune {config.finetune}; found last-token features only, which train the "
-                             "output layer alone (--finetune output)")
-    device = resolve_device(config.device)
-    with FeatureStore.open(config.from_store) as st:
-        K = max(st.layers) if config.layers is None else config.layers
-        st.layer_index(K)  # refuses a layer the store does not hold
-        a, n_out = st.attrs, st.n_out_tokens
-        data = {s: resident(*load_layer(st, s, K), n_out, device) for s in st.splits}
-        fingerprint = st.fingerprint()
-    n_classes = a["task"]["n_classes"]
-    n_heads = heads_per_token(tuple(a["task"]["label_shape"]), n_out)
-    X, Y = data["train"]
-    if "val" in data:
-        Xv, Yv = data["val"]
-    else:
-        t, v = carve_val(len(X), config.val_fraction, config.seed)
-        t, v = torch.from_numpy(t).to(device), torch.from_numpy(v).to(device)
-        X, Y, Xv, Yv = X[t], Y[t], X[v], Y[v]
-    with torch.random.fork_rng(devices=[]):  # the head ReservoirClassifier builds for this seed
-        torch.manual_seed(config.seed)
-        head = nn.Linear(X.shape[-1], n_heads * n_classes).to(device)
-    trainer = CachedHead(head, X, Y, n_classes, lr=config.lr, grad_clip=config.grad_clip)
-    per_epoch = max(1, len(X) // config.batch_size)
-    steps = config.steps
-    if steps is None:
-        steps = int(math.ceil(config.epochs * per_epoch)) if config.epochs is not None else 2000
-    if steps < 1:
-        raise ReservoirError(f"--steps must be >= 1, found {steps}")
-    out = Path(config.out or config.default_out())
-    out.mkdir(parents=True, exist_ok=True)
-    curve, best, step, order, t0 = [], (-1.0, 0, None), 0, None, time.perf_counter()
-    while step < steps:
-        epoch, i = divmod(step, per_epoch)
-        if i == 0 or order is None:
-            order = trainer.epoch_order(config.seed, epoch)
-        step += trainer.run(order, config.batch_size, i,
-                            i + min(steps - step, config.eval_every - step % config.eval_every))
-        if step % config.eval_every == 0 or step == steps:
-            acc = trainer.accuracy(Xv, Yv)
-            curve.append({"step": step, "train_loss": trainer.mean_loss(), "val_accuracy": acc})
-            if acc >= best[0]:  # ties go to the later step, as in live training
-                best = (acc, step, {k: v.detach().clone() for k, v in head.state_dict().items()})
-    train_s = time.perf_counter() - t0
-    head.load_state_dict(best[2])
-    torch.save({"head": best[2], "step": best[1]}, out / "best.pt")
-    n_params = sum(p.numel() for p in head.parameters())
-    result = {
-        "kind": "train", "config": asdict(config), "backbone": a["backbone"], "task": a["task"],
-        "store": fingerprint, "cached": True,
-        "parameters": {"output": n_params, "trainable": n_params},
-        "metrics": {"test_accuracy": trainer.accuracy(*data["test"]), "best_val_accuracy": best[0],
-                    "best_step": best[1], "final_val_accuracy": curve[-1]["val_accuracy"], "steps": steps,
-                    "steps_to_converge": steps_to_converge(curve), "n_test": len(data["test"][0])},
-        "curve": curve, "timings": {"train_s": train_s, "step_ms": 1e3 * train_s / steps},
-    }
-    write_result(out / "results.json", result)
-    return result

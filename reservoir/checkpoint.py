@@ -24,7 +24,7 @@ from reservoir.errors import ReservoirError
 from reservoir.tasks.files import one_line, publish
 
 if TYPE_CHECKING:  # pragma: no cover
-    from reservoir.train import TrainConfig
+    from reservoir.training import TrainConfig
 
 #: What each checkpoint holds (tensors and plain data only).
 LAST_KEYS = ("config", "trainable", "optimizer", "rng", "state")
@@ -53,7 +53,7 @@ def _refusal(err: BaseException) -> str:
 
 def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.device = "cpu"
                     ) -> dict[str, Any]:
-    """A checkpoint written by :func:`reservoir.train.train`, read with ``weights_only=True`` (tensors and plain data, never code).
+    """A checkpoint written by :func:`reservoir.training.train`, read with ``weights_only=True`` (never code).
 
     Raises
     ------
@@ -95,8 +95,11 @@ def differing(saved: Any, config: TrainConfig) -> str | None:
     return None if diff is None else settings.describe_difference(diff)
 
 
-def load_trainable(model: nn.Module, trainable: Any, path: Path) -> None:
-    """Copy a checkpoint's trained tensors into ``model`` (names and shapes must be the model's)."""
+def load_trainable(model: nn.Module, trainable: Any, path: str | os.PathLike) -> None:
+    """Copy trained tensors (a checkpoint's ``trainable``) into ``model``; names and shapes must be the model's.
+
+    ``path`` names where the tensors come from in errors.
+    """
     params = dict(model.named_parameters())
     if not isinstance(trainable, dict):
         raise ReservoirError(f"{path}: expected trained tensors by parameter name, found a {type(trainable).__name__}")

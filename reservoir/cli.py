@@ -136,8 +136,8 @@ def main() -> None:
 def extract(task, params, backbone, init, layers, out, fmt, batch_size, max_tokens, dtype, device, amp, seed, gain,
             revision, full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
-    from reservoir.extract import ExtractConfig
-    from reservoir.extract import extract as run_extract
+    from reservoir.extraction import ExtractConfig
+    from reservoir.extraction import run as run_extract
     from reservoir.store import FeatureStore
 
     task_params = _parse_params(params)
@@ -227,17 +227,18 @@ def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_fina
 
     layers = "all" if layer == "all" else _parse_layers(layer)
 
-    def show(row):
-        if row is None:
+    def show(r):
+        if r is None:
             click.echo(f"{'layer':>5}  {'train':>7}  {'val':>7}  {'test':>7}  {'alpha':>7}  {'fit s':>6}")
             return
-        m = row["metrics"]
-        click.echo(f"{row['config']['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
-                   f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {row['timings']['fit_s']:6.1f}")
+        m = r.metrics
+        click.echo(f"{r.config['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
+                   f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {r.timings['fit_s']:6.1f}")
 
-    rows = run_fit(store, layers, readout, seed, results_dir, device, not no_final_norm, on_result=show,
-                   stream={"off": False, "on": True, "auto": "auto"}[stream])
-    click.echo(f"majority-class test accuracy: {rows[-1]['metrics']['chance']:.2%}")
+    results = run_fit(store, layers, readout, seed=seed, device=device, final_norm=not no_final_norm,
+                      stream={"off": False, "on": True, "auto": "auto"}[stream], results_dir=results_dir,
+                      on_result=show)
+    click.echo(f"majority-class test accuracy: {results[-1].metrics['chance']:.2%}")
     click.echo(f"results in {results_dir}/")
 
 
@@ -271,34 +272,27 @@ def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_fina
 def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_sweep, seeds, steps, epochs, batch_size,
           eval_every, dropout, seed, split_layer, device, out, quiet):
     """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
-    from reservoir.train import TrainConfig, parse_lr_sweep, sweep
-    from reservoir.train import train as run_train
+    from reservoir.training import TrainConfig, config_for_store, parse_lr_sweep, run, sweep
 
     if seeds < 1:
         raise click.BadParameter(f"expected at least 1, found {seeds}", param_hint="--seeds")
-    if from_store is not None:
-        from reservoir.store import FeatureStore
-
-        with FeatureStore.open(from_store) as st:  # the store says which task, init and seed
-            a = st.attrs
-            task, params, init, seed = a["task"]["name"], (), a["backbone"]["init"], a["backbone"]["seed"]
-            split_layer = st.full_seq_layer if st.full_seq_layer is not None else split_layer
+    settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
+                    batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
+                    device=device, out=out)
+    if from_store is not None:  # the store says which task, init, seed (and split layer)
+        config = config_for_store(from_store, **settings)
     elif task is None:
         raise click.UsageError("Missing option '--task' (or pass --from-store).")
-    config = TrainConfig(task=task, task_params=_parse_params(params), backbone=backbone, init=init, layers=layers,
-                         finetune=finetune, lr=lr, steps=steps, epochs=epochs, batch_size=batch_size,
-                         eval_every=eval_every, dropout=dropout, seed=seed, split_layer=split_layer, device=device,
-                         out=out, from_store=from_store)
+    else:
+        config = TrainConfig(task=task, task_params=_parse_params(params), init=init, seed=seed, **settings)
     if lr_sweep is not None:
-        r = sweep(config, parse_lr_sweep(lr_sweep), seeds, progress=not quiet)
-        m = r["metrics"]
-        for lr_value, acc in r["mean_val_by_lr"].items():
+        s = sweep(config, parse_lr_sweep(lr_sweep), seeds, progress=not quiet)
+        for lr_value, acc in s.mean_val_by_lr.items():
             click.echo(f"lr {float(lr_value):8.2e}  mean val {acc:7.2%}")
-        click.echo(f"best lr {r['best_lr']:.2e}: test {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%} "
-                   f"over {seeds} seed(s)")
+        click.echo(f"best lr {s.best_lr:.2e}: test {s.metrics['test_accuracy_mean']:.2%} +- "
+                   f"{s.metrics['test_accuracy_std']:.2%} over {seeds} seed(s)")
         return
-    r = run_train(config, progress=not quiet)
-    m = r["metrics"]
+    m = run(config, progress=not quiet).metrics
     click.echo(f"test accuracy {m['test_accuracy']:.2%} (best val {m['best_val_accuracy']:.2%} at step "
                f"{m['best_step']}; within 1 point of best from step {m['steps_to_converge']})")
     click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
@@ -313,15 +307,14 @@ def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_swe
 def fit_raw(task, params, readout, seed, out):
     """Baseline without a backbone: the same readout on the flattened raw inputs."""
     from reservoir.readouts.run import fit_raw as run_raw
-    from reservoir.results import write_result
 
     _check_out(out)
-    r = run_raw(task, _parse_params(params), readout, seed)
-    m = r["metrics"]
+    r = run_raw(task, _parse_params(params), readout, seed=seed)
+    m = r.metrics
     click.echo(f"{task} raw inputs ({m['n_features']} features), {readout}: train {m['train_accuracy']:.2%}, "
-               f"test {m['test_accuracy']:.2%} (alpha {m['alpha']:.0e}, fit {r['timings']['fit_s']:.1f} s)")
+               f"test {m['test_accuracy']:.2%} (alpha {m['alpha']:.0e}, fit {r.timings['fit_s']:.1f} s)")
     if out:
-        write_result(out, r)
+        r.write(out)
 
 
 @main.group()
@@ -354,7 +347,7 @@ def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tok
     """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
     from reservoir.bench import bench_extract as run_bench
     from reservoir.bench import format_extract
-    from reservoir.extract import ExtractConfig
+    from reservoir.extraction import ExtractConfig
     from reservoir.results import write_result
 
     if naive_rows < 1:
@@ -404,16 +397,15 @@ def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size,
 def bench_readout(store, layer, seed, out):
     """fit-linear's logistic readout vs scikit-learn's LogisticRegression: wall time and accuracy."""
     from reservoir.bench import readout_vs_sklearn
-    from reservoir.results import write_result
 
     _check_out(out)
-    r = readout_vs_sklearn(store, layer, seed)
-    click.echo(f"layer {layer}, {r['n_train']} train rows x {r['n_features']} features, {r['torch_threads']} threads")
-    for name in ("reservoir", "sklearn"):
-        click.echo(f"{name:<10} fit {r[name]['fit_s']:7.2f} s   test {r[name]['test_accuracy']:.2%}")
-    click.echo(f"scikit-learn / reservoir wall time: {r['time_ratio']:.1f}x")
+    r = readout_vs_sklearn(store, layer, seed=seed)
+    click.echo(f"layer {layer}, {r.n_train} train rows x {r.n_features} features, {r.torch_threads} threads")
+    for name, side in (("reservoir", r.reservoir), ("sklearn", r.sklearn)):
+        click.echo(f"{name:<10} fit {side['fit_s']:7.2f} s   test {side['test_accuracy']:.2%}")
+    click.echo(f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x")
     if out:
-        write_result(out, {"kind": "bench-readout", **r})
+        r.write(out)
 
 
 @main.group()
@@ -423,12 +415,12 @@ def recipe():
 
 @recipe.command("list")
 def recipe_list():
-    """List the recipes in the repository's recipes/ folder (or $RESERVOIR_RECIPES)."""
+    """List the recipes shipped with the package (or in $RESERVOIR_RECIPES)."""
     from reservoir.recipes import list_recipes, recipes_dir
 
     for name, description in list_recipes():
         click.echo(f"{name:<24} {textwrap.shorten(description, 110, placeholder=' ...')}")
-    click.echo(f"(from {recipes_dir()})")
+    click.echo(f"(from {recipes_dir().resolve()})")
 
 
 @recipe.command("run")
@@ -509,8 +501,8 @@ def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, s
     from reservoir.attention import plot_attention as draw
 
     if run_dir is None:
-        from reservoir.train import TrainConfig, run_config
-        from reservoir.train import train as run_train
+        from reservoir.settings import first_difference
+        from reservoir.training import TrainConfig, run, run_config
 
         if task is None:
             raise click.UsageError("Missing option '--task' (or pass --run).")
@@ -518,14 +510,14 @@ def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, s
                              finetune=finetune, lr=lr, steps=steps, seed=seed, device=device)
         run_dir = config.default_out()
         if (Path(run_dir) / "results.json").is_file():
-            found = run_config(run_dir)
-            diff = next((k for k, v in config.key().items() if found.key()[k] != v), None)
+            diff = first_difference(run_config(run_dir).key(), config.key())
             if diff is not None:
-                raise ReservoirError(f"{run_dir} holds a run with {diff}={found.key()[diff]!r}, these options give "
-                                     f"{config.key()[diff]!r}; pass --run, or remove that folder")
+                key, found, given = diff
+                raise ReservoirError(f"{run_dir} holds a run with {key}={found!r}, these options give {given!r}; "
+                                     "pass --run, or remove that folder")
             click.echo(f"using the finished run in {run_dir}")
         else:
-            m = run_train(config)["metrics"]
+            m = run(config).metrics
             click.echo(f"trained: test accuracy {m['test_accuracy']:.2%}")
     maps = attention(run_dir, layer=layer, example=example, split=split, device=device)
     path = draw(maps, out or Path(run_dir) / f"attention-layer{layer}-example{example}.png")

@@ -1,7 +1,7 @@
 """Results: typed result objects, and their files (one JSON per experiment cell, with full config and provenance).
 
 Every result type (:class:`~reservoir.readouts.run.FitResult`,
-:class:`~reservoir.train.TrainResult`, ...) is a dataclass deriving from
+:class:`~reservoir.training.TrainResult`, ...) is a dataclass deriving from
 :class:`Result`: its fields are the JSON file's top-level keys, so
 ``to_dict()`` gives what the file holds and ``from_dict()`` reads files
 written by any version (keys a type does not know are kept in ``extra``).

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from reservoir.attention import attention, capture_attention, plot_attention
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.train import TrainConfig, load_run, train
+from reservoir.training import TrainConfig, load_run, run
 
 XOR = {"n_train": 80, "n_test": 40, "n_bits": 3}
 
@@ -18,8 +18,8 @@ XOR = {"n_train": 80, "n_test": 40, "n_bits": 3}
 @pytest.fixture(scope="module", params=["tiny-gpt2", "tiny-bert"])
 def run_dir(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param) / "run"
-    train(TrainConfig(task="bit-xor", task_params=XOR, backbone=request.param, steps=10, eval_every=5,
-                      device="cpu", out=str(out)), progress=False)
+    run(TrainConfig(task="bit-xor", task_params=XOR, backbone=request.param, steps=10, eval_every=5,
+                    device="cpu", out=str(out)), progress=False)
     return out
 
 
@@ -82,9 +82,8 @@ def test_unfinished_run_folder_is_refused(tmp_path):
 
 def test_lstm_has_no_attention(tmp_path):
     out = tmp_path / "lstm"
-    train(TrainConfig(task="bit-xor", task_params=XOR, backbone="lstm-1x16", init="random", steps=2, eval_every=2,
-                      device="cpu",
-                      out=str(out)), progress=False)
+    run(TrainConfig(task="bit-xor", task_params=XOR, backbone="lstm-1x16", init="random", steps=2, eval_every=2,
+                    device="cpu", out=str(out)), progress=False)
     with pytest.raises(ReservoirError, match="has no attention"):
         attention(out)
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.backbones import ARCHS, load_backbone, orthogonal_projection
-from reservoir.backbones.load import _load_hf
+from reservoir.backbones import ARCHS, last_token_index, load_backbone, orthogonal_projection
+from reservoir.backbones.load import _load_hf, weights_sha256
 from reservoir.errors import ReservoirError
 
 TINY = ["tiny-gpt2", "tiny-bert"]
@@ -155,3 +155,40 @@ def test_arch_table_paths_exist():
         for sub in facts.attention + facts.feedforward:
             assert isinstance(get_module(block, sub), torch.nn.Module)
         assert np.isfinite(getattr(hf.config, facts.max_positions_attr))
+
+
+def test_last_token_index_reads_the_last_real_positions():
+    h = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(0))  # (B, L, D)
+    lengths = torch.tensor([6, 2, 4])
+    rows, idx = last_token_index(lengths)
+    assert rows.shape == (3, 1) and idx.tolist() == [[5], [1], [3]]
+    torch.testing.assert_close(h[rows, idx][:, 0], torch.stack([h[0, 5], h[1, 1], h[2, 3]]))
+    rows, idx = last_token_index(lengths, 2)
+    assert idx.tolist() == [[4, 5], [0, 1], [2, 3]]  # in order, ending at the last real token
+    assert h[rows, idx].shape == (3, 2, 4)
+
+
+@pytest.mark.parametrize("name,init,n_layer", [("tiny-gpt2", "pretrained", 2), ("tiny-bert", "stats", 2),
+                                               ("lstm-3x16", "random", 3)])  # fmt: skip
+def test_every_backbone_is_finished_the_same_way(name, init, n_layer):
+    """HF models and the LSTM: depth kept, all frozen in eval, seeded frozen projection, provenance recorded."""
+    bb = load_backbone(name, init=init, depth=1, d_in=5, seed=7, projection_gain=2.0, projection_seed=9)
+    assert bb.depth == 1 and len(bb.blocks) == 1 and bb.info.depth == 1 and bb.info.n_layer == n_layer
+    assert not bb.training and not any(m.training for m in bb.modules())
+    assert not any(p.requires_grad for p in bb.parameters())
+    assert torch.equal(bb.input.weight, orthogonal_projection(5, bb.n_dim, 2.0, 9).weight)
+    assert (bb.info.init, bb.info.seed) == (init, 7)
+    full = load_backbone(name, init=init, d_in=5, seed=7)
+    assert full.depth == n_layer and torch.equal(full.input.weight, orthogonal_projection(5, bb.n_dim, 1.41, 7).weight)
+    # the hash covers every block, kept or not: the same weights give the same hash at any depth
+    assert full.info.weights_sha256 == bb.info.weights_sha256
+    assert len(bb.info.weights_sha256) == 64
+    with pytest.raises(ReservoirError) as err:
+        load_backbone(name, init=init, depth=n_layer + 1, d_in=5)
+    assert str(err.value) == (f"depth {n_layer + 1} is beyond backbone {name!r}: expected 0..{n_layer} layers, "
+                              f"found {n_layer + 1}")
+
+
+def test_weights_hash_is_of_the_loaded_weights():
+    hf, _, _ = _load_hf("tiny-gpt2", "pretrained", 0, None, "sdpa")
+    assert load_backbone("tiny-gpt2", d_in=1).info.weights_sha256 == weights_sha256(hf)

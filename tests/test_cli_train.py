@@ -2,10 +2,12 @@
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from reservoir.cli import main
+from reservoir.training import SweepResult, TrainResult
 
 TINY = ["--backbone", "tiny-gpt2", "--device", "cpu", "--quiet"]
 XOR = ["--task", "bit-xor", "-p", "n_train=80", "-p", "n_test=40", "-p", "n_bits=2"]
@@ -27,19 +29,32 @@ def test_train_writes_results(tmp_path):
     r = run("train", *XOR, *TINY, "--finetune", "fpt", "--steps", 20, "--eval-every", 10, "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
     assert "trainable params:" in r.stdout and "test accuracy" in r.stdout
-    saved = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert saved["config"]["finetune"] == "fpt"
-    assert [p["step"] for p in saved["curve"]] == [10, 20]
+    saved = TrainResult.read(tmp_path / "run" / "results.json")
+    assert saved.config["finetune"] == "fpt"
+    assert [p["step"] for p in saved.curve] == [10, 20]
+    assert f"test accuracy {saved.metrics['test_accuracy']:.2%}" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best.pt", "last.pt", "results.json"]
 
 
 def test_lr_sweep_over_seeds(tmp_path):
     r = run("train", *XOR, *TINY, "--steps", 10, "--eval-every", 10, "--lr-sweep", "1e-3:1e-2:2", "--seeds", 2,
             "--out", tmp_path / "sweep")
     assert r.exit_code == 0, r.output
-    saved = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
-    assert len(saved["runs"]) == 4 and saved["best_lr"] in saved["lrs"]
-    assert len(saved["metrics"]["test_accuracies"]) == 2
-    assert "best lr" in r.stdout
+    saved = SweepResult.read(tmp_path / "sweep" / "sweep.json")
+    assert saved.lrs == [1e-3, 1e-2] and saved.seeds == 2
+    assert [(run["lr"], run["seed"]) for run in saved.runs] == [(1e-3, 0), (1e-3, 1), (1e-2, 0), (1e-2, 1)]
+    for lr in saved.lrs:  # each lr's mean best validation accuracy over its seeds, and the best of them wins
+        vals = [run["best_val_accuracy"] for run in saved.runs if run["lr"] == lr]
+        assert saved.mean_val_by_lr[str(lr)] == pytest.approx(np.mean(vals))
+    assert saved.mean_val_by_lr[str(saved.best_lr)] == max(saved.mean_val_by_lr.values())
+    tests = [run["test_accuracy"] for run in saved.runs if run["lr"] == saved.best_lr]
+    assert saved.metrics["test_accuracies"] == tests
+    assert saved.metrics["test_accuracy_mean"] == pytest.approx(np.mean(tests))
+    for run_ in saved.runs:  # every training wrote its own folder, with the metrics the sweep recorded
+        folder = tmp_path / "sweep" / f"lr{run_['lr']:.3g}-seed{run_['seed']}"
+        assert TrainResult.read(folder / "results.json").metrics == {k: v for k, v in run_.items()
+                                                                     if k not in ("lr", "seed")}
+    assert f"best lr {saved.best_lr:.2e}: test {saved.metrics['test_accuracy_mean']:.2%}" in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -67,7 +82,9 @@ def test_from_store_bad_split(tmp_path):
     r = run("train", "--from-store", store, "--backbone", "tiny-bert", "--finetune", "layernorm,output", "--steps", 4,
             "--eval-every", 2, "--out", tmp_path / "ok", "--quiet")
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "ok" / "results.json").read_text())["config"]["from_store"] == str(store)
+    config = TrainResult.read(tmp_path / "ok" / "results.json").config  # task, init, seed, split from the store
+    assert (config["from_store"], config["task"], config["split_layer"], config["init"]) == (str(store), "listops",
+                                                                                             1, "pretrained")
     line = one_error_line(run("extract", "--task", "listops", "-p", "n_train=30", "-p", "n_test=10", "-p",
                               "max_length=30", "--backbone", "tiny-bert", "--layers", 2, "--full-seq-layer", 2,
                               "--out", tmp_path / "bad.zarr"))
@@ -79,8 +96,8 @@ def test_bench_speedup_cli(tmp_path):
             "--max-live-rows", 32, "--device", "cpu", "--out", tmp_path / "bench.json")
     assert r.exit_code == 0, r.output
     assert "(a) output layer only" in r.stdout
-    saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved["output_only"]["speedup"] > 0
+    a = json.loads((tmp_path / "bench.json").read_text())["output_only"]
+    assert a["speedup"] == pytest.approx(a["live_epoch_s"] / a["cached_epoch_s"]) and a["speedup"] > 1
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # the comparison's max_iter is part of it
@@ -92,8 +109,10 @@ def test_bench_readout_cli(tmp_path):
     r = run("bench", "readout", store, "--layer", 1, "--out", tmp_path / "b.json")
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "b.json").read_text())
-    for name in ("reservoir", "sklearn"):
-        assert 0.0 <= saved[name]["test_accuracy"] <= 1.0 and saved[name]["fit_s"] > 0
+    assert (saved["layer"], saved["n_train"], saved["n_features"]) == (1, 120, 32)
+    assert saved["time_ratio"] == pytest.approx(saved["sklearn"]["fit_s"] / saved["reservoir"]["fit_s"])
+    for name in ("reservoir", "sklearn"):  # what is printed is what is saved
+        assert f"test {saved[name]['test_accuracy']:.2%}" in r.stdout
     assert "wall time" in r.stdout
     xor = tmp_path / "x.zarr"
     assert run("extract", *XOR, "--backbone", "tiny-gpt2", "--out", xor, "--quiet").exit_code == 0

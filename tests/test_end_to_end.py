@@ -2,16 +2,16 @@
 
 import pytest
 
-from reservoir.extract import ExtractConfig, extract
+from reservoir.extraction import ExtractConfig, run as run_extract
 from reservoir.readouts.run import fit_linear
 
 pytestmark = pytest.mark.slow
 
 
 def test_bit_xor_solved_above_chance_from_cache(tmp_path):
-    out = extract(ExtractConfig(task="bit-xor", backbone="minilm", layers=6, out=str(tmp_path / "xor.zarr"),
+    out = run_extract(ExtractConfig(task="bit-xor", backbone="minilm", layers=6, out=str(tmp_path / "xor.zarr"),
                                 task_params={"n_train": 1500, "n_test": 500}), progress=False)
-    rows = {r["config"]["layer"]: r["metrics"] for r in fit_linear(out, layers=[0, 6], results_dir=None)}
+    rows = {r.config["layer"]: r.metrics for r in fit_linear(out, layers=[0, 6], results_dir=None)}
     # layer 0 sees only the last bit: XOR of two strings is invisible there (chance = 0.5)
     assert rows[0]["test_accuracy"] < 0.6
     # after six frozen pretrained blocks a linear readout recovers most bits
@@ -19,10 +19,10 @@ def test_bit_xor_solved_above_chance_from_cache(tmp_path):
 
 
 def test_listops_short_variant_through_minilm(tmp_path):
-    out = extract(ExtractConfig(task="listops", backbone="minilm", layers=[0, 6], out=str(tmp_path / "lo.h5"),
+    out = run_extract(ExtractConfig(task="listops", backbone="minilm", layers=[0, 6], out=str(tmp_path / "lo.h5"),
                                 task_params={"n_train": 300, "n_test": 100, "max_length": 100}), progress=False)
     (row,) = fit_linear(out, layers=[6], results_dir=None)
-    assert row["store"]["backbone"]["id"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert row["metrics"]["n_test"] == 100
+    assert row.store["backbone"]["id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert row.metrics["n_test"] == 100
     # ten classes with a skewed prior: the readout must at least match the majority class
-    assert row["metrics"]["test_accuracy"] >= row["metrics"]["chance"] - 0.05
+    assert row.metrics["test_accuracy"] >= row.metrics["chance"] - 0.05

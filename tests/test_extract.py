@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reservoir.errors import ReservoirError
-from reservoir.extract import ExtractConfig, extract, extract_rows, resolve_layers
+from reservoir.extraction import ExtractConfig, run as run_extract, extract_rows, resolve_layers
 from reservoir.store import FeatureStore
 
 LISTOPS = {"n_train": 30, "n_test": 10, "min_length": 40, "max_length": 90}
@@ -23,7 +23,7 @@ def short_gpt2(tmp_path_factory):
 
 
 def test_local_folder_backbone(short_gpt2, tmp_path):
-    out = extract(ExtractConfig(task="bit-xor", backbone=short_gpt2, out=str(tmp_path / "x.zarr"),
+    out = run_extract(ExtractConfig(task="bit-xor", backbone=short_gpt2, out=str(tmp_path / "x.zarr"),
                                 task_params={"n_train": 20, "n_test": 10}), progress=False)
     with FeatureStore.open(out) as store:
         assert store.attrs["backbone"]["family"] == "gpt2"
@@ -34,9 +34,9 @@ def test_local_folder_backbone(short_gpt2, tmp_path):
 def test_too_long_sequences_are_refused_then_truncated_on_request(short_gpt2, tmp_path):
     out = tmp_path / "lo.zarr"
     with pytest.raises(ReservoirError, match="up to .* tokens; backbone .* has 64 positions .*--truncate"):
-        extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out), task_params=LISTOPS), progress=False)
+        run_extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out), task_params=LISTOPS), progress=False)
     assert not out.exists()
-    extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out), task_params=LISTOPS, truncate=True),
+    run_extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out), task_params=LISTOPS, truncate=True),
             progress=False)
     with FeatureStore.open(out) as store:
         cut = store.attrs["task"]["truncated"]
@@ -44,7 +44,7 @@ def test_too_long_sequences_are_refused_then_truncated_on_request(short_gpt2, tm
         assert cut["rows_cut"]["train"] > 0
     # a store of cut sequences is never reused for other data
     with pytest.raises(ReservoirError, match="written with task.params.min_length=40, this run has 20"):
-        extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out),
+        run_extract(ExtractConfig(task="listops", backbone=short_gpt2, out=str(out),
                               task_params={**LISTOPS, "max_length": 60, "min_length": 20}), progress=False)
 
 

@@ -2,14 +2,16 @@
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from reservoir.readouts import LogisticReadout, load_layer
-from reservoir.readouts.features import holdout_mask, iter_layer, layer_norm
+from reservoir.readouts.features import iter_layer, layer_norm
 from reservoir.readouts.ridge import RidgeReadout
+from reservoir.readouts.stats import Moments, carve_rows, holdout_mask
 
 
 @parametrize_with_checks([LogisticReadout(max_iter=100)])
@@ -17,16 +19,20 @@ def test_sklearn_contract(estimator, check):
     check(estimator)
 
 
-def test_separable_reaches_100_percent():
+@pytest.mark.parametrize("cls", [LogisticReadout, RidgeReadout])
+def test_separable_reaches_100_percent(cls):
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(4, 20)) * 5
     y = rng.integers(0, 4, 600)
     X = centers[y] + rng.normal(size=(600, 20))
-    est = LogisticReadout().fit(X[:400], y[:400])
+    est = cls().fit(X[:400], y[:400])
     assert est.score(X[400:], y[400:]) == 1.0
     assert est.coef_.shape == (1, 4, 20)
-    assert set(est.val_scores_) <= {10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6}
-    assert est.alpha_ in est.val_scores_
+    assert len(est.val_scores_) > 1 and est.val_scores_[est.alpha_] == max(est.val_scores_.values())
+    if cls is LogisticReadout:
+        assert set(est.val_scores_) <= {10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6}
+    else:
+        assert np.array_equal(est.predict(X[400:]), est.classes_[est.decision_function(X[400:]).argmax(1)])
 
 
 def test_multi_head_labels_and_badly_conditioned_features():
@@ -60,11 +66,11 @@ def test_layer_norm_matches_torch():
 
 
 def test_fit_linear_from_store_applies_final_norm(tmp_path):
-    from reservoir.extract import ExtractConfig, extract
+    from reservoir.extraction import ExtractConfig, run as run_extract
     from reservoir.readouts.run import fit_linear
     from reservoir.store import FeatureStore
 
-    out = extract(ExtractConfig(task="bit-memory", backbone="tiny-gpt2", layers=2, out=str(tmp_path / "m.zarr"),
+    out = run_extract(ExtractConfig(task="bit-memory", backbone="tiny-gpt2", layers=2, out=str(tmp_path / "m.zarr"),
                                 task_params={"n_bits": 100, "bits_per_token": 10, "n_train": 40, "n_test": 20}),
                   progress=False)
     with FeatureStore.open(out) as store:
@@ -73,11 +79,15 @@ def test_fit_linear_from_store_applies_final_norm(tmp_path):
         raw, _ = load_layer(store, "train", 2, final_norm=False)
         np.testing.assert_allclose(X.mean(1), store.final_norm()["bias"].mean(), atol=1e-3)  # LN output mean = mean(b) when w=1
         assert not np.allclose(X, raw)
-    rows = fit_linear(out, layers=[1, 2], results_dir=tmp_path / "res")
-    assert [r["config"]["layer"] for r in rows] == [1, 2]
+        Xt, yt = load_layer(store, "test", 2)
+        refit = LogisticReadout().fit(X, y)
+    results = fit_linear(out, layers=[1, 2], results_dir=tmp_path / "res")
+    assert [r.config["layer"] for r in results] == [1, 2]
     saved = json.loads((tmp_path / "res" / "m" / "logistic-layer2.json").read_text())
     assert saved["store"]["task"]["name"] == "bit-memory"
-    assert 0.0 <= saved["metrics"]["test_accuracy"] <= 1.0
+    # the readout fitted on the final-norm features, scored per bit on the full test split
+    assert saved["metrics"]["test_accuracy"] == refit.score(Xt, yt) == results[1].metrics["test_accuracy"]
+    assert saved["metrics"]["alpha"] == refit.alpha_
     assert saved["metrics"]["n_test"] == 20 * 10
 
 
@@ -125,16 +135,6 @@ def test_ridge_streamed_equals_whole(multi):
         RidgeReadout().fit_chunks(iter(_chunks(X, y, cuts)))
 
 
-def test_ridge_separable_reaches_100_percent():
-    rng = np.random.default_rng(5)
-    centers = rng.normal(size=(4, 20)) * 5
-    y = rng.integers(0, 4, 600)
-    X = centers[y] + rng.normal(size=(600, 20))
-    est = RidgeReadout().fit(X[:400], y[:400])
-    assert est.score(X[400:], y[400:]) == 1.0
-    assert np.array_equal(est.predict(X[400:]), est.classes_[est.decision_function(X[400:]).argmax(1)])
-
-
 def test_holdout_mask_is_seeded_and_chunk_independent():
     whole = holdout_mask(0, 10_000, 0.1, seed=3)
     assert np.array_equal(np.concatenate([holdout_mask(0, 4321, 0.1, 3), holdout_mask(4321, 5679, 0.1, 3)]), whole)
@@ -148,7 +148,7 @@ def test_logistic_fit_chunks_equals_fit(multi):
     ref = LogisticReadout(alphas=alphas).fit(X[:600], y[:600], validation_data=val)
     est = LogisticReadout(alphas=alphas).fit_chunks(lambda: iter(_chunks(X, y, [0, 37, 250, 251, 600])), [val])
     assert est.alpha_ == ref.alpha_
-    np.testing.assert_allclose(est._proba(X), ref._proba(X), atol=2e-3)
+    np.testing.assert_allclose(est._class_scores(X), ref._class_scores(X), atol=2e-3)
     np.testing.assert_allclose(est.coef_, ref.coef_, atol=2e-3 * np.abs(ref.coef_).max())
     assert (est.predict(X) == ref.predict(X)).mean() > 0.99
     carved = LogisticReadout(alphas=alphas).fit_chunks(_chunks(X, y, [0, 350, 700]))  # validation by row hash
@@ -157,10 +157,10 @@ def test_logistic_fit_chunks_equals_fit(multi):
 
 @pytest.fixture(scope="module")
 def xor_store(tmp_path_factory):
-    from reservoir.extract import ExtractConfig, extract
+    from reservoir.extraction import ExtractConfig, run as run_extract
 
     out = tmp_path_factory.mktemp("xor") / "s.zarr"
-    return extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2, out=str(out),
+    return run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2, out=str(out),
                                  task_params={"n_train": 200, "n_test": 50}), progress=False)
 
 
@@ -184,14 +184,14 @@ def test_fit_linear_ridge_streamed_and_in_memory(xor_store, tmp_path, monkeypatc
     streamed = fit_linear(xor_store, layers=[2], readout="ridge", results_dir=tmp_path / "st", stream=True)[0]
     saved = json.loads((tmp_path / "st" / "s" / "ridge-layer2.json").read_text())
     assert saved["config"]["readout"] == "ridge" and saved["config"]["stream"] is True
-    assert mem["config"]["stream"] is False and set(saved["metrics"]) == set(mem["metrics"])
+    assert mem.config["stream"] is False and set(saved["metrics"]) == set(mem.metrics)
     assert saved["metrics"]["n_train"] == 200 and saved["metrics"]["n_test"] == 50
     for key in ("train_accuracy", "test_accuracy", "alpha", "chance"):  # the ridge carve is by row index
-        assert streamed["metrics"][key] == pytest.approx(mem["metrics"][key], rel=1e-6)
-    assert fit_linear(xor_store, layers=[2], readout="ridge", results_dir=None, stream="auto")[0]["config"]["stream"] is False
+        assert streamed.metrics[key] == pytest.approx(mem.metrics[key], rel=1e-6)
+    assert fit_linear(xor_store, layers=[2], readout="ridge", stream="auto")[0].config["stream"] is False
     monkeypatch.setattr(run, "STREAM_AUTO_BYTES", 200 * 32 * 4 - 1)  # this store's train layer is just above
-    auto = fit_linear(xor_store, layers=[2], readout="ridge", results_dir=None, stream="auto")[0]
-    assert auto["config"]["stream"] is True and auto["metrics"] == streamed["metrics"]
+    auto = fit_linear(xor_store, layers=[2], readout="ridge", stream="auto")[0]
+    assert auto.config["stream"] is True and auto.metrics == streamed.metrics
     with pytest.raises(ValueError, match="expected stream"):
         fit_linear(xor_store, readout="ridge", stream="sometimes")
 
@@ -201,9 +201,96 @@ def test_fit_raw_digits_and_standardized_penalty():
     from reservoir.readouts.run import fit_raw
 
     r = fit_raw("digits")
-    assert r["metrics"]["n_features"] == 64 and r["metrics"]["n_test"] == 360
-    assert r["metrics"]["test_accuracy"] > 0.94  # a linear model on 8x8 digits
+    assert r.kind == "fit-raw" and r.metrics["n_features"] == 64 and r.metrics["n_test"] == 360
+    assert r.metrics["test_accuracy"] > 0.94  # a linear model on 8x8 digits
     with pytest.raises(ReservoirError, match="continuous task"):
         fit_raw("listops", {"n_train": 20, "n_test": 10, "max_length": 30})
     with pytest.raises(ValueError, match="penalty must be"):
         LogisticReadout(penalty="l1").fit(np.eye(12), np.arange(12) % 2)
+
+
+# -- the same models as scikit-learn's, parameters checked at fit --------------------
+
+
+def _three_classes(seed=7, n=300, d=6):
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(n, d))
+    z = Z[:, 0] + 0.5 * Z[:, 1] + 0.5 * rng.normal(size=n)
+    y = np.digitize(z, np.quantile(z, [1 / 3, 2 / 3]))  # 3 classes, not separable
+    return Z * np.logspace(-1, 1, d) + 5, y
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_logistic_standardized_penalty_equals_sklearn(whiten):
+    """One alpha, L2 on standardized weights: sklearn's multinomial LogisticRegression with C = 1 / (alpha * n)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = _three_classes()
+    alpha = 1e-2
+    ours = LogisticReadout(alphas=[alpha], penalty="standardized", whiten=whiten, max_iter=2000, tol=1e-10).fit(X, y)
+    sk = make_pipeline(StandardScaler(), LogisticRegression(C=1 / (alpha * len(X)), tol=1e-10, max_iter=5000))
+    sk.fit(X, y)
+    np.testing.assert_allclose(ours.predict_proba(X), sk.predict_proba(X), atol=2e-4)
+    assert np.array_equal(ours.predict(X), sk.predict(X))
+
+
+def test_ridge_equals_sklearn_ridge_classifier():
+    from sklearn.linear_model import RidgeClassifier
+
+    X, y = _three_classes()
+    for alpha in (1e-3, 10.0):
+        ours, sk = RidgeReadout(alphas=[alpha]).fit(X, y), RidgeClassifier(alpha=alpha).fit(X, y)
+        np.testing.assert_allclose(ours.decision_function(X), sk.decision_function(X), rtol=1e-8, atol=1e-8)
+        np.testing.assert_allclose(ours.coef_[0], sk.coef_, rtol=1e-8, atol=1e-10)
+        assert ours.score(X, y) == sk.score(X, y)
+
+
+@pytest.mark.parametrize("make", [lambda a: LogisticReadout(alphas=[a]), lambda a: RidgeReadout(alphas=[a])])
+def test_stronger_penalty_gives_smaller_weights(make):
+    X, y = _three_classes()
+    norms = [np.linalg.norm(make(a).fit(X, y).coef_) for a in (1e3, 1.0, 1e-3)]
+    assert norms[0] < norms[1] < norms[2]
+
+
+BAD_PARAMS = [
+    *((LogisticReadout, "val_fraction", v) for v in (2.0, -0.5, 0, 1.0, "0.1", float("nan"))),
+    *((LogisticReadout, "alphas", v) for v in ([], [1.0, -1.0], 1.0)),
+    (LogisticReadout, "max_iter", 0), (LogisticReadout, "max_iter", 2.5), (LogisticReadout, "tol", -1e-3),
+    (LogisticReadout, "patience", 0), (LogisticReadout, "penalty", "l1"), (LogisticReadout, "whiten", "yes"),
+    (LogisticReadout, "random_state", -1),
+    (RidgeReadout, "alphas", [0.0]), (RidgeReadout, "alphas", [float("inf")]), (RidgeReadout, "val_fraction", 1.5),
+    (RidgeReadout, "val_fraction", -0.5), (RidgeReadout, "random_state", 1.5),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "value"), BAD_PARAMS)
+def test_parameters_are_checked_at_fit(cls, name, value):
+    X, y = _three_classes(n=40)
+    est = cls(**{name: value})  # __init__ only stores
+    assert est.get_params()[name] is value
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}: {name} must be .*; found {re.escape(repr(value))}$"):
+        est.fit(X, y)
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        est.fit_chunks([(X, y)])
+    assert not hasattr(est, "classes_")
+
+
+def test_val_fraction_near_one_still_leaves_rows_to_fit():
+    fit_rows, val_rows = carve_rows(10, 0.99, 0)
+    assert len(fit_rows) == 1 and len(val_rows) == 9
+    X, y = _three_classes(n=10)
+    est = LogisticReadout(val_fraction=0.99, alphas=[1.0, 1e-2]).fit(X, y)
+    assert set(est.val_scores_) == {1.0, 1e-2}
+
+
+def test_moments_of_different_shifts_do_not_add():
+    a, b = Moments(np.zeros(2)), Moments(np.ones(2))
+    a.update(np.ones((3, 2)))
+    b.update(np.ones((3, 2)))
+    with pytest.raises(ValueError, match="same shift"):
+        a + b
+    c = Moments(a.shift)
+    c.update(np.full((1, 2), 4.0))
+    assert (a + c).n == 4 and np.allclose((a + c).mean, [1.75, 1.75])

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
 import reservoir.bench
-import reservoir.extract
+import reservoir.extraction
 import reservoir.readouts.run
-import reservoir.train
+import reservoir.training
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.recipes import Recipe, list_recipes, load_recipe, plan, run_recipe
@@ -186,8 +188,8 @@ def _forbid(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed")
 
-    for mod, name in ((reservoir.extract, "extract"), (reservoir.readouts.run, "fit_linear"),
-                      (reservoir.readouts.run, "fit_raw"), (reservoir.train, "train"), (reservoir.train, "sweep"),
+    for mod, name in ((reservoir.extraction, "run"), (reservoir.readouts.run, "fit_linear"),
+                      (reservoir.readouts.run, "fit_raw"), (reservoir.training, "run"), (reservoir.training, "sweep"),
                       (reservoir.bench, "speedup")):
         monkeypatch.setattr(mod, name, boom)
 
@@ -240,7 +242,7 @@ def test_matching_store_is_reused_from_another_recipe(tiny_run, tmp_path, monkey
     data["name"] = "other"
     data["cells"] = [{**data["cells"][0], "fit_layers": [2], "init": "random"}]  # same extraction settings
     data["paper"] = []
-    monkeypatch.setattr(reservoir.extract, "extract", lambda *a, **k: pytest.fail("extract called"))
+    monkeypatch.setattr(reservoir.extraction, "run", lambda *a, **k: pytest.fail("extract called"))
     res = run_recipe(make(data), out=tmp_path / "other", device="cpu", progress=False, cache_dir=root / "cache")
     assert res["ran"] == ["fit-linear__bit-xor__tiny-gpt2__random__d2__seed0"]
     assert (tmp_path / "other" / res["ran"][0] / "logistic-layer2.json").is_file()
@@ -377,8 +379,8 @@ def test_unfinished_store_is_resumed_not_reused(tiny_run, tmp_path, monkeypatch)
         g.attrs["complete"] = False
         g["train/done"][0] = False
     calls = []
-    real = reservoir.extract.extract
-    monkeypatch.setattr(reservoir.extract, "extract", lambda cfg, **k: calls.append(cfg.out) or real(cfg, **k))
+    real = reservoir.extraction.run
+    monkeypatch.setattr(reservoir.extraction, "run", lambda cfg, **k: calls.append(cfg.out) or real(cfg, **k))
     data = yaml.safe_load(TINY)
     data["cells"], data["paper"] = [{**data["cells"][0], "fit_layers": [1]}], []
     res = run_recipe(make(data), out=tmp_path / "resumed", device="cpu", progress=False, cache_dir=cache)
@@ -405,3 +407,34 @@ def test_plan_counts_sweep_trainings():
                          "steps": 10, "batch_size": 4}]})
     (row,) = plan(r, "/nonexistent")
     assert row["trainings"] == 6 and row["steps"] == 60 and row["sequences"] == 240 and not row["done"]
+
+
+# ---------------------------------------------------------------- packaging
+def test_shipped_recipes_are_found_from_any_working_directory(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RESERVOIR_RECIPES"}
+    out = subprocess.run([sys.executable, "-m", "reservoir.cli", "recipe", "list"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    shipped = sorted(p.stem for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml"))
+    assert [line.split()[0] for line in out.splitlines()[:-1]] == shipped
+    assert out.splitlines()[-1] == f"(from {(Path(__file__).parents[1] / 'recipes').resolve()})"
+
+
+def test_wheel_carries_every_recipe(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    pytest.importorskip("setuptools")
+    root = Path(__file__).parents[1]
+    source = tmp_path / "source"  # a copy, so the build leaves nothing in the working tree
+    shutil.copytree(root, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "cache", "results", "*.egg-info", "__pycache__", ".pytest_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(tmp_path), str(source)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("reservoir-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    bundled = sorted(Path(n).name for n in names if n.startswith("reservoir/recipes/bundled/"))
+    assert bundled == sorted(p.name for p in (root / "recipes").glob("*.yaml"))

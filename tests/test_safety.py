@@ -24,7 +24,7 @@ from reservoir.attention import attention
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.recipes import Recipe, run_recipe
-from reservoir.train import TrainConfig, train
+from reservoir.training import TrainConfig, run
 
 XOR = {"n_train": 80, "n_test": 40, "n_bits": 2}
 XOR_ARGS = ["--task", "bit-xor", "-p", "n_train=80", "-p", "n_test=40", "-p", "n_bits=2"]
@@ -68,8 +68,8 @@ def write_malicious(path, marker, form: str) -> None:
 def finished_run(tmp_path_factory):
     """A finished tiny run (results.json, best.pt, last.pt); tests copy it before changing it."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    train(TrainConfig(task="bit-xor", task_params=XOR, backbone="tiny-gpt2", steps=4, eval_every=2, device="cpu",
-                      out=str(out)), progress=False)
+    run(TrainConfig(task="bit-xor", task_params=XOR, backbone="tiny-gpt2", steps=4, eval_every=2, device="cpu",
+                    out=str(out)), progress=False)
     return out
 
 
@@ -143,7 +143,7 @@ def test_checkpoints_hold_only_plain_data(tmp_path):
     """Settings given as numpy numbers are saved as plain numbers: the checkpoint loads with weights_only=True."""
     cfg = TrainConfig(task="bit-xor", task_params={**XOR, "n_train": np.int64(80)}, backbone="tiny-gpt2", steps=4,
                       eval_every=2, device="cpu", out=str(tmp_path / "run"))
-    train(cfg, progress=False)
+    first = run(cfg, progress=False)
 
     def plain(x):
         if isinstance(x, dict):
@@ -155,19 +155,19 @@ def test_checkpoints_hold_only_plain_data(tmp_path):
     for name in ("last.pt", "best.pt"):
         ckpt = torch.load(tmp_path / "run" / name, weights_only=True)
         assert plain(ckpt) and ckpt["config"]["task_params"]["n_train"] == 80
-    again = train(cfg, progress=False)  # resumes the finished run from its checkpoints
-    assert again["metrics"]["steps"] == 4
+    again = run(cfg, progress=False)  # resumes the finished run from its checkpoints
+    assert again.metrics == first.metrics and again.curve == first.curve
 
 
 def test_best_pt_of_another_run_is_refused(finished_run, tmp_path):
     other = tmp_path / "other"
-    train(TrainConfig(task="bit-xor", task_params=XOR, backbone="tiny-gpt2", lr=0.01, steps=2, eval_every=2,
-                      device="cpu", out=str(other)), progress=False)
-    run = copy_of(finished_run, tmp_path)
-    shutil.copy(other / "best.pt", run / "best.pt")
+    run(TrainConfig(task="bit-xor", task_params=XOR, backbone="tiny-gpt2", lr=0.01, steps=2, eval_every=2,
+                    device="cpu", out=str(other)), progress=False)
+    folder = copy_of(finished_run, tmp_path)
+    shutil.copy(other / "best.pt", folder / "best.pt")
     with pytest.raises(ReservoirError) as err:
-        attention(run)
-    assert str(err.value) == (f"{run / 'best.pt'}: expected the checkpoint of the run in results.json, found a run "
+        attention(folder)
+    assert str(err.value) == (f"{folder / 'best.pt'}: expected the checkpoint of the run in results.json, found a run "
                               "with lr=0.01, this run has 0.001")
 
 

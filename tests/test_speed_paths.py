@@ -14,7 +14,7 @@ from reservoir.batching import plan_order, plan_windows
 from reservoir.cached import CachedHead
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.extract import ExtractConfig, extract, extract_rows
+from reservoir.extraction import ExtractConfig, run as run_extract, extract_rows
 from reservoir.store import FeatureStore
 from reservoir.writer import ChunkWriter
 
@@ -51,7 +51,7 @@ def test_windows_group_whole_chunks_within_limits():
 def test_token_budget_gives_the_same_features_as_fixed_batches(tmp_path, name):
     stores = {}
     for tag, batching in {"rows": {"batch_size": 7}, "tokens": {"max_tokens": 400}, "default": {}}.items():
-        stores[tag] = extract(ExtractConfig(task="listops", backbone=name, layers=2, dtype="float32",
+        stores[tag] = run_extract(ExtractConfig(task="listops", backbone=name, layers=2, dtype="float32",
                                             task_params=LISTOPS, out=str(tmp_path / f"{tag}.zarr"), **batching),
                               progress=False)
     with FeatureStore.open(stores["rows"]) as a:
@@ -66,11 +66,11 @@ def test_windows_of_one_chunk_give_the_same_store(tmp_path, monkeypatch):
     """Many small windows (resume-sized) and one large window write the same bytes."""
     import reservoir.batching
 
-    big = extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
+    big = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
                                 out=str(tmp_path / "big.zarr")), progress=False)
     monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)
     monkeypatch.setattr(reservoir.store.feature_store, "MIN_CHUNK_BYTES", 1000)
-    small = extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
+    small = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
                                   out=str(tmp_path / "small.zarr")), progress=False)
     with FeatureStore.open(big) as a, FeatureStore.open(small) as b:
         assert b.chunk_rows("train") < a.chunk_rows("train")
@@ -107,12 +107,12 @@ def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     monkeypatch.setattr(reservoir.store.feature_store, "MIN_CHUNK_BYTES", 1000)
     monkeypatch.setattr(FeatureStore, "write_chunk", failing)
     with pytest.raises(OSError):
-        extract(cfg, progress=False)
+        run_extract(cfg, progress=False)
     with FeatureStore.open(out, allow_incomplete=True) as st:
         assert not st.complete and st.done("train").sum() == 1
     monkeypatch.setattr(FeatureStore, "write_chunk", original)
-    extract(cfg, progress=False)
-    ref = extract(ExtractConfig(**{**cfg.__dict__, "out": str(tmp_path / "ref.zarr")}), progress=False)
+    run_extract(cfg, progress=False)
+    ref = run_extract(ExtractConfig(**{**cfg.__dict__, "out": str(tmp_path / "ref.zarr")}), progress=False)
     with FeatureStore.open(out) as a, FeatureStore.open(ref) as b:
         assert a.complete
         np.testing.assert_array_equal(a.features("train")[...], b.features("train")[...])
@@ -134,7 +134,7 @@ def test_weights_cast_once_to_bf16_stay_close_to_float32(name):
 
 def _reference_head_training(head, X, Y, n_classes, order, batch_size, lr, clip):
     """What the cached side did before: autograd, torch.optim.Adam, clip_grad_norm_."""
-    from reservoir.train import loss_fn
+    from reservoir.training import loss_fn
 
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     for i in range(len(order) // batch_size):
@@ -198,25 +198,26 @@ def test_bench_extract_cli(tmp_path):
 
 def test_train_from_a_last_token_store_equals_live_output_only_training(tmp_path):
     """`train --from-store` on a float32 last-token store: the same head as the live output-only run."""
-    from reservoir.train import TrainConfig, train
+    from reservoir.training import TrainConfig, run
 
     xor = {"n_train": 200, "n_test": 60, "n_bits": 3}
-    store = extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", dtype="float32", task_params=xor,
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", dtype="float32", task_params=xor,
                                   out=str(tmp_path / "x.zarr")), progress=False)
     common = dict(finetune="output", steps=40, eval_every=10, batch_size=16, lr=3e-2, backbone="tiny-gpt2")
-    live = train(TrainConfig(task="bit-xor", task_params=xor, device="cpu", out=str(tmp_path / "live"), **common),
-                 progress=False)
-    cached = train(TrainConfig(task="bit-xor", from_store=str(store), device="cpu", out=str(tmp_path / "cached"),
-                               **common), progress=False)
-    assert cached["cached"] is True
-    assert cached["metrics"]["test_accuracy"] == live["metrics"]["test_accuracy"]
-    assert cached["metrics"]["best_step"] == live["metrics"]["best_step"]
-    for a, b in zip(cached["curve"], live["curve"]):
+    live = run(TrainConfig(task="bit-xor", task_params=xor, device="cpu", out=str(tmp_path / "live"), **common),
+               progress=False)
+    cached = run(TrainConfig(task="bit-xor", from_store=str(store), device="cpu", out=str(tmp_path / "cached"),
+                             **common), progress=False)
+    assert cached.cached is True and live.cached is None
+    assert cached.metrics["test_accuracy"] == live.metrics["test_accuracy"]
+    assert cached.metrics["best_step"] == live.metrics["best_step"]
+    assert len(cached.curve) == len(live.curve) == 4
+    for a, b in zip(cached.curve, live.curve):
         assert a["step"] == b["step"] and a["val_accuracy"] == b["val_accuracy"]
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
     best = torch.load(tmp_path / "cached" / "best.pt", weights_only=True)["head"]
-    ref = torch.load(tmp_path / "live" / "best.pt", weights_only=False)["trainable"]
+    ref = torch.load(tmp_path / "live" / "best.pt", weights_only=True)["trainable"]
     torch.testing.assert_close(best["weight"], ref["head.weight"], atol=1e-5, rtol=1e-4)
     with pytest.raises(ReservoirError, match="found last-token features only, which train the output layer alone"):
-        train(TrainConfig(task="bit-xor", from_store=str(store), finetune="fpt", out=str(tmp_path / "bad")),
-              progress=False)
+        run(TrainConfig(task="bit-xor", from_store=str(store), finetune="fpt", out=str(tmp_path / "bad")),
+            progress=False)

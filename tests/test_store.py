@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from reservoir.errors import ReservoirError
-from reservoir.extract import ExtractConfig, extract
+from reservoir.extraction import ExtractConfig, run as run_extract
 from reservoir.store import FeatureStore, first_difference, rows_per_chunk
 
 XOR = {"n_train": 96, "n_test": 40, "n_bits": 5}
@@ -22,7 +22,7 @@ def test_round_trip(tmp_path, suffix):
     from reservoir.backbones import load_backbone
     from reservoir.tasks import get_task
 
-    path = extract(_config(tmp_path / f"s{suffix}", dtype="float32"), progress=False)
+    path = run_extract(_config(tmp_path / f"s{suffix}", dtype="float32"), progress=False)
     task = get_task("bit-xor", **XOR)
     bb = load_backbone("tiny-gpt2", d_in=1)
     with FeatureStore.open(path) as store:
@@ -52,8 +52,8 @@ def test_round_trip(tmp_path, suffix):
 
 
 def test_float16_is_default_and_close_to_float32(tmp_path):
-    p16 = extract(_config(tmp_path / "a.zarr"), progress=False)
-    p32 = extract(_config(tmp_path / "b.zarr", dtype="float32"), progress=False)
+    p16 = run_extract(_config(tmp_path / "a.zarr"), progress=False)
+    p32 = run_extract(_config(tmp_path / "b.zarr", dtype="float32"), progress=False)
     with FeatureStore.open(p16) as s16, FeatureStore.open(p32) as s32:
         f16 = np.asarray(s16.features("train")[...])
         assert f16.dtype == np.float16
@@ -64,7 +64,7 @@ def test_float16_is_default_and_close_to_float32(tmp_path):
 def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, suffix):
     # n rows big enough for several chunks: tiny-gpt2 rows are 3 * 32 * 4 bytes -> 2731 rows per chunk
     params = {"n_train": 6000, "n_test": 100}
-    full = extract(_config(tmp_path / f"full{suffix}", dtype="float32", task_params=params, batch_size=512),
+    full = run_extract(_config(tmp_path / f"full{suffix}", dtype="float32", task_params=params, batch_size=512),
                    progress=False)
     calls = {"n": 0}
     original = FeatureStore.write_chunk
@@ -78,7 +78,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
     monkeypatch.setattr(FeatureStore, "write_chunk", flaky)
     out = tmp_path / f"resumed{suffix}"
     with pytest.raises(KeyboardInterrupt):
-        extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
+        run_extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     with FeatureStore.open(out, allow_incomplete=True) as store:
         assert not store.complete
         assert store.done("train").tolist() == [True, False, False]
@@ -86,7 +86,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
     written = []
     monkeypatch.setattr(FeatureStore, "write_chunk",
                         lambda self, split, c, *a, **kw: (written.append((split, c)), original(self, split, c, *a, **kw)))
-    extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
+    run_extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     assert written == [("train", 1), ("train", 2), ("test", 0)]  # the done chunk was skipped
     with FeatureStore.open(out) as a, FeatureStore.open(full) as b:
         assert a.complete
@@ -108,10 +108,10 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
 )
 def test_other_settings_refused_naming_the_field(tmp_path, change, field):
     out = tmp_path / "s.zarr"
-    extract(_config(out), progress=False)
+    run_extract(_config(out), progress=False)
     before = np.asarray(FeatureStore.open(out).features("train")[...])
     with pytest.raises(ReservoirError, match=f"written with {field}=") as err:
-        extract(_config(out, **change), progress=False)
+        run_extract(_config(out, **change), progress=False)
     assert "\n" not in str(err.value)
     with FeatureStore.open(out) as store:
         assert store.complete

@@ -8,7 +8,15 @@ import pytest
 
 from reservoir.tasks import get_task, load_task
 from reservoir.tasks.cache import cache_key
-from reservoir.tasks.listops import LRA_VOCAB, draw_ids, evaluate, generate_split, generate_tree, tree_tokens
+from reservoir.tasks.listops import (
+    FPT_VOCAB,
+    LRA_VOCAB,
+    draw_ids,
+    evaluate,
+    generate_split,
+    generate_tree,
+    tree_tokens,
+)
 
 PARAMS = {"n_train": 120, "n_test": 30, "min_length": 5, "max_length": 60, "seed": 3}
 
@@ -52,6 +60,11 @@ def test_a_tampered_entry_is_refused_and_rebuilt(tmp_path, caplog):
     _same(task, get_task("listops", **PARAMS))
     (entry / "test.inputs.npy").write_bytes(b"not an array")  # unreadable: refused too
     _same(load_task("listops", PARAMS, cache_dir=tmp_path), task)
+    lengths = np.load(entry / "train.lengths.npy")
+    np.save(entry / "train.lengths.npy", lengths[:-1])  # one length short of the rows: Split refuses it
+    caplog.clear()
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), task)
+    assert "refused and rebuilt" in caplog.text
 
 
 def test_the_key_follows_params_and_data_files(tmp_path):
@@ -98,20 +111,25 @@ def test_generated_rows_do_not_depend_on_workers():
 
 @pytest.mark.parametrize("tokenization", ["lra", "fpt"])
 def test_generated_split_rows_evaluate_to_their_labels(tokenization):
+    """Every lra row evaluates (by a stack, independently of the generator) to its label; fpt rows are the same
+    draws with the brackets dropped."""
+    lra = generate_split("test", 300, 1, 4, 120, tokenization="lra", max_tokens=None, workers=1)
     split = generate_split("test", 300, 1, 4, 120, tokenization=tokenization, max_tokens=None, workers=1)
-    assert np.all(split.lengths >= 1)
-    if tokenization == "lra":
-        for i in range(len(split)):
-            toks = [LRA_VOCAB[t] for t in split.inputs[i, : split.lengths[i]]]
-            stack = [[]]
-            for t in toks:
-                if t.startswith("["):
-                    stack.append([t])
-                elif t == "]":
-                    op, *args = stack.pop()
-                    v = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)),
-                         "[SM": lambda a: sum(a) % 10}[op](args)
-                    stack[-1].append(v)
-                else:
-                    stack[-1].append(int(t))
-            assert stack[0][0] == split.labels[i]
+    np.testing.assert_array_equal(split.labels, lra.labels)
+    for i in range(len(lra)):
+        toks = [LRA_VOCAB[t] for t in lra.inputs[i, : lra.lengths[i]]]
+        if tokenization == "fpt":
+            words = [t.lstrip("[") for t in toks if t != "]"]
+            assert [FPT_VOCAB[t] for t in split.inputs[i, : split.lengths[i]]] == words
+        stack = [[]]
+        for t in toks:
+            if t.startswith("["):
+                stack.append([t])
+            elif t == "]":
+                op, *args = stack.pop()
+                v = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)),
+                     "[SM": lambda a: sum(a) % 10}[op](args)
+                stack[-1].append(v)
+            else:
+                stack[-1].append(int(t))
+        assert stack[0][0] == lra.labels[i]

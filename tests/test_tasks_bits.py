@@ -167,3 +167,13 @@ def test_memory_bad_params(params, word):
         get_task("bit-memory", **params)
     msg = str(err.value)
     assert "\n" not in msg and word in msg and "found" in msg
+
+
+def test_fingerprints_are_pinned():
+    """Fingerprints recorded before the task modules were reorganized: same params, same arrays, on any machine."""
+    assert get_task("bit-xor", n_train=50, n_test=20).fingerprint == (
+        "8be8bc109ab4dfb38aba1a24f99f2003342ea091a60cb7ae67e11f859c477a36")
+    assert get_task("bit-xor", n_bits=17, n_train=30, n_test=10, seed=5).fingerprint == (
+        "7b9b4ec4cf30a1f04d9a1065a752b7a66a3122a8ab25afd266f3eb4e2da1f0d5")
+    memory = get_task("bit-memory", n_bits=60, n_patterns=3, bits_per_token=4, n_train=20, n_test=10, seed=2)
+    assert memory.fingerprint == "8a870f978a9804340c7238e98215e2926fb956558903090852bf6b5b3bb49b1b"

@@ -227,3 +227,16 @@ def test_bad_params_and_missing_files(tmp_path):
         get_task("remote-homology", data_dir=tmp_path, max_length=2, splits=["train", "test_fold_holdout"])
     assert_one_line_error(e, "remote_homology_test_fold_holdout.json", "max_length=2", "none of 2")
     json.dumps(TASKS["remote-homology"].defaults)
+
+
+def test_fingerprints_are_pinned(tmp_path, capsys):
+    """Fingerprints recorded before the task modules were reorganized: same files and params, same arrays."""
+    write_all(tmp_path)
+    assert get_task("remote-homology", data_dir=str(tmp_path), max_length=6).fingerprint == (
+        "728cae2c2363ee73659a17feab74571bba9bf551b9472c6e74a29c82948f645b")
+    sub = get_task("remote-homology", data_dir=str(tmp_path), splits="train,test_family_holdout",
+                   test_split="test_family_holdout")  # fmt: skip
+    assert sub.fingerprint == "b49c66f93797eee9bd4d0cdf0101855f757b6dc6eefe73e2b5ef60d9d7c34cdd"
+    counts = get_task("remote-homology", data_dir=str(tmp_path), max_length=np.int64(6), n_per_split=np.int32(2))
+    assert counts.params["max_length"] == 6 and counts.params["n_per_split"] == 2
+    json.dumps(counts.params)  # numpy integers are kept as plain ints

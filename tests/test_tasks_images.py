@@ -270,8 +270,12 @@ def test_fashion_mnist_real_files():
     assert task.splits["train"].inputs.shape == (100, 64, 16)
     assert task.splits["test"].inputs.shape == (50, 64, 16)
     for s in task.splits.values():
-        assert s.labels.min() >= 0 and s.labels.max() <= 9
-        assert s.inputs.dtype == np.float32 and 0 <= s.inputs.min() and s.inputs.max() <= 1
+        assert set(np.unique(s.labels)) <= set(range(10)) and len(np.unique(s.labels)) >= 5
+        assert s.inputs.dtype == np.float32 and s.inputs.min() == 0.0 and s.inputs.max() <= 1.0
+        x255 = s.inputs * 255  # every value is a byte / 255
+        np.testing.assert_allclose(x255, np.round(x255), atol=1e-3)
+        full = s.inputs.reshape(-1, 8, 8, 4, 4).transpose(0, 1, 3, 2, 4).reshape(-1, 32, 32)
+        assert not full[:, :2].any() and not full[:, :, -2:].any()  # the 2-pixel zero padding
     assert "data_dir" not in task.params and "download" not in task.params
 
 
@@ -340,7 +344,9 @@ def test_cifar10_lra_grayscale(tmp_path):
         rgb = data[pixel], data[1024 + pixel], data[2048 + pixel]
         gray = (0.2989 * rgb[0] + 0.5870 * rgb[1] + 0.1140 * rgb[2]) / 255
         assert te.inputs[0, pixel, 0] == pytest.approx(2 * gray - 1, abs=1e-5)
-    assert -1 <= task.splits["train"].inputs.min() and task.splits["train"].inputs.max() <= 1
+    train = np.concatenate([ref[f"data_batch_{i}"][0] for i in range(1, 6)]).astype(np.float64)  # (10, 3072)
+    gray = (0.2989 * train[:, :1024] + 0.5870 * train[:, 1024:2048] + 0.1140 * train[:, 2048:]) / 255
+    np.testing.assert_allclose(task.splits["train"].inputs[:, :, 0], 2 * gray - 1, atol=1e-5)
     assert task.params == {"n_train": None, "n_test": None}
 
 
@@ -429,3 +435,57 @@ def test_load_pickle_refuses_code_but_reads_arrays():
 def test_registered_defaults_are_json():
     for name in ("mnist", "fashion-mnist", "digits", "cifar10", "cifar10-lra"):
         json.dumps(TASKS[name].defaults)
+
+
+def test_fingerprints_are_pinned(tmp_path):
+    """Fingerprints recorded before the image module was split: same files and params, same arrays."""
+    write_mnist(tmp_path / "m", n_train=20, n_test=8)
+    write_mnist(tmp_path / "mgz", n_train=20, n_test=8, gz=True, seed=3)
+    write_cifar(tmp_path / "c", per_batch=3)
+    pinned = [
+        ("mnist", {"data_dir": str(tmp_path / "m")},
+         "50c5746c7d887686bebc0a6617b1c770a5e71bf2cac7a38376f5ecd5a3b7710c"),
+        ("mnist", {"data_dir": str(tmp_path / "m"), "size": 28, "patch": 7, "n_train": 10, "n_test": 5},
+         "ec3a445ed5c9f97b8cfb506c18f288b87035f391d0d07c7d0c0bccbb89c21d0e"),
+        ("fashion-mnist", {"data_dir": str(tmp_path / "mgz")},
+         "a0e9f0a49dc7560ffc6a4eba596c41a8eb3ffe17e0b417dc439c8c6516b3a029"),
+        ("cifar10", {"data_dir": str(tmp_path / "c")},
+         "6d79fb999d29b119eac0840cb76f6d22e5373688a4252a9a71e0f3df6ee341ba"),
+        ("cifar10", {"data_dir": str(tmp_path / "c"), "patch": 2, "n_train": 7, "n_test": 2},
+         "ef3c05d19e603cfe731019296bcf333b14773ac9bd0bdb3deefd4f2c53343fe5"),
+        ("cifar10-lra", {"data_dir": str(tmp_path / "c")},
+         "9fbf12ed5d8c62a3e4f7776f605035d29b3554839081c7f6b3f4f48662858fe5"),
+        ("digits", {}, "f32c9d2ed9aa0f4c965108bf39063c4638ca0e4a0a7234d927839984e9d296c8"),
+        ("digits", {"patch": 4, "seed": 7, "test_fraction": 0.3},
+         "358bc6274916795c7b8347fca427386eddc18bfb8d169799c292bd49eecf7e83"),
+    ]  # fmt: skip
+    for name, params, fp in pinned:
+        assert get_task(name, **params).fingerprint == fp, (name, params)
+
+
+def test_counts_of_any_integer_type_are_kept_as_json_ints(tmp_path):
+    write_cifar(tmp_path)
+    task = get_task("cifar10-lra", data_dir=tmp_path, n_train=np.int64(3), n_test=np.int32(1))
+    assert task.params == {"n_train": 3, "n_test": 1} and type(task.params["n_train"]) is int
+    assert json.loads(json.dumps(task.params)) == task.params
+
+
+def test_old_import_paths_still_work():
+    from reservoir.tasks import images
+    from reservoir.tasks.images.cifar import read_cifar10
+    from reservoir.tasks.images.idx import read_idx as idx_read
+
+    for name in images.__all__:
+        assert hasattr(images, name), name
+    assert images.read_cifar10 is read_cifar10 and images.read_idx is idx_read is read_idx
+    assert images.build_cifar10 is TASKS["cifar10"].build
+
+
+def test_cifar10_options_after_data_dir_are_keywords(tmp_path):
+    """``patch`` moved after ``n_test`` (the order ``reservoir tasks`` lists); a positional call fails loudly."""
+    from reservoir.tasks.images import build_cifar10
+
+    write_cifar(tmp_path)
+    with pytest.raises(TypeError):
+        build_cifar10(str(tmp_path), 2)
+    assert build_cifar10(str(tmp_path), patch=2).splits["train"].inputs.shape == (10, 256, 12)

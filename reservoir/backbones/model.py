@@ -26,6 +26,36 @@ from torch.nn import functional as F
 from reservoir.backbones.arch import ArchFacts
 
 
+def last_token_index(lengths: torch.Tensor, n_out_tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the last ``n_out_tokens`` real positions of each sequence are: ``h[rows, idx]`` reads them.
+
+    Parameters
+    ----------
+    lengths : torch.Tensor
+        Real lengths ``(B,)``, each ``>= n_out_tokens`` (right padding after them).
+    n_out_tokens : int
+        Positions per sequence, ending at the last real token ``lengths - 1``.
+
+    Returns
+    -------
+    rows : torch.Tensor
+        ``(B, 1)``: ``0..B-1``.
+    idx : torch.Tensor
+        ``(B, n_out_tokens)``: ``lengths - n_out_tokens .. lengths - 1``, in order.
+
+    Examples
+    --------
+    >>> h = torch.arange(12.0).view(2, 3, 2)  # (B=2, L=3, D=2)
+    >>> rows, idx = last_token_index(torch.tensor([3, 1]))
+    >>> h[rows, idx].tolist()  # (B, 1, D): row 0 at position 2, row 1 at position 0
+    [[[4.0, 5.0]], [[6.0, 7.0]]]
+    """
+    offsets = torch.arange(n_out_tokens, device=lengths.device) - n_out_tokens  # (n_out,)
+    idx = lengths[:, None] + offsets[None, :]  # (B, n_out), last real token at lengths-1
+    rows = torch.arange(len(lengths), device=lengths.device)[:, None]  # (B, 1)
+    return rows, idx
+
+
 @dataclass
 class BackboneInfo:
     """Provenance of a loaded backbone, saved in every store and results file."""
@@ -52,8 +82,12 @@ class ReservoirBackbone(nn.Module):
     Subclasses set ``input``, ``blocks``, ``final_norm`` and ``info`` and
     implement ``embed(x)`` (layer 0), ``attention_mask(lengths, L, dtype)``
     (whatever their blocks need to ignore padding) and
-    ``run_blocks(h, mask, start, stop)``.
+    ``run_blocks(h, mask, start, stop)``. :func:`~reservoir.backbones.load_backbone`
+    also sets ``projection_info`` (``kind``, ``gain``, ``seed``, ``d_in`` of
+    the input projection), which a feature store records.
     """
+
+    projection_info: dict | None = None
 
     @property
     def depth(self) -> int:
@@ -113,10 +147,8 @@ class ReservoirBackbone(nn.Module):
         >>> bb.features(torch.zeros(3, 10, 1), torch.tensor([10, 7, 4]), [0, 1, 2]).shape
         torch.Size([3, 3, 1, 32])
         """
-        B, L = x.shape[:2]
-        offsets = torch.arange(n_out_tokens, device=lengths.device) - n_out_tokens  # (n_out,)
-        idx = lengths[:, None] + offsets[None, :]  # (B, n_out), last real token at lengths-1
-        rows = torch.arange(B, device=lengths.device)[:, None]  # (B, 1)
+        L = x.shape[1]
+        rows, idx = last_token_index(lengths, n_out_tokens)  # (B, 1), (B, n_out)
         h = self.embed(x)  # (B, L, n_dim)
         mask = self.attention_mask(lengths, L, h.dtype, padded)
         wanted = set(layers)

@@ -75,11 +75,11 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> dict
 
     Examples
     --------
-    >>> from reservoir.extract import ExtractConfig
+    >>> from reservoir.extraction import ExtractConfig
     >>> r = bench_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2))  # doctest: +SKIP
     >>> r["pass_over_bare"]  # doctest: +SKIP
     """
-    from reservoir.extract import prepare
+    from reservoir.extraction import prepare
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -125,7 +125,7 @@ def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = T
     """
     from dataclasses import replace
 
-    from reservoir.extract import iter_windows, write_splits
+    from reservoir.extraction import iter_windows, write_splits
 
     _warm_up(prep)
     prep.config = replace(prep.config, out=str(path), format=fmt)

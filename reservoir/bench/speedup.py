@@ -50,7 +50,7 @@ def _epoch_rows(n: int, batch_size: int, seed: int, limit: int | None) -> list[n
 
 def _time_steps(model, data, batches, device, start: int = 0) -> float:
     """Seconds for one optimizer step per batch over ``batches`` (Adam on the trainable parameters), after a warm-up step."""
-    from reservoir.train import loss_fn
+    from reservoir.training import loss_fn
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-3)
@@ -131,11 +131,12 @@ def speedup(
     from reservoir.backbones import load_backbone
     from reservoir.bench.extract import time_pass
     from reservoir.cached import resident
-    from reservoir.extract import ExtractConfig, prepare
+    from reservoir.extraction import ExtractConfig, prepare
     from reservoir.freeze import apply_freeze
     from reservoir.readouts.features import load_layer
     from reservoir.store import FeatureStore
-    from reservoir.train import ReservoirClassifier, _Data, heads_per_token
+    from reservoir.training import Feeder
+    from reservoir.training import ReservoirClassifier, heads_per_token
 
     if batch_size < 1 or max_live_rows < 1:
         raise ReservoirError(f"batch size and max live rows must be >= 1, found {batch_size}, {max_live_rows}")
@@ -167,7 +168,7 @@ def speedup(
         # (a) output only: live forward + head vs head on resident cached features
         model = ReservoirClassifier(live_bb, data.n_out_tokens, n_heads, data.n_classes, seed=seed).to(dev)
         apply_freeze(live_bb, model.head, ("output",))
-        live_data = _Data(tr.inputs, tr.lengths, tr.labels)
+        live_data = Feeder(tr.inputs, tr.lengths, tr.labels)
         with FeatureStore.open(t["path"]) as st:
             X, Y = resident(*load_layer(st, "train", K), data.n_out_tokens, dev)
         result["output_only"] = out = {}
@@ -199,7 +200,7 @@ def speedup(
         local = {int(r): i for i, r in enumerate(timed)}
         split_batches = [np.array([local[int(r)] for r in rows]) for rows in live_batches]
         sub_tr = sub.splits["train"]
-        t_split = _time_steps(model, _Data(states, sub_tr.lengths, sub_tr.labels, start=s), split_batches, dev,
+        t_split = _time_steps(model, Feeder(states, sub_tr.lengths, sub_tr.labels, start=s), split_batches, dev,
                               start=s) * n / len(timed)
         extract_split_s = result["setup_s"] + st_t["pass_s"] * n / len(timed)
         result["extract_split_s"] = extract_split_s

@@ -1,7 +1,19 @@
-"""Readouts fitted from stored features (scikit-learn estimator contract)."""
+"""Readouts fitted from stored features (scikit-learn estimator contract), and the experiments that run them.
+
+* :class:`LogisticReadout`, :class:`RidgeReadout`: estimators (``fit(X, y)``
+  on arrays, or ``fit_chunks`` on a stream of chunks), sharing
+  :class:`~reservoir.readouts.base.LinearReadout`.
+* :func:`iter_layer`, :func:`load_layer`: one layer of a
+  :class:`~reservoir.store.FeatureStore`, as a readout reads it
+  (:mod:`reservoir.readouts.features`); streamed statistics and validation
+  splits are in :mod:`reservoir.readouts.stats`.
+* :func:`fit_linear`, :func:`fit_raw`: a readout per stored layer, or on a
+  task's raw inputs, returning :class:`FitResult` objects.
+"""
 
 from reservoir.readouts.features import iter_layer, load_layer
 from reservoir.readouts.logistic import LogisticReadout
 from reservoir.readouts.ridge import RidgeReadout
+from reservoir.readouts.run import FitResult, fit_linear, fit_raw
 
-__all__ = ["LogisticReadout", "RidgeReadout", "iter_layer", "load_layer"]
+__all__ = ["FitResult", "LogisticReadout", "RidgeReadout", "fit_linear", "fit_raw", "iter_layer", "load_layer"]

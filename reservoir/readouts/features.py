@@ -1,30 +1,41 @@
-"""Reading one layer's features from a store, the way a readout sees them, and streaming them.
+"""Reading one layer's features from a store, the way a readout sees them.
 
 A depth-K readout reads layer K through the backbone's final norm (GPT-2's
 ``ln_f``; identity for post-LN models such as BERT), like Lu et al. Tables
 11/12 when they keep the first K layers. Bit memory's ``n_out_tokens`` output
-positions share one head, so they become rows.
-
-Readouts that fit from a stream take a *chunk source*: a callable returning a
-fresh iterable of ``(X_chunk, y_chunk)`` each time it is called (every pass over
-the data calls it again), e.g. ``lambda: iter_layer(store, "train", 6)``. The
-helpers below are what both readouts share: streamed moments, a validation
-split by row index that does not depend on how rows are chunked, and label
-checks.
+positions share one head, so they become rows. Every reader takes a
+:class:`~reservoir.store.FeatureStore`; :func:`opened` lets a function take a
+store or a path alike. What readouts do with the chunks read here (streamed
+statistics, validation splits) is in :mod:`reservoir.readouts.stats`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import contextlib
+import os
+from collections.abc import Iterator
 
 import numpy as np
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import validate_data
 
 from reservoir.errors import ReservoirError
 from reservoir.store import FeatureStore
 
-Chunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
+
+@contextlib.contextmanager
+def opened(store: FeatureStore | str | os.PathLike) -> Iterator[FeatureStore]:
+    """``store`` itself (left open: the caller owns it), or the store at a path, opened and then closed.
+
+    Examples
+    --------
+    >>> with opened("cache/xor.zarr") as st:  # doctest: +SKIP
+    ...     st.layers
+    [0, 1, 2]
+    """
+    if isinstance(store, FeatureStore):
+        yield store
+    else:
+        with FeatureStore.open(store) as st:
+            yield st
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -99,97 +110,7 @@ def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     return np.zeros((0, shape[-1]), np.float32), labels.reshape(0, *labels.shape[1 + (shape[2] > 1):])
 
 
-# -- streams of chunks, shared by the readouts --------------------------------
-def chunk_source(chunks, name: str = "train_chunks") -> Chunks:
-    """A callable giving a fresh iterable per pass, from a callable or a list of ``(X, y)``."""
-    if callable(chunks):
-        return chunks
-    if isinstance(chunks, Iterator):
-        raise TypeError(f"{name} must be a callable returning a fresh iterable of (X, y) chunks, or a list; "
-                        f"got a one-shot {type(chunks).__name__} (the fit reads the chunks more than once)")
-    return lambda: chunks
-
-
-def checked_chunks(est, chunks: Chunks, first: bool = False, dtype=np.float32):
-    """Yield ``(X, y)`` validated like ``fit`` input; ``first=True`` sets ``n_features_in_`` from chunk one."""
-    head_shape = None
-    for X, y in chunks():
-        X, y = validate_data(est, X, y, reset=first, multi_output=True, dtype=dtype, y_numeric=False)
-        check_classification_targets(y)
-        if head_shape is not None and y.shape[1:] != head_shape:
-            raise ValueError(f"every chunk's y must have shape (n, *{head_shape}); got a chunk with {y.shape}")
-        head_shape, first = y.shape[1:], False
-        yield X, y
-
-
-def encode_labels(classes: np.ndarray, y, what: str = "validation labels") -> np.ndarray:
-    """Class indices of ``y`` in ``classes``; a ``ValueError`` for labels outside them."""
-    y = np.asarray(y)
-    idx = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
-    if not np.all(classes[idx] == y):
-        raise ValueError(f"{what} must be among the training classes {classes.tolist()}")
-    return idx
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def holdout_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
-    """Which of the global rows ``start..start+n-1`` are held out for validation.
-
-    A seeded hash of the row index (splitmix64), so the split is the same
-    however the rows are chunked; about ``fraction`` of the rows are held out.
-    """
-    key = _splitmix64(np.array([seed % 2**64], dtype=np.uint64))
-    z = _splitmix64(np.arange(start, start + n, dtype=np.uint64) ^ key)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53 < fraction  # (n,) bool
-
-
-class Moments:
-    """Streamed row count, mean and scatter of feature rows, in float64.
-
-    Rows are shifted by a fixed vector (the first chunk's mean unless given)
-    before accumulating, so features with large means (hidden states have a
-    few huge dimensions) do not cancel catastrophically. Two ``Moments`` with
-    the same shift add up with ``+``. ``full=False`` keeps only the diagonal.
-    """
-
-    def __init__(self, shift: np.ndarray | None = None, full: bool = True):
-        self.shift, self.full, self.n = shift, full, 0
-        self.s1 = self.sxx = None
-
-    def update(self, X: np.ndarray) -> np.ndarray:
-        """Add rows ``X (n, d)``; returns them shifted, float64 ``(n, d)``."""
-        if self.shift is None:
-            self.shift = X.astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
-        Xs = X.astype(np.float64) - self.shift  # (n, d)
-        sxx = Xs.T @ Xs if self.full else (Xs * Xs).sum(0)  # (d, d) or (d,)
-        if self.s1 is None:
-            self.s1, self.sxx = Xs.sum(0), sxx
-        else:
-            self.s1, self.sxx = self.s1 + Xs.sum(0), self.sxx + sxx
-        self.n += len(X)
-        return Xs
-
-    def __add__(self, other: Moments) -> Moments:
-        assert other.shift is self.shift or np.array_equal(other.shift, self.shift), "different shifts"
-        if other.s1 is None:
-            return self
-        if self.s1 is None:
-            return other
-        out = Moments(self.shift, self.full)
-        out.n, out.s1, out.sxx = self.n + other.n, self.s1 + other.s1, self.sxx + other.sxx
-        return out
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.shift + self.s1 / max(self.n, 1)  # (d,)
-
-    def scatter(self) -> np.ndarray:
-        """Centred ``Xcᵀ Xc`` ``(d, d)`` (its diagonal ``(d,)`` when ``full=False``)."""
-        m = self.s1 / max(self.n, 1)
-        return self.sxx - (np.outer(self.s1, m) if self.full else self.s1 * m)
+def layer_bytes(store: FeatureStore, split: str) -> int:
+    """Bytes of one layer of ``split`` as float32 ``(N * n_out_tokens, n_dim)`` (reads no data)."""
+    n, _, n_out, d = store.features(split).shape
+    return int(n) * int(n_out) * int(d) * 4

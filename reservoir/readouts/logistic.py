@@ -27,36 +27,50 @@ float64 on centred rows, so a pass costs ``n*d*n_heads*C`` flops, not ``n*d*d``.
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import validate_data
 from torch.nn import functional as F
 
-from reservoir.readouts.features import Moments, checked_chunks, chunk_source, encode_labels, holdout_mask
+from reservoir.readouts import base
+from reservoir.readouts.stats import (
+    MIN_CARVE_ROWS,
+    Moments,
+    can_carve,
+    carve_rows,
+    checked_chunks,
+    chunk_source,
+    encode_labels,
+    held_out,
+    holdout_mask,
+    split_seed,
+)
 from reservoir.runtime import resolve_device
 
 DEFAULT_ALPHAS = (10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 
 
-class LogisticReadout(ClassifierMixin, BaseEstimator):
+class LogisticReadout(base.LinearReadout):
     """Multinomial L2 logistic readout; the L2 strength is picked on a validation split.
 
     Parameters
     ----------
     alphas : sequence of float, optional
-        Candidate L2 strengths (on the mean loss), tried from strongest to
-        weakest with warm starts; the path stops once validation accuracy
-        has been below its best for ``patience`` candidates in a row (weak
-        penalties cost the most iterations). One value skips validation.
+        Candidate L2 strengths (on the mean loss, each ``>= 0``), tried
+        from strongest to weakest with warm starts; the path stops once
+        validation accuracy has been below its best for ``patience``
+        candidates in a row (weak penalties cost the most iterations). One
+        value skips validation.
     patience : int
-        See ``alphas``.
+        See ``alphas`` (``>= 1``).
     val_fraction : float
-        Share of the training rows held out to choose ``alpha`` when no
-        validation data is given: a seeded random permutation in ``fit``, a
-        seeded hash of the row index in ``fit_chunks`` (independent of the
+        Share of the training rows, in ``(0, 1)``, held out to choose
+        ``alpha`` when no validation data is given: a seeded random
+        permutation in ``fit`` (:func:`~reservoir.readouts.stats.carve_rows`),
+        a seeded hash of the row index in ``fit_chunks`` (independent of the
         chunking).
     penalty : {"whitened", "standardized"}
         Where the L2 penalty is measured: on the weights of the whitened
@@ -68,14 +82,16 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         Whiten the features (train statistics) before the fit; otherwise
         only centre and scale each feature to unit variance.
     max_iter : int
-        L-BFGS iterations per candidate.
+        L-BFGS iterations per candidate (``>= 1``).
     tol : float
-        L-BFGS gradient tolerance.
-    random_state : int
+        L-BFGS gradient tolerance (``>= 0``).
+    random_state : int or None
         Seed of the validation split.
     device : str
         Torch device for the fit: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``
         (checked by :func:`reservoir.runtime.resolve_device`).
+
+    ``fit`` checks every parameter first (see :class:`~reservoir.readouts.base.LinearReadout`).
 
     Attributes
     ----------
@@ -100,6 +116,12 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     True
     """
 
+    _parameter_checks: ClassVar[dict[str, base.Check]] = {
+        "alphas": base.grid(0, open_low=False), "val_fraction": base.VAL_FRACTION, "whiten": base.FLAG,
+        "penalty": base.one_of("whitened", "standardized"), "max_iter": base.integer(1), "tol": base.number(0),
+        "patience": base.integer(1), "random_state": base.RANDOM_STATE,
+    }
+
     def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,
                  patience=2, random_state=0, device="cpu"):
         self.alphas = alphas
@@ -117,23 +139,26 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     # float32 ``(m, r)`` (P None: ``fit``) or centred float64 ``(m, d)`` with the whitening ``P (d, r)`` folded
     # into the weights (``fit_chunks``: ``m*d*n_heads*C`` flops per chunk and pass instead of ``m*d*r``; float64
     # keeps the gradient on low-variance directions exact, where ``P`` is large).
+    def _start_fit(self) -> list[float]:
+        """Check the parameters and the device; the candidate alphas, strongest first."""
+        self._check_params()
+        self._device = resolve_device(self.device)
+        return sorted(DEFAULT_ALPHAS if self.alphas is None else self.alphas, reverse=True)
+
     def fit(self, X, y, validation_data=None):
         """Fit; ``validation_data=(X_val, y_val)`` replaces the carved validation split."""
-        self._device = resolve_device(self.device)
+        alphas = self._start_fit()
         X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32, y_numeric=False)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         Y = np.searchsorted(self.classes_, y)
-        alphas = sorted(self.alphas or DEFAULT_ALPHAS, reverse=True)
         if validation_data is not None:
             Xv = validate_data(self, validation_data[0], reset=False, dtype=np.float32)
             Yv = encode_labels(self.classes_, validation_data[1])
             Xt, Yt = X, Y
-        elif len(alphas) > 1 and len(X) >= 10:
-            rng = np.random.default_rng(self.random_state)
-            perm = rng.permutation(len(X))
-            n_val = max(1, int(round(self.val_fraction * len(X))))
-            Xv, Yv, Xt, Yt = X[perm[:n_val]], Y[perm[:n_val]], X[perm[n_val:]], Y[perm[n_val:]]
+        elif len(alphas) > 1 and len(X) >= MIN_CARVE_ROWS:
+            fit_rows, val_rows = carve_rows(len(X), self.val_fraction, self.random_state)
+            Xv, Yv, Xt, Yt = X[val_rows], Y[val_rows], X[fit_rows], Y[fit_rows]
         else:
             Xv = Yv = None
             Xt, Yt = X, Y
@@ -150,24 +175,15 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         return self._fit_path(alphas, train, val, train if Xt is X else cached(X, Y), n_heads, Y.ndim > 1)
 
     def fit_chunks(self, train_chunks, val_chunks=None):
-        """Fit from chunks read again at every pass, never holding all rows.
-
-        Parameters
-        ----------
-        train_chunks : callable or list
-            ``train_chunks()`` returns a fresh iterable of ``(X (m, d), y (m,) or (m, n_heads))``.
-        val_chunks : callable or list, optional
-            Validation chunks; without them ``val_fraction`` of the training
-            rows (by a seeded hash of the global row index) choose ``alpha``.
+        """Fit from chunks read again at every pass, never holding all rows (see :class:`base.LinearReadout`).
 
         Examples
         --------
         >>> est = LogisticReadout().fit_chunks(lambda: iter_layer(store, "train", 6))  # doctest: +SKIP
         """
-        self._device = resolve_device(self.device)
+        alphas = self._start_fit()
         train_chunks = chunk_source(train_chunks)
-        alphas = sorted(self.alphas or DEFAULT_ALPHAS, reverse=True)
-        seed = int(np.random.default_rng(self.random_state).integers(2**63))
+        seed = split_seed(self.random_state)
         carve = val_chunks is None and len(alphas) > 1
         moments, classes, y_shape, n_val = Moments(full=self.whiten), [], (), 0
         for X, y in checked_chunks(self, train_chunks, first=True):  # pass 1: statistics, classes
@@ -179,31 +195,26 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         if moments.n == 0:
             raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
         self.classes_ = np.unique(np.concatenate(classes))
-        carve = carve and moments.n >= 10 and 0 < n_val < moments.n
         self._set_whitening(moments)
         mean = torch.as_tensor(self.mean_, dtype=torch.float64, device=self._device)  # (d,)
         P = torch.as_tensor(self._P, dtype=torch.float64, device=self._device)  # (d, r)
 
-        def stream(source, keep=None, val=False):  # keep: None (all rows), True (held out), False (the rest)
+        def stream(source, n, val=False):  # centred float64 tensors; train chunks were validated in pass 1
             def chunks():
-                start = 0
-                for X, y in source():  # train chunks were validated in pass 1
+                for X, y in source():
                     X = validate_data(self, X, reset=False, dtype=np.float32) if val else np.asarray(X, np.float32)
                     Y = encode_labels(self.classes_, y, "validation labels" if val else "labels")
-                    if keep is not None:
-                        m = holdout_mask(start, len(X), self.val_fraction, seed) == keep
-                        start, X, Y = start + len(X), X[m], Y[m]
                     if len(X):
                         Xc = torch.as_tensor(X, dtype=torch.float64, device=self._device) - mean  # (m, d)
                         yield Xc, torch.as_tensor(Y, device=self._device)
-            return chunks
+            return chunks, n, P
 
-        full = (stream(train_chunks), moments.n, P)
+        full = stream(train_chunks, moments.n)
         if val_chunks is not None:
-            val = (stream(chunk_source(val_chunks, "val_chunks"), val=True), None, P)
-            train = full
-        elif carve:
-            val, train = (stream(train_chunks, True), n_val, P), (stream(train_chunks, False), moments.n - n_val, P)
+            val, train = stream(chunk_source(val_chunks, "val_chunks"), None, val=True), full
+        elif carve and can_carve(moments.n, n_val):
+            val = stream(held_out(train_chunks, self.val_fraction, seed), n_val)
+            train = stream(held_out(train_chunks, self.val_fraction, seed, keep=False), moments.n - n_val)
         else:
             val, train = None, full
         return self._fit_path(alphas, train, val, full, int(np.prod(y_shape)), len(y_shape) > 0)
@@ -246,8 +257,6 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
         """``mean_`` and ``_P`` with ``(X - mean_) @ _P`` white (or standardized when ``whiten=False``)."""
         self.mean_ = moments.mean.astype(np.float32)
         var = moments.scatter() / max(moments.n, 1)  # (d, d), or (d,) when not whitening
-        if self.penalty not in ("standardized", "whitened"):
-            raise ValueError(f"penalty must be 'standardized' or 'whitened', found {self.penalty!r}")
         sd = np.sqrt(np.maximum(np.diag(var) if var.ndim == 2 else var, 0.0))  # (d,)
         sd = np.where(sd > 1e-12, sd, 1.0)
         self._M = None  # penalty ||M V||^2 on the whitened weights V; None: ||V||^2
@@ -314,32 +323,14 @@ class LogisticReadout(ClassifierMixin, BaseEstimator):
     # -- predicting ----------------------------------------------------------
     def predict_proba(self, X):
         """Class probabilities ``(n, n_classes)``; with several heads a list of those, one per head."""
-        p = self._proba(X)  # (n, n_heads, C)
+        p = self._class_scores(X)  # (n, n_heads, C)
         return p[:, 0] if self.n_heads_ == 0 else [p[:, h] for h in range(p.shape[1])]
 
-    def _proba(self, X):
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=np.float32)
+    def _class_scores(self, X):
+        """Class probabilities per head ``(n, n_heads, C)`` (what ``predict`` takes the argmax of)."""
+        X = self._validated(X)
         logits = np.einsum("nd,hcd->nhc", X - self.mean_, self.coef_) + self.intercept_  # (n, n_heads, C)
         logits -= logits.max(-1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(-1, keepdims=True)
         return p  # (n, n_heads, C)
-
-    def predict(self, X):
-        """Labels ``(n,)``, or ``(n, n_heads)`` with several heads."""
-        idx = self._proba(X).argmax(-1)  # (n, n_heads)
-        return self.classes_[idx[:, 0] if self.n_heads_ == 0 else idx]
-
-    def score(self, X, y, sample_weight=None):
-        """Mean accuracy over rows and heads (each bit counts once)."""
-        y = np.asarray(y)
-        pred = self.predict(X)
-        correct = (pred == y).reshape(len(y), -1).mean(1)
-        return float(np.average(correct, weights=sample_weight))
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = True
-        tags.classifier_tags.multi_label = False
-        return tags

@@ -23,12 +23,23 @@ when refitting on all rows (like a prior's precision, it does not scale with
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from scipy import linalg
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import validate_data
 
-from reservoir.readouts.features import Moments, checked_chunks, chunk_source, encode_labels, holdout_mask
+from reservoir.readouts import base
+from reservoir.readouts.stats import (
+    Moments,
+    can_carve,
+    checked_chunks,
+    chunk_source,
+    encode_labels,
+    held_out,
+    holdout_mask,
+    split_seed,
+)
 
 DEFAULT_RATIOS = tuple(10.0 ** np.arange(-6, 3))  # times trace(XcᵀXc) / d
 
@@ -71,24 +82,27 @@ class _Stats:
         return self.x.mean, self.x.scatter(), XtY.reshape(d, -1), mean_y.reshape(-1)
 
 
-class RidgeReadout(ClassifierMixin, BaseEstimator):
+class RidgeReadout(base.LinearReadout):
     """Closed-form ridge classifier (one-vs-rest ``±1`` targets); alpha picked on validation accuracy.
 
     Parameters
     ----------
     alphas : sequence of float, optional
-        Candidate L2 strengths (absolute, on the summed squared error);
-        default ``r * trace(XcᵀXc) / d`` for ``r`` in ``10**arange(-6, 3)``.
-        Ties in validation accuracy go to the stronger alpha. One value
-        needs no carved validation split (given validation data still
-        scores it).
+        Candidate L2 strengths (absolute, on the summed squared error, each
+        ``> 0``); default ``r * trace(XcᵀXc) / d`` for ``r`` in
+        ``10**arange(-6, 3)``. Ties in validation accuracy go to the
+        stronger alpha. One value needs no carved validation split (given
+        validation data still scores it).
     val_fraction : float
-        Share of the training rows held out to choose ``alpha`` when no
-        validation data is given, by a seeded hash of the global row index
-        (so ``fit`` and ``fit_chunks`` hold out the same rows however the
-        data is chunked); the final solution is refitted on all rows.
-    random_state : int
+        Share of the training rows, in ``(0, 1)``, held out to choose
+        ``alpha`` when no validation data is given, by a seeded hash of the
+        global row index (so ``fit`` and ``fit_chunks`` hold out the same
+        rows however the data is chunked); the final solution is refitted on
+        all rows.
+    random_state : int or None
         Seed of the validation split.
+
+    ``fit`` checks every parameter first (see :class:`~reservoir.readouts.base.LinearReadout`).
 
     Attributes
     ----------
@@ -109,6 +123,11 @@ class RidgeReadout(ClassifierMixin, BaseEstimator):
     True
     """
 
+    _parameter_checks: ClassVar[dict[str, base.Check]] = {
+        "alphas": base.grid(0, open_low=True), "val_fraction": base.VAL_FRACTION, "random_state": base.RANDOM_STATE,
+    }
+    _dtype = (np.float64, np.float32)
+
     def __init__(self, alphas=None, val_fraction=0.1, random_state=0):
         self.alphas = alphas
         self.val_fraction = val_fraction
@@ -120,42 +139,22 @@ class RidgeReadout(ClassifierMixin, BaseEstimator):
         return self.fit_chunks([(X, y)], None if validation_data is None else [tuple(validation_data)])
 
     def fit_chunks(self, train_chunks, val_chunks=None):
-        """Fit from chunks: one pass for the statistics, one over the validation rows.
+        """Fit from chunks (see :class:`base.LinearReadout`): one pass for the statistics, one over the validation rows.
 
-        Parameters
-        ----------
-        train_chunks : callable or list
-            ``train_chunks()`` returns a fresh iterable of ``(X (m, d), y (m,) or (m, n_heads))``.
-        val_chunks : callable or list, optional
-            Validation chunks; without them ``val_fraction`` of the training
-            rows (a seeded hash of the global row index) choose alpha, which
-            reads ``train_chunks`` a second time.
+        A validation split carved from train reads ``train_chunks`` a second time.
 
         Examples
         --------
         >>> est = RidgeReadout().fit_chunks(lambda: iter_layer(store, "train", 6))  # doctest: +SKIP
         """
+        self._check_params()
         train_chunks = chunk_source(train_chunks)
-        if self.alphas is not None and (len(self.alphas) == 0 or min(self.alphas) <= 0):
-            raise ValueError(f"alphas must be positive numbers; got {list(self.alphas)}")
-        seed = int(np.random.default_rng(self.random_state).integers(2**63))
+        seed = split_seed(self.random_state)
         carve = val_chunks is None and (self.alphas is None or len(self.alphas) > 1)
-        fit_s = held = None
-        start, y_shape = 0, ()
-        for X, y in checked_chunks(self, train_chunks, first=True, dtype=(np.float64, np.float32)):  # pass 1
-            Y = y.reshape(len(y), -1)  # (m, H)
-            if fit_s is None:
-                shift = X.astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
-                fit_s, held = _Stats(shift), _Stats(shift)
-            m = holdout_mask(start, len(X), self.val_fraction, seed) if carve else np.zeros(len(X), bool)
-            fit_s.update(X[~m], Y[~m])
-            held.update(X[m], Y[m])
-            start, y_shape = start + len(X), y.shape[1:]
-        everything = fit_s + held if fit_s is not None else None
-        if everything is None or everything.x.n == 0:
-            raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
+        fit_s, held, y_shape = self._accumulate(train_chunks, seed if carve else None)
+        everything = fit_s + held
         self.classes_ = np.unique(np.array(list(everything.by_class)))
-        carve = carve and everything.x.n >= 10 and 0 < held.x.n < everything.x.n
+        carve = carve and can_carve(everything.x.n, held.x.n)
         if not carve:
             fit_s = everything
         H, C, d = int(np.prod(y_shape)), len(self.classes_), self.n_features_in_
@@ -167,33 +166,11 @@ class RidgeReadout(ClassifierMixin, BaseEstimator):
         grid = sorted(self.alphas if self.alphas is not None else [r * scale for r in DEFAULT_RATIOS], reverse=True)
 
         self.val_scores_ = {}
-        if carve or val_chunks is not None:
-            if carve:
-                def val_rows():
-                    start = 0
-                    for X, y in train_chunks():
-                        X, y = validate_data(self, X, reset=False, dtype=(np.float64, np.float32)), np.asarray(y)
-                        m = holdout_mask(start, len(X), self.val_fraction, seed)
-                        start += len(X)
-                        if m.any():
-                            yield X[m], y[m]
-            else:
-                val_rows = chunk_source(val_chunks, "val_chunks")
-            correct, total = np.zeros(len(grid)), 0
-            for X, y in val_rows():  # pass 2: every alpha's accuracy on the validation rows
-                X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
-                Yv = encode_labels(self.classes_, y, "validation labels" if not carve else "labels")
-                Yv = Yv.reshape(len(X), -1)  # (m, H)
-                if Yv.shape[1] != H:
-                    raise ValueError(f"validation y must have {H} head(s) like the training y; got shape {np.shape(y)}")
-                Z = (X.astype(np.float64) - mean_x) @ V  # (m, d) in the eigenbasis
-                for i, a in enumerate(grid):
-                    scores = ((Z / (lam + a)) @ Q + mean_y).reshape(len(X), H, C)  # (m, H, C)
-                    correct[i] += (scores.argmax(-1) == Yv).sum()
-                total += Yv.size
-            accs = correct / max(total, 1)
-            self.val_scores_ = {float(a): float(acc) for a, acc in zip(grid, accs)}
-            self.alpha_ = float(grid[int(np.argmax(accs))])  # first maximum: the strongest of ties
+        solution = (mean_x, V, lam, Q, mean_y)
+        if carve:
+            self._select_alpha(grid, solution, held_out(train_chunks, self.val_fraction, seed), H, validated=True)
+        elif val_chunks is not None:
+            self._select_alpha(grid, solution, chunk_source(val_chunks, "val_chunks"), H, validated=False)
         else:
             self.alpha_ = float(grid[-1])
 
@@ -207,10 +184,56 @@ class RidgeReadout(ClassifierMixin, BaseEstimator):
         self.n_heads_ = H if y_shape else 0
         return self
 
+    def _accumulate(self, train_chunks, seed: int | None) -> tuple[_Stats, _Stats, tuple[int, ...]]:
+        """Pass 1: statistics of the rows to fit and of the held-out rows, and the shape of ``y`` past its rows.
+
+        Rows are held out by :func:`holdout_mask` with ``seed``; none when ``seed`` is None.
+        """
+        fit_s = held = None
+        start, y_shape = 0, ()
+        for X, y in checked_chunks(self, train_chunks, first=True, dtype=self._dtype):
+            Y = y.reshape(len(y), -1)  # (m, H)
+            if fit_s is None:
+                shift = X.astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
+                fit_s, held = _Stats(shift), _Stats(shift)
+            m = holdout_mask(start, len(X), self.val_fraction, seed) if seed is not None else np.zeros(len(X), bool)
+            fit_s.update(X[~m], Y[~m])
+            held.update(X[m], Y[m])
+            start, y_shape = start + len(X), y.shape[1:]
+        if start == 0:
+            raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
+        return fit_s, held, y_shape
+
+    def _select_alpha(self, grid, solution, val_rows, n_heads: int, validated: bool) -> None:
+        """Pass 2: every alpha's accuracy on the validation rows; ``alpha_`` the best (the strongest of ties).
+
+        ``solution`` is ``(mean_x, V, lam, Q, mean_y)``: the fit rows' mean, the eigenbasis of their
+        ``XcᵀXc``, its eigenvalues, ``Vᵀ XcᵀYc`` and the targets' mean. ``validated``: the rows are
+        held-out training rows, already checked in pass 1.
+        """
+        mean_x, V, lam, Q, mean_y = solution
+        correct, total = np.zeros(len(grid)), 0
+        for X, y in val_rows():
+            if not validated:
+                X = validate_data(self, X, reset=False, dtype=self._dtype)
+            Yv = encode_labels(self.classes_, y, "labels" if validated else "validation labels")
+            Yv = Yv.reshape(len(X), -1)  # (m, H)
+            if Yv.shape[1] != n_heads:
+                raise ValueError(f"validation y must have {n_heads} head(s) like the training y; "
+                                 f"got shape {np.shape(y)}")
+            Z = (X.astype(np.float64) - mean_x) @ V  # (m, d) in the eigenbasis
+            for i, a in enumerate(grid):
+                scores = ((Z / (lam + a)) @ Q + mean_y).reshape(len(X), n_heads, -1)  # (m, H, C)
+                correct[i] += (scores.argmax(-1) == Yv).sum()
+            total += Yv.size
+        accs = correct / max(total, 1)
+        self.val_scores_ = {float(a): float(acc) for a, acc in zip(grid, accs)}
+        self.alpha_ = float(grid[int(np.argmax(accs))])  # first maximum: the strongest of ties
+
     # -- predicting ----------------------------------------------------------
-    def _scores(self, X):
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
+    def _class_scores(self, X):
+        """Ridge scores per head ``(n, H, C)`` on the original features."""
+        X = self._validated(X)
         return np.einsum("nd,hcd->nhc", X.astype(np.float64), self.coef_) + self.intercept_  # (n, H, C)
 
     def decision_function(self, X):
@@ -220,23 +243,6 @@ class RidgeReadout(ClassifierMixin, BaseEstimator):
         means ``classes_[1]``), else ``(n, n_classes)``. Several heads:
         ``(n, n_heads)`` for two classes, else ``(n, n_heads, n_classes)``.
         """
-        s = self._scores(X)  # (n, H, C)
+        s = self._class_scores(X)  # (n, H, C)
         s = s[..., 1] - s[..., 0] if s.shape[-1] == 2 else (s[..., 0] if s.shape[-1] == 1 else s)
         return s[:, 0] if self.n_heads_ == 0 else s
-
-    def predict(self, X):
-        """Labels ``(n,)``, or ``(n, n_heads)`` with several heads."""
-        idx = self._scores(X).argmax(-1)  # (n, H)
-        return self.classes_[idx[:, 0] if self.n_heads_ == 0 else idx]
-
-    def score(self, X, y, sample_weight=None):
-        """Mean accuracy over rows and heads (each bit counts once)."""
-        y = np.asarray(y)
-        correct = (self.predict(X) == y).reshape(len(y), -1).mean(1)
-        return float(np.average(correct, weights=sample_weight))
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = True
-        tags.classifier_tags.multi_label = False
-        return tags

@@ -38,7 +38,7 @@ split; the data's own seed is a task parameter. ``tag`` names a variant (e.g.
 other task parameters) so that its runs get distinct ids; like the recipe's
 ``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
 ``_`` and ``-`` only (not ``.`` or ``..``). Numbers are held to the bounds
-``reservoir train`` applies (:data:`reservoir.train.BOUNDS`: ``lr`` > 0,
+``reservoir train`` applies (:data:`reservoir.training.BOUNDS`: ``lr`` > 0,
 ``steps`` >= 1, ``dropout`` in [0, 1), ...), and every list axis names at
 least one value. A paper entry's
 ``match`` keys are row-label keys (:data:`LABEL_KEYS`); ``layer`` is the

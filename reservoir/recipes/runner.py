@@ -41,7 +41,7 @@ def result_files(run: Run, folder: Path) -> list[Path]:
 
 def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:
     """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
-    import reservoir.extract as ex
+    import reservoir.extraction as ex
     from reservoir.store import FeatureStore, remove
     from reservoir.tasks import load_task
 
@@ -69,7 +69,7 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
                            task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, device=device,
                            batch_size=c.batch_size or 64)
-    return Path(ex.extract(cfg, progress=False, task=task))
+    return ex.run(cfg, progress=False, task=task)
 
 
 def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:
@@ -77,7 +77,7 @@ def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, 
     from reservoir.results import write_result
 
     c = run.cell
-    from reservoir.extract import resolve_device
+    from reservoir.extraction import resolve_device
 
     fit_device = str(resolve_device(device))
     if run.kind == "fit-raw":
@@ -85,9 +85,9 @@ def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, 
 
         accs = []
         for r in c.readout:
-            res = rr.fit_raw(run.task, dict(c.task_params), r, run.seed, fit_device)
-            write_result(folder / f"{r}.json", {**res, "recipe": meta})
-            accs.append(f"{r} {res['metrics']['test_accuracy']:.2%}")
+            res = rr.fit_raw(run.task, dict(c.task_params), r, seed=run.seed, device=fit_device)
+            write_result(folder / f"{r}.json", {**res.to_dict(), "recipe": meta})
+            accs.append(f"{r} {res.metrics['test_accuracy']:.2%}")
         return ", ".join(accs)
     if run.kind == "bench":
         from reservoir.bench import speedup
@@ -104,26 +104,24 @@ def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, 
         store = store_for(run, cache_dir, device, force)
         best = []
         for r in c.readout:
-            rows = rr.fit_linear(store, fitted_layers(c), r, run.seed, results_dir=None, device=fit_device)
-            for row in rows:
-                write_result(folder / f"{r}-layer{row['config']['layer']}.json", {**row, "recipe": meta})
-            top = max(rows, key=lambda row: row["metrics"]["test_accuracy"])
-            best.append(f"{r} best layer {top['config']['layer']} {top['metrics']['test_accuracy']:.2%}")
+            results = rr.fit_linear(store, fitted_layers(c), r, seed=run.seed, device=fit_device)  # writes nothing
+            for res in results:
+                write_result(folder / f"{r}-layer{res.config['layer']}.json", {**res.to_dict(), "recipe": meta})
+            top = max(results, key=lambda res: res.metrics["test_accuracy"])
+            best.append(f"{r} best layer {top.config['layer']} {top.metrics['test_accuracy']:.2%}")
         return ", ".join(best)
-    import reservoir.train as tr
+    import reservoir.training as tr
 
     cfg = tr.TrainConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers,
                          finetune=run.finetune, task_params=dict(c.task_params), lr=run.lr or 1e-3, steps=c.steps,
                          epochs=c.epochs, batch_size=c.batch_size or 16, eval_every=c.eval_every, seed=run.seed,
                          dropout=c.dropout, device=device, out=str(folder))
-    if c.lr_sweep:
-        res = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False)
-        write_result(folder / "sweep.json", {**res, "recipe": meta})
-        m = res["metrics"]
-        return f"best lr {res['best_lr']:.2e}: {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%}"
-    res = tr.train(cfg, progress=False)
-    write_result(folder / "results.json", {**res, "recipe": meta})
-    return f"test {res['metrics']['test_accuracy']:.2%}"
+    if c.lr_sweep:  # the sweep writes sweep.json (with the recipe block) into the run folder it owns
+        s = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False, extra={"recipe": meta})
+        m = s.metrics
+        return f"best lr {s.best_lr:.2e}: {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%}"
+    res = tr.run(cfg, progress=False, extra={"recipe": meta})  # writes results.json into its folder
+    return f"test {res.metrics['test_accuracy']:.2%}"
 
 
 def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None) -> list[dict[str, Any]]:
@@ -139,7 +137,7 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
     --------
     >>> sum(p["steps"] for p in plan("paper-table2"))  # doctest: +SKIP
     """
-    from reservoir.train import parse_lr_sweep
+    from reservoir.training import parse_lr_sweep
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)

@@ -126,7 +126,7 @@ class Cell:
     def __post_init__(self) -> None:
         from reservoir.freeze import parse_groups
         from reservoir.tasks import TASKS
-        from reservoir.train import BOUNDS, check_number, parse_lr_sweep
+        from reservoir.training import BOUNDS, check_number, parse_lr_sweep
 
         w = self.where
         _choices([self.kind], KINDS, "kind", w)
@@ -388,11 +388,17 @@ def _expand(c: Cell) -> list[Run]:
 
 # -- finding and loading -------------------------------------------------------
 def recipes_dir() -> Path:
-    """``$RESERVOIR_RECIPES``, else the repository's top-level ``recipes/`` folder."""
-    import reservoir
+    """``$RESERVOIR_RECIPES``, else the recipes shipped with the package.
+
+    The shipped recipes are the repository's top-level ``recipes/`` folder:
+    ``reservoir/recipes/bundled`` links to it in a source checkout (so an
+    editable install reads the files being edited), and a wheel carries copies
+    of them there, so they are found from any working directory.
+    """
+    from importlib import resources
 
     env = os.environ.get("RESERVOIR_RECIPES")
-    return Path(env) if env else Path(reservoir.__file__).resolve().parent.parent / "recipes"
+    return Path(env) if env else Path(str(resources.files("reservoir.recipes") / "bundled"))
 
 
 def load_recipe(name_or_path: str | os.PathLike) -> Recipe:

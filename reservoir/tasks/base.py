@@ -9,9 +9,11 @@ projection, so both kinds reach the backbone the same way.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -42,8 +44,12 @@ class Split:
 
     def __post_init__(self) -> None:
         n = len(self.inputs)
-        assert self.lengths.shape == (n,), (self.lengths.shape, n)
-        assert len(self.labels) == n, (self.labels.shape, n)
+        if self.lengths.shape != (n,):
+            raise ReservoirError(f"split: expected lengths of shape ({n},), one per row of inputs; "
+                                 f"found {self.lengths.shape}")
+        if len(self.labels) != n:
+            raise ReservoirError(f"split: expected {n} labels, one per row of inputs; found {len(self.labels)} "
+                                 f"(labels of shape {self.labels.shape})")
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -89,6 +95,84 @@ class TaskData:
         if not self.fingerprint:
             self.fingerprint = fingerprint(self.name, self.params, self.splits)
 
+    @classmethod
+    def from_arrays(
+        cls,
+        name: str,
+        splits: Mapping[str, Split | Sequence[Any]],
+        *,
+        kind: Literal["tokens", "continuous"] | None = None,
+        d_in: int | None = None,
+        n_classes: int | None = None,
+        n_out_tokens: int = 1,
+        vocab: Sequence[str] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> TaskData:
+        """A task from arrays already in memory, checked as a built-in task's are.
+
+        Parameters
+        ----------
+        name : str
+            What the task is called in stores and results; not a registered
+            task's name.
+        splits : mapping of str to tuple or Split
+            ``{"train": (inputs, lengths, labels), "test": ...}`` (``"train"``
+            and ``"test"`` required, others such as ``"val"`` allowed, order
+            kept). ``(inputs, labels)`` or ``lengths=None`` means every
+            sequence is full length. Inputs are token ids, integers ``(N, L)``
+            (right-padded; every id, padding included, in ``0..d_in-1``), or
+            vectors ``(N, L, d_in)`` of numbers. Lengths are integers ``(N,)``
+            in ``n_out_tokens..L``; labels integers ``(N, *label_shape)``
+            ``>= 0``, the same ``label_shape`` in every split.
+        kind : {"tokens", "continuous"}, optional
+            Inferred from the inputs (2-D integers: tokens, 3-D: continuous);
+            given, it must agree with them.
+        d_in : int, optional
+            Tokens: the vocabulary size, default the largest id + 1 over all
+            splits. Continuous: the vector size (must equal ``inputs.shape[2]``).
+        n_classes : int, optional
+            Classes per head (at least 2), default the largest label + 1 over all splits.
+        n_out_tokens : int
+            How many final real positions the readout reads; with more than
+            one, labels are ``(N, n_out_tokens, ...)``.
+        vocab : sequence of str, optional
+            Token strings in id order (tokens only); sets ``d_in`` when that is not given.
+        params : mapping, optional
+            JSON-serializable facts about where the arrays came from; kept in
+            stores and part of the fingerprint.
+
+        Returns
+        -------
+        TaskData
+            Token inputs keep their dtype when the backbone reads it directly
+            (uint8, int16, int32, int64; other integers become int64),
+            continuous inputs become float32, lengths and labels int64 (no copy
+            where the dtype already fits). The fingerprint is computed as for a
+            built-in task, from ``name``, ``params`` and the arrays.
+
+        Raises
+        ------
+        ReservoirError
+            One line naming the split and what was expected and found, for any
+            shape, dtype, length, label or id out of place.
+
+        Examples
+        --------
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(40, 6, 3)).astype(np.float32)
+        >>> y = (x[:, -1, 0] > 0).astype(np.int64)
+        >>> task = TaskData.from_arrays("my-task", {"train": (x[:30], y[:30]), "test": (x[30:], y[30:])})
+        >>> task.kind, task.d_in, task.n_classes, task.splits["test"].lengths[:3].tolist()
+        ('continuous', 3, 2, [6, 6, 6])
+        >>> ids = np.array([[3, 1, 0], [2, 2, 2]])
+        >>> TaskData.from_arrays("toy", {"train": (ids, [2, 3], [0, 1]), "test": (ids, [1, 3], [1, 0])}).d_in
+        4
+        """
+        from reservoir.tasks.arrays import from_arrays
+
+        return from_arrays(name, splits, kind=kind, d_in=d_in, n_classes=n_classes, n_out_tokens=n_out_tokens,
+                           vocab=vocab, params=params)
+
     @property
     def label_shape(self) -> tuple[int, ...]:
         return tuple(next(iter(self.splits.values())).labels.shape[1:])
@@ -118,11 +202,14 @@ def fingerprint(name: str, params: dict[str, Any], splits: dict[str, Split]) -> 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A registry entry: how to build a task and what to tell a user about it."""
+    """A registry entry: how to build a task and what to tell a user about it.
+
+    The task's parameters and their defaults are those of ``build``'s
+    signature (:attr:`defaults`), so they are written in one place.
+    """
 
     name: str
     build: Callable[..., TaskData]
-    defaults: dict[str, Any]
     summary: str
     source: str
     tokens: str = ""
@@ -130,12 +217,26 @@ class TaskSpec:
     classes: str = ""
     splits: str = "train, test"
 
+    def __post_init__(self) -> None:
+        for p in inspect.signature(self.build).parameters.values():
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.default is p.empty:
+                raise ReservoirError(f"task {self.name!r}: expected a builder whose every parameter is a keyword "
+                                     f"with a default; found {p.name!r} ({p.kind.description}, "
+                                     f"{'no default' if p.default is p.empty else 'default ' + repr(p.default)})")
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Every parameter of ``build`` with its default, in signature order (what ``reservoir tasks`` lists)."""
+        return {name: p.default for name, p in inspect.signature(self.build).parameters.items()}
+
 
 TASKS: dict[str, TaskSpec] = {}
 
 
 def register(spec: TaskSpec) -> TaskSpec:
-    assert spec.name not in TASKS, spec.name
+    """Add ``spec`` to :data:`TASKS`; a name already registered is refused (one line)."""
+    if spec.name in TASKS:
+        raise ReservoirError(f"task {spec.name!r}: expected a name not yet registered; found it registered already")
     TASKS[spec.name] = spec
     return spec
 
@@ -170,4 +271,5 @@ def get_task(name: str, **params: Any) -> TaskData:
     >>> task.splits["train"].inputs.shape
     (64, 10, 1)
     """
-    return TASKS[name].build(**resolve_params(name, params))
+    full = resolve_params(name, params)  # refuses an unknown name before it is looked up
+    return TASKS[name].build(**full)

@@ -21,26 +21,13 @@ continuous (``kind="continuous"``): every token is a small float32 vector.
 
 from __future__ import annotations
 
-from numbers import Integral
-from typing import Any
-
 import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
+from reservoir.tasks.params import int_param
 
-__all__ = ["make_bit_xor", "make_bit_memory", "build_bit_xor", "build_bit_memory"]
-
-
-def _int_param(task: str, name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """Return ``value`` as an int in ``[lo, hi]`` or raise a one-line ReservoirError."""
-    bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ReservoirError(f"task {task!r}: {name} must be an integer {bound}; found {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        raise ReservoirError(f"task {task!r}: {name} must be an integer {bound}; found {value}")
-    return value
+__all__ = ["build_bit_memory", "build_bit_xor", "make_bit_memory", "make_bit_xor"]
 
 
 # --------------------------------------------------------------------------- XOR
@@ -89,10 +76,10 @@ def build_bit_xor(n_bits: int = 5, n_train: int = 4000, n_test: int = 1000, seed
         ``kind="continuous"``, ``d_in=1``, ``n_classes=2``, ``n_out_tokens=1``.
     """
     name = "bit-xor"
-    n_bits = _int_param(name, "n_bits", n_bits, 1, 256)
-    n_train = _int_param(name, "n_train", n_train, 1)
-    n_test = _int_param(name, "n_test", n_test, 1)
-    seed = _int_param(name, "seed", seed, 0)
+    n_bits = int_param(name, "n_bits", n_bits, 1, 256)
+    n_train = int_param(name, "n_train", n_train, 1)
+    n_test = int_param(name, "n_test", n_test, 1)
+    seed = int_param(name, "seed", seed, 0)
     rng = np.random.default_rng(seed)
     splits = {
         "train": make_bit_xor(rng, n_train, n_bits),
@@ -165,10 +152,8 @@ def build_bit_memory(
         Patterns shown before the query (>= 1).
     bits_per_token : int
         Bits per input token (>= 1); also ``d_in``.
-    n_train, n_test : int
-        Examples per split (>= 1).
-    seed : int
-        Seed of the one ``default_rng`` used for train then test (>= 0).
+    n_train, n_test, seed : int
+        As for :func:`build_bit_xor`.
 
     Returns
     -------
@@ -177,46 +162,29 @@ def build_bit_memory(
         ``n_out_tokens=n_bits // bits_per_token``.
     """
     name = "bit-memory"
-    n_bits = _int_param(name, "n_bits", n_bits, 1)
-    n_patterns = _int_param(name, "n_patterns", n_patterns, 1)
-    bits_per_token = _int_param(name, "bits_per_token", bits_per_token, 1)
-    n_train = _int_param(name, "n_train", n_train, 1)
-    n_test = _int_param(name, "n_test", n_test, 1)
-    seed = _int_param(name, "seed", seed, 0)
+    n_bits = int_param(name, "n_bits", n_bits, 1)
+    n_patterns = int_param(name, "n_patterns", n_patterns, 1)
+    bits_per_token = int_param(name, "bits_per_token", bits_per_token, 1)
+    n_train = int_param(name, "n_train", n_train, 1)
+    n_test = int_param(name, "n_test", n_test, 1)
+    seed = int_param(name, "seed", seed, 0)
     if n_bits % bits_per_token:
         raise ReservoirError(
             f"task {name!r}: n_bits must be a multiple of bits_per_token={bits_per_token}; found n_bits={n_bits}"
         )
     rng = np.random.default_rng(seed)
     args = (n_bits, n_patterns, bits_per_token)
-    splits = {
-        "train": make_bit_memory(rng, n_train, *args),
-        "test": make_bit_memory(rng, n_test, *args),
-    }
-    params = {
-        "n_bits": n_bits,
-        "n_patterns": n_patterns,
-        "bits_per_token": bits_per_token,
-        "n_train": n_train,
-        "n_test": n_test,
-        "seed": seed,
-    }
-    return TaskData(
-        name=name,
-        params=params,
-        kind="continuous",
-        d_in=bits_per_token,
-        n_classes=2,
-        splits=splits,
-        n_out_tokens=n_bits // bits_per_token,
-    )
+    splits = {"train": make_bit_memory(rng, n_train, *args), "test": make_bit_memory(rng, n_test, *args)}
+    params = {"n_bits": n_bits, "n_patterns": n_patterns, "bits_per_token": bits_per_token, "n_train": n_train,
+              "n_test": n_test, "seed": seed}
+    return TaskData(name=name, params=params, kind="continuous", d_in=bits_per_token, n_classes=2, splits=splits,
+                    n_out_tokens=n_bits // bits_per_token)
 
 
 register(
     TaskSpec(
         name="bit-xor",
         build=build_bit_xor,
-        defaults={"n_bits": 5, "n_train": 4000, "n_test": 1000, "seed": 0},
         summary="two 5-bit strings, one bit per token; predict their XOR",
         source="generated (seeded)",
         tokens="2*n_bits (10)",
@@ -229,7 +197,6 @@ register(
     TaskSpec(
         name="bit-memory",
         build=build_bit_memory,
-        defaults={"n_bits": 1000, "n_patterns": 5, "bits_per_token": 50, "n_train": 2000, "n_test": 500, "seed": 0},
         summary="five 1000-bit ±1 patterns, then one of them half-masked, 50 bits per token; reproduce it",
         source="generated (seeded)",
         tokens="(n_patterns+1)*n_bits/bits_per_token (120); output: last 20",

@@ -142,8 +142,8 @@ def _read(entry: Path) -> TaskData | None:
         return TaskData(name=meta["name"], params=meta["params"], kind=meta["kind"], d_in=meta["d_in"],
                         n_classes=meta["n_classes"], splits=splits, n_out_tokens=meta["n_out_tokens"],
                         vocab=meta["vocab"], fingerprint=meta["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):  # a damaged entry: rebuilt by the caller
+    except (OSError, ValueError, KeyError, TypeError):  # a damaged entry (Split's ReservoirError is a ValueError)
         return None
 
 
-__all__ = ["load_task", "task_cache_dir", "cache_key"]
+__all__ = ["cache_key", "load_task", "task_cache_dir"]

@@ -1,4 +1,5 @@
-"""Reading data files safely: downloads that never leave partial files, pickles that only hold data, JSON.
+"""Reading data files safely: where they lie, downloads that never leave partial files, pickles that only hold
+data, JSON.
 
 Shared by the task modules that read files a researcher downloads (images,
 remote homology), the task cache and the results report.
@@ -15,13 +16,14 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["one_line", "download_file", "load_pickle", "read_json"]
+__all__ = ["data_folder", "download_file", "load_pickle", "one_line", "read_json"]
 
 
 def one_line(err: Any) -> str:
@@ -104,6 +106,23 @@ def download_file(url: str, dest: str, names: str) -> None:
         if isinstance(err, (OSError, ValueError, EOFError)) or type(err).__module__ == "http.client":
             raise fail(err) from None
         raise
+
+
+def data_folder(task: str, data_dir: Any, download: bool, default: str | None,
+                complete: Callable[[str], bool]) -> str:
+    """The folder a task reads its files from: ``data_dir``, else ``default``, else ``~/.cache/reservoir/<task>``.
+
+    ``complete(folder)`` says whether a folder holds every file. With
+    ``download``, a ``default`` (system) folder that lacks them gives way to
+    the cache folder, where the download can write.
+    """
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "reservoir", task)
+    if data_dir is not None:
+        folder = os.fspath(data_dir)
+        if download and folder == default and not complete(folder):
+            return cache  # a system folder without the files: download into the cache instead
+        return folder
+    return default if default is not None and (complete(default) or not download) else cache
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:

@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from numbers import Integral
-from typing import Any, Sequence
+from typing import Any
 
 from reservoir.errors import ReservoirError
+from reservoir.tasks.arrays import encode
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
 from reservoir.tasks.files import load_pickle, read_json
-from reservoir.tasks.listops import encode
+from reservoir.tasks.params import choice_param, int_param
 
-__all__ = ["AMINO_ACIDS", "VOCAB", "N_FOLDS", "TAPE_SPLITS", "find_split_file", "read_json_records",
-           "read_lmdb_records", "encode_records", "read_split", "build_remote_homology"]  # fmt: skip
+__all__ = ["AMINO_ACIDS", "N_FOLDS", "TAPE_SPLITS", "VOCAB", "build_remote_homology", "encode_records",
+           "find_split_file", "read_json_records", "read_lmdb_records", "read_split"]  # fmt: skip
 
+NAME = "remote-homology"
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWYBOUXZ"  # 20 standard, then B O U X Z
 VOCAB = list(AMINO_ACIDS)
 N_FOLDS = 1195
@@ -174,7 +177,7 @@ def read_split(path: str, max_length: int = 1024, n: int | None = None) -> tuple
 
 
 def _bad(name: str, expected: str, value: Any) -> ReservoirError:
-    return ReservoirError(f"task 'remote-homology': {name} must be {expected}; found {value!r}")
+    return ReservoirError(f"task {NAME!r}: {name} must be {expected}; found {value!r}")
 
 
 def _split_names(splits: Any) -> list[str]:
@@ -224,25 +227,35 @@ def build_remote_homology(
         letters; inputs uint8 ``(N, L)``, lengths int64, labels int64 ``(N,)``.
         ``params["dropped"]`` maps each split name to its count of dropped sequences.
     """
-    name = "remote-homology"
     wanted = _split_names(splits)
     if test_split not in HOLDOUTS:
         raise _bad("test_split", f"one of {', '.join(HOLDOUTS)}", test_split)
     if "train" not in wanted or test_split not in wanted:
         raise _bad("splits", f"a list including 'train' and test_split={test_split!r}", wanted)
-    if format not in ("auto", "json", "lmdb"):
-        raise _bad("format", "'auto', 'json' or 'lmdb'", format)
-    if isinstance(max_length, bool) or not isinstance(max_length, Integral) or max_length < 2:
-        raise _bad("max_length", "an integer >= 2", max_length)
-    if n_per_split is not None and (isinstance(n_per_split, bool) or not isinstance(n_per_split, Integral)
-                                    or n_per_split < 1):  # fmt: skip
-        raise _bad("n_per_split", "an integer >= 1 or None", n_per_split)
-    ext = "{json,lmdb}" if format == "auto" else format
+    format = choice_param(NAME, "format", format, ("auto", "json", "lmdb"))
+    max_length = int_param(NAME, "max_length", max_length, 2)
+    n_per_split = int_param(NAME, "n_per_split", n_per_split, 1, none_ok=True)
     if data_dir is None:
-        raise ReservoirError(f"task {name!r}: expected data_dir, the folder holding TAPE's remote_homology_"
-                             f"<split>.{ext} files (from {TAPE_URL}); found data_dir=None")  # fmt: skip
-    folder = os.fspath(data_dir)
+        raise ReservoirError(f"task {NAME!r}: expected data_dir, the folder holding TAPE's remote_homology_"
+                             f"<split>.{_ext(format)} files (from {TAPE_URL}); found data_dir=None")  # fmt: skip
+    task_splits, dropped = _read_splits(os.fspath(data_dir), wanted, test_split, format, max_length, n_per_split)
+    counts = ", ".join(f"{k} {v}" for k, v in dropped.items())
+    print(f"{NAME}: dropped sequences of length >= {max_length}: {counts}", file=sys.stderr)
     tape_order = [s for s in TAPE_SPLITS if s in wanted]  # fixed order, duplicates removed
+    params = {"splits": tape_order, "test_split": test_split, "max_length": max_length,
+              "n_per_split": n_per_split, "dropped": dropped}  # fmt: skip
+    return TaskData(name=NAME, params=params, kind="tokens", d_in=len(VOCAB), n_classes=N_FOLDS, splits=task_splits,
+                    n_out_tokens=1, vocab=list(VOCAB))  # fmt: skip
+
+
+def _ext(format: str) -> str:
+    return "{json,lmdb}" if format == "auto" else format
+
+
+def _read_splits(folder: str, wanted: list[str], test_split: str, format: str, max_length: int,
+                 n_per_split: int | None) -> tuple[dict[str, Split], dict[str, int]]:
+    """The splits ``wanted``, renamed (``valid`` -> ``val``, ``test_split`` -> ``test``) and in task order,
+    with the count of sequences each dropped for length."""
     rename = {"valid": "val", test_split: "test"}
     order = ["train", "valid", test_split] + [s for s in HOLDOUTS if s != test_split]
     task_splits: dict[str, Split] = {}
@@ -251,29 +264,22 @@ def build_remote_homology(
         path = find_split_file(folder, tape, format)
         if path is None:
             sub = os.path.join(folder, "remote_homology")
-            raise ReservoirError(f"task {name!r}: expected remote_homology_{tape}.{ext} in {folder} or {sub}; "
-                                 f"found none (TAPE data: {TAPE_URL})")  # fmt: skip
-        split, n_dropped = read_split(path, int(max_length), None if n_per_split is None else int(n_per_split))
-        key = rename.get(tape, tape)
+            raise ReservoirError(f"task {NAME!r}: expected remote_homology_{tape}.{_ext(format)} in {folder} or "
+                                 f"{sub}; found none (TAPE data: {TAPE_URL})")  # fmt: skip
+        split, n_dropped = read_split(path, max_length, n_per_split)
         if not len(split):
-            raise ReservoirError(f"task {name!r}: expected sequences shorter than max_length={max_length} in "
+            raise ReservoirError(f"task {NAME!r}: expected sequences shorter than max_length={max_length} in "
                                  f"{path}; found none of {n_dropped + len(split)}")  # fmt: skip
+        key = rename.get(tape, tape)
         task_splits[key] = split
         dropped[key] = n_dropped
-    counts = ", ".join(f"{k} {v}" for k, v in dropped.items())
-    print(f"{name}: dropped sequences of length >= {max_length}: {counts}", file=sys.stderr)
-    params = {"splits": tape_order, "test_split": test_split, "max_length": int(max_length),
-              "n_per_split": n_per_split, "dropped": dropped}  # fmt: skip
-    return TaskData(name=name, params=params, kind="tokens", d_in=len(VOCAB), n_classes=N_FOLDS, splits=task_splits,
-                    n_out_tokens=1, vocab=list(VOCAB))  # fmt: skip
+    return task_splits, dropped
 
 
 register(
     TaskSpec(
-        name="remote-homology",
+        name=NAME,
         build=build_remote_homology,
-        defaults={"data_dir": None, "splits": list(TAPE_SPLITS), "test_split": "test_fold_holdout", "format": "auto",
-                  "max_length": 1024, "n_per_split": None},
         summary="protein sequence (25 amino-acid letters, < 1024) -> one of 1195 folds (TAPE remote homology)",
         source="TAPE remote_homology_{split}.{json,lmdb} files (data_dir)",
         tokens="protein length, < max_length (1024)",

@@ -16,6 +16,7 @@ its rows are written, so a rerun with the same settings skips finished chunks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -27,11 +28,11 @@ import numpy as np
 
 from reservoir.batching import check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
+from reservoir.engine import Engine, extract_rows, to_host  # noqa: F401 (extract_rows re-exported)
 from reservoir.runtime import (  # noqa: F401 (autocast, resolve_device re-exported)
     autocast,
     cast_for_inference,
     check_positions,
-    forward_context,
     resolve_device,
 )
 
@@ -92,87 +93,6 @@ def resolve_layers(layers: list[int] | int | None, n_layer: int) -> list[int]:
     return wanted
 
 
-def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list[int], n_out_tokens: int,
-                 batch_size: int | None = None, device=None, amp: str = "auto", progress=None,
-                 full_seq_layer: int | None = None, max_length: int | None = None, max_tokens: int | None = None):
-    """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length.
-
-    With ``full_seq_layer`` also every position's state at that layer,
-    ``(N, max_length, n_dim)`` zero-padded, as a second return value. The
-    backbone must already be on ``device`` (default CPU) in its compute dtype.
-    """
-    import torch
-
-    device = device or torch.device("cpu")
-    engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
-    with torch.inference_mode(), forward_context(backbone, device, amp):
-        feats, states = engine.run(inputs, lengths, np.arange(len(lengths)), *plan_order(lengths, batch_size, max_tokens),
-                                   progress=progress)
-    feats = feats.cpu().numpy()
-    return feats if full_seq_layer is None else (feats, states.cpu().numpy())
-
-
-class Engine:
-    """One extraction pass's fixed parts: runs windows of rows through the backbone on the device.
-
-    ``run`` takes a window's rows, a length-sorted order and batch bounds
-    (:func:`reservoir.batching.plan_order`) and returns the features in the
-    window's own row order, on the device, in ``out_dtype``. With
-    ``keep=False`` it is the *bare forward*: the same uploads and forwards,
-    nothing gathered or kept (what ``bench extract`` compares against).
-    """
-
-    def __init__(self, backbone, layers: list[int], n_out_tokens: int, device, out_dtype,
-                 full_seq_layer: int | None = None, states_length: int | None = None):
-        self.backbone, self.layers, self.n_out = backbone, layers, n_out_tokens
-        self.device, self.out_dtype = device, out_dtype
-        self.full_seq_layer, self.states_length = full_seq_layer, states_length
-
-    def upload(self, inputs: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
-        """``inputs[rows]`` (rows in length order), padded to the longest, on the device (one transfer)."""
-        import torch
-
-        L = int(lengths[rows[-1]])
-        x = torch.from_numpy(np.ascontiguousarray(inputs[rows, :L]))  # (n, L[, d_in])
-        lens = torch.from_numpy(np.ascontiguousarray(lengths[rows], dtype=np.int64))  # (n,)
-        if self.device.type == "cuda":
-            return x.pin_memory().to(self.device, non_blocking=True), lens.pin_memory().to(self.device, non_blocking=True)
-        return x, lens
-
-    def run(self, inputs: np.ndarray, lengths: np.ndarray, rows: np.ndarray, order: np.ndarray,
-            bounds: list[tuple[int, int]], progress=None, keep: bool = True):
-        """Features of ``inputs[rows]``: ``(n, n_layers, n_out, n_dim)`` and states ``(n, states_length, n_dim)``
-        or ``None``, in the order of ``rows``; ``order`` sorts ``lengths[rows]``, ``bounds`` cut it into batches.
-        """
-        import torch
-
-        n, bb = len(order), self.backbone
-        x, lens = self.upload(inputs, lengths, rows[order])
-        sorted_len = lengths[rows[order]]
-        full = self.full_seq_layer
-        feats = states = None
-        if keep:
-            feats = torch.empty((n, len(self.layers), self.n_out, bb.n_dim), dtype=self.out_dtype, device=self.device)
-            if full is not None:
-                states = torch.zeros((n, self.states_length, bb.n_dim), dtype=self.out_dtype, device=self.device)
-        for lo, hi in bounds:
-            L = int(sorted_len[hi - 1])
-            res = bb.features(x[lo:hi, :L], lens[lo:hi], self.layers, self.n_out, full,
-                              padded=bool(sorted_len[lo] < L))
-            if keep:
-                f = res if full is None else res[0]  # (b, n_layers, n_out, n_dim)
-                feats[lo:hi] = f.to(self.out_dtype)
-                if full is not None:
-                    pad = torch.arange(L, device=self.device)[None, :] >= lens[lo:hi, None]  # (b, L)
-                    states[lo:hi, :L] = res[1].masked_fill(pad[..., None], 0).to(self.out_dtype)
-            if progress is not None:
-                progress.update(hi - lo)
-        if not keep:
-            return None, None
-        inv = torch.from_numpy(np.argsort(order)).to(self.device)  # sorted position of each row
-        return feats[inv], (None if states is None else states[inv])
-
-
 def truncate_task(task, max_tokens: int) -> dict[str, Any]:
     """Keep the first ``max_tokens`` positions of every sequence, in place; return what was cut.
 
@@ -227,20 +147,28 @@ def prepare(config: ExtractConfig, task=None) -> Prepared:
     t0 = time.perf_counter()
     task = task if task is not None else load_task(config.task, config.task_params)
     timings["task_s"] = time.perf_counter() - t0
-    device = resolve_device(config.device)
+    resolve_device(config.device)  # a bad device is refused before the model loads
     requested_depth = None
     if config.layers is not None:
         requested_depth = config.layers if isinstance(config.layers, int) else max(config.layers)
     t0 = time.perf_counter()
-    backbone = load_backbone(
-        config.backbone,
-        init=config.init,
-        depth=requested_depth,
-        d_in=task.d_in,
-        seed=config.seed,
-        projection_gain=config.projection_gain,
-        revision=config.revision,
-    )
+    backbone = load_backbone(config.backbone, init=config.init, depth=requested_depth, d_in=task.d_in,
+                             seed=config.seed, projection_gain=config.projection_gain, revision=config.revision)
+    prep = _prepared(config, task, backbone, timings)
+    timings["model_s"] = time.perf_counter() - t0
+    return prep
+
+
+def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) -> Prepared:
+    """Check a task and a loaded backbone against each other and the settings; the store's attributes."""
+    device = resolve_device(config.device)
+    if backbone.projection_info is None:
+        raise ReservoirError("expected a backbone from reservoir.load_backbone (its input projection recorded), "
+                             f"found a {type(backbone).__name__} without projection_info")
+    if backbone.projection_info["d_in"] != task.d_in:
+        raise ReservoirError(f"task {task.name!r} has inputs of size d_in={task.d_in}, the backbone's projection "
+                             f"takes d_in={backbone.projection_info['d_in']}; load the backbone with "
+                             f"d_in=task.d_in")
     layers = resolve_layers(config.layers, backbone.depth)
     s_layer = config.full_seq_layer
     if s_layer is not None and not 0 <= s_layer < max(layers):
@@ -251,11 +179,12 @@ def prepare(config: ExtractConfig, task=None) -> Prepared:
         if not config.truncate:
             check_positions(task, backbone, config.backbone,
                             f" (pass --truncate to keep the first {backbone.info.max_positions})")
+        task = dataclasses.replace(task, splits=dict(task.splits))  # the caller's task stays whole
         truncated = truncate_task(task, backbone.info.max_positions)
     attrs = {
-        "backbone": backbone.info.to_dict(),
-        "projection": {"kind": "orthogonal", "gain": config.projection_gain, "seed": config.seed, "d_in": task.d_in,
-                       "input": task.kind},
+        # the depth a store needs is its top layer, however many blocks the backbone object holds
+        "backbone": {**backbone.info.to_dict(), "depth": max(layers)},
+        "projection": {**backbone.projection_info, "input": task.kind},
         "task": {"name": task.name, "params": task.params, "fingerprint": task.fingerprint,
                  "n_classes": task.n_classes, "label_shape": list(task.label_shape), "vocab": task.vocab,
                  "truncated": truncated},
@@ -270,31 +199,93 @@ def prepare(config: ExtractConfig, task=None) -> Prepared:
         final_norm = {k: getattr(backbone.final_norm, k).detach().cpu().float().numpy() for k in ("weight", "bias")}
     projection_weight = backbone.input.weight.detach().cpu().t().numpy()
     backbone, context = cast_for_inference(backbone, device, config.amp)
-    timings["model_s"] = time.perf_counter() - t0
     return Prepared(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context, timings)
 
 
-def extract(config: ExtractConfig, progress: bool = True, task=None, timings: dict[str, float] | None = None) -> Path:
-    """Run ``config.task`` through the backbone once and write (or resume) a feature store.
+def extract(task, backbone, out: str | os.PathLike, *, layers: list[int] | int | None = None,
+            dtype: str = "float16", batch_size: int | None = None, max_tokens: int | None = None,
+            device: str = "auto", amp: str = "auto", format: str | None = None, full_seq_layer: int | None = None,
+            truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None):
+    """Run a task through a frozen backbone once and write (or resume) a feature store at ``out``.
 
-    Everything is validated (task, backbone, depth, positions, output path)
-    before anything is written; an interrupted run leaves a store with
-    ``complete = False`` that the same command resumes. ``timings``, when
-    given, receives the seconds spent on the task (``task_s``), the model
-    (``model_s``) and the pass itself (``pass_s``, store writes included).
+    Parameters
+    ----------
+    task : TaskData
+        A built-in task (:func:`reservoir.get_task`) or one from arrays
+        (:meth:`reservoir.TaskData.from_arrays`).
+    backbone : ReservoirBackbone
+        From :func:`reservoir.load_backbone`, with ``d_in=task.d_in``. It is
+        moved to ``device``, and on CUDA its frozen weights are cast to the
+        compute dtype (``amp``) in place.
+    out : str or path
+        The store (``.zarr`` folder or ``.h5`` file; ``format`` overrides the suffix).
+    layers : int or list of int, optional
+        Depth ``K`` (store layers ``0..K``; blocks above ``K`` never run) or
+        an explicit list; default every layer of the backbone.
+    dtype, batch_size, max_tokens, device, amp, full_seq_layer, truncate
+        As the options of ``reservoir extract``.
+    timings : dict, optional
+        Receives ``pass_s``, the seconds of the pass with its store writes.
+
+    Returns
+    -------
+    FeatureStore
+        The complete store, open for reading (close it, or use it in a ``with``).
 
     Examples
     --------
-    >>> path = extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2,
-    ...                              task_params={"n_train": 64, "n_test": 32},
-    ...                              out="/tmp/xor.zarr"), progress=False)  # doctest: +SKIP
+    >>> from reservoir import get_task, load_backbone
+    >>> task = get_task("digits")
+    >>> bb = load_backbone("tiny-bert", d_in=task.d_in)
+    >>> with extract(task, bb, "/tmp/doc-digits.zarr", layers=2, progress=False) as store:  # doctest: +SKIP
+    ...     store.features("test").shape
+    (360, 3, 1, 32)
     """
     from reservoir.store import FeatureStore
 
+    info = backbone.info
+    config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(out),
+                           format=format, task_params=task.params, seed=info.seed,
+                           projection_gain=(backbone.projection_info or {}).get("gain", 1.41), batch_size=batch_size,
+                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
+                           full_seq_layer=full_seq_layer, truncate=truncate)
+    prep = _prepared(config, task, backbone, {})
+    _write_store(prep, Path(out), progress)
+    if timings is not None:
+        timings.update(prep.timings)
+    return FeatureStore.open(out)
+
+
+def run(config: ExtractConfig, progress: bool = True, task=None, timings: dict[str, float] | None = None) -> Path:
+    """Build the task and backbone ``config`` names, extract them into ``config.out`` (what ``reservoir extract`` does).
+
+    Everything is validated (task, backbone, depth, positions, output path)
+    before anything is written; an interrupted run leaves a store with
+    ``complete = False`` that the same command resumes. ``task`` overrides
+    building ``config.task``. ``timings``, when given, receives the seconds
+    spent on the task (``task_s``), the model (``model_s``) and the pass
+    itself (``pass_s``, store writes included).
+
+    Examples
+    --------
+    >>> path = run(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2,
+    ...                          task_params={"n_train": 64, "n_test": 32},
+    ...                          out="/tmp/xor.zarr"), progress=False)  # doctest: +SKIP
+    """
     prep = prepare(config, task)
+    out = Path(config.out or config.default_out())
+    _write_store(prep, out, progress)
+    if timings is not None:
+        timings.update(prep.timings)
+    return out
+
+
+def _write_store(prep: Prepared, out: Path, progress: bool) -> None:
+    """Create (or reopen and repair) the store at ``out`` and write every unfinished chunk; record ``pass_s``."""
+    from reservoir.store import FeatureStore
+
     task = prep.task
-    out = config.out or config.default_out()
-    fresh = not Path(out).exists()
+    fresh = not out.exists()
     store = FeatureStore.create(
         out,
         prep.attrs,
@@ -302,8 +293,8 @@ def extract(config: ExtractConfig, progress: bool = True, task=None, timings: di
         feature_shape=(len(prep.layers), task.n_out_tokens, prep.backbone.n_dim),
         projection_weight=prep.projection_weight,
         final_norm=prep.final_norm,
-        fmt=config.format,
-        states_length=task.max_length if config.full_seq_layer is not None else None,
+        fmt=prep.config.format,
+        states_length=task.max_length if prep.config.full_seq_layer is not None else None,
         progress=progress,
     )
     t0 = time.perf_counter()
@@ -319,9 +310,6 @@ def extract(config: ExtractConfig, progress: bool = True, task=None, timings: di
         raise
     store.close()
     prep.timings["pass_s"] = time.perf_counter() - t0
-    if timings is not None:
-        timings.update(prep.timings)
-    return Path(out)
 
 
 def _close_after_error(store) -> None:
@@ -355,7 +343,7 @@ def write_splits(prep: Prepared, store, progress: bool = True) -> None:
     with ChunkWriter(write) as writer, torch.inference_mode(), prep.context:
         for name, split, window, (order, bounds), bar in iter_windows(prep, store, progress):
             feats, states = engine.run(split.inputs, split.lengths, window.rows, order, bounds, progress=bar)
-            feats, states, ready = _to_host(feats, states)
+            feats, states, ready = to_host(feats, states)
             writer.submit((name, split, window, feats, states, ready))
 
 
@@ -384,18 +372,3 @@ def _row_bytes(store, name: str, split) -> int:
     if store.full_seq_layer is not None:
         row += int(np.prod(store.shape(name, "states")[1:])) * itemsize
     return row + int(np.prod(split.inputs.shape[1:])) * split.inputs.dtype.itemsize
-
-
-def _to_host(feats, states):
-    """Start the window's copy to (pinned) host memory; return the host tensors and an event that marks it done."""
-    import torch
-
-    if feats.device.type != "cuda":
-        return feats, states, None
-    host = [None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (feats, states)]
-    for h, t in zip(host, (feats, states)):
-        if t is not None:
-            h.copy_(t, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return host[0], host[1], ready

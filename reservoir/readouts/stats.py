@@ -1,0 +1,174 @@
+"""Streams of feature chunks and the statistics both readouts accumulate from them.
+
+Readouts that fit from a stream take a *chunk source*: a callable returning a
+fresh iterable of ``(X_chunk, y_chunk)`` each time it is called (every pass over
+the data calls it again), e.g. ``lambda: iter_layer(store, "train", 6)``. This
+module holds what both readouts share on such streams: label checks, streamed
+moments, and the validation split carved from train (by a seeded hash of the
+row index when streaming, so it does not depend on how rows are chunked; by a
+seeded permutation when all rows are in memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import validate_data
+
+Chunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
+
+#: Fewer training rows than this are never split for validation (every row fits the one candidate).
+MIN_CARVE_ROWS = 10
+
+
+def chunk_source(chunks, name: str = "train_chunks") -> Chunks:
+    """A callable giving a fresh iterable per pass, from a callable or a list of ``(X, y)``."""
+    if callable(chunks):
+        return chunks
+    if isinstance(chunks, Iterator):
+        raise TypeError(f"{name} must be a callable returning a fresh iterable of (X, y) chunks, or a list; "
+                        f"got a one-shot {type(chunks).__name__} (the fit reads the chunks more than once)")
+    return lambda: chunks
+
+
+def checked_chunks(est, chunks: Chunks, first: bool = False, dtype=np.float32):
+    """Yield ``(X, y)`` validated like ``fit`` input; ``first=True`` sets ``n_features_in_`` from chunk one."""
+    head_shape = None
+    for X, y in chunks():
+        X, y = validate_data(est, X, y, reset=first, multi_output=True, dtype=dtype, y_numeric=False)
+        check_classification_targets(y)
+        if head_shape is not None and y.shape[1:] != head_shape:
+            raise ValueError(f"every chunk's y must have shape (n, *{head_shape}); got a chunk with {y.shape}")
+        head_shape, first = y.shape[1:], False
+        yield X, y
+
+
+def encode_labels(classes: np.ndarray, y, what: str = "validation labels") -> np.ndarray:
+    """Class indices of ``y`` in ``classes``; a ``ValueError`` for labels outside them."""
+    y = np.asarray(y)
+    idx = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
+    if not np.all(classes[idx] == y):
+        raise ValueError(f"{what} must be among the training classes {classes.tolist()}")
+    return idx
+
+
+# -- the validation split carved from train ------------------------------------
+def carve_rows(n: int, fraction: float, random_state) -> tuple[np.ndarray, np.ndarray]:
+    """``(fit_rows, val_rows)`` of ``n`` in-memory rows: a seeded permutation, ``fraction`` of it held out.
+
+    At least one row lands on each side. What :meth:`LogisticReadout.fit
+    <reservoir.readouts.logistic.LogisticReadout.fit>` holds out, so a
+    comparison can select on the same rows.
+
+    Examples
+    --------
+    >>> fit_rows, val_rows = carve_rows(20, 0.1, 0)
+    >>> len(fit_rows), len(val_rows), sorted([*fit_rows, *val_rows]) == list(range(20))
+    (18, 2, True)
+    """
+    perm = np.random.default_rng(random_state).permutation(n)
+    n_val = min(n - 1, max(1, round(fraction * n)))
+    return perm[n_val:], perm[:n_val]
+
+
+def split_seed(random_state) -> int:
+    """The key of :func:`holdout_mask` for an estimator's ``random_state``."""
+    return int(np.random.default_rng(random_state).integers(2**63))
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def holdout_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
+    """Which of the global rows ``start..start+n-1`` are held out for validation.
+
+    A seeded hash of the row index (splitmix64), so the split is the same
+    however the rows are chunked; about ``fraction`` of the rows are held out.
+    """
+    key = _splitmix64(np.array([seed % 2**64], dtype=np.uint64))
+    z = _splitmix64(np.arange(start, start + n, dtype=np.uint64) ^ key)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53 < fraction  # (n,) bool
+
+
+def held_out(chunks: Chunks, fraction: float, seed: int, keep: bool = True) -> Chunks:
+    """The chunk source of the rows :func:`holdout_mask` holds out (``keep=True``) or leaves to fit (``False``).
+
+    Empty chunks are skipped; rows keep their order.
+    """
+    def source():
+        start = 0
+        for X, y in chunks():
+            X, y = np.asarray(X), np.asarray(y)
+            m = holdout_mask(start, len(X), fraction, seed) == keep  # (m,) bool
+            start += len(X)
+            if m.any():
+                yield X[m], y[m]
+    return source
+
+
+def can_carve(n: int, n_val: int) -> bool:
+    """Whether ``n_val`` held-out rows of ``n`` make a validation split (enough rows, some on each side)."""
+    return n >= MIN_CARVE_ROWS and 0 < n_val < n
+
+
+# -- moments -------------------------------------------------------------------
+class Moments:
+    """Streamed row count, mean and scatter of feature rows, in float64.
+
+    Rows are shifted by a fixed vector (the first chunk's mean unless given)
+    before accumulating, so features with large means (hidden states have a
+    few huge dimensions) do not cancel catastrophically. Two ``Moments`` with
+    the same shift add up with ``+``. ``full=False`` keeps only the diagonal.
+
+    Examples
+    --------
+    >>> m = Moments()
+    >>> _ = m.update(np.array([[1.0, 2.0], [3.0, 6.0]]))
+    >>> m.n, m.mean.tolist(), m.scatter().tolist()
+    (2, [2.0, 4.0], [[2.0, 4.0], [4.0, 8.0]])
+    """
+
+    def __init__(self, shift: np.ndarray | None = None, full: bool = True):
+        self.shift, self.full, self.n = shift, full, 0
+        self.s1 = self.sxx = None
+
+    def update(self, X: np.ndarray) -> np.ndarray:
+        """Add rows ``X (n, d)``; returns them shifted, float64 ``(n, d)``."""
+        if self.shift is None:
+            self.shift = X.astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
+        Xs = X.astype(np.float64) - self.shift  # (n, d)
+        sxx = Xs.T @ Xs if self.full else (Xs * Xs).sum(0)  # (d, d) or (d,)
+        if self.s1 is None:
+            self.s1, self.sxx = Xs.sum(0), sxx
+        else:
+            self.s1, self.sxx = self.s1 + Xs.sum(0), self.sxx + sxx
+        self.n += len(X)
+        return Xs
+
+    def __add__(self, other: Moments) -> Moments:
+        """The moments of both row sets; both must be shifted alike (else the sums would not add up)."""
+        if other.full != self.full or not (other.shift is self.shift or np.array_equal(other.shift, self.shift)):
+            raise ValueError("expected Moments with the same shift and kind to add up; found different ones")
+        if other.s1 is None:
+            return self
+        if self.s1 is None:
+            return other
+        out = Moments(self.shift, self.full)
+        out.n, out.s1, out.sxx = self.n + other.n, self.s1 + other.s1, self.sxx + other.sxx
+        return out
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The mean row ``(d,)``."""
+        return self.shift + self.s1 / max(self.n, 1)  # (d,)
+
+    def scatter(self) -> np.ndarray:
+        """Centred ``Xcᵀ Xc`` ``(d, d)`` (its diagonal ``(d,)`` when ``full=False``)."""
+        m = self.s1 / max(self.n, 1)
+        return self.sxx - (np.outer(self.s1, m) if self.full else self.s1 * m)

@@ -1,0 +1,121 @@
+"""The ``listops`` task: generated with the LRA process, or read from the LRA release files."""
+
+from __future__ import annotations
+
+import os
+
+from reservoir.errors import ReservoirError
+from reservoir.tasks.base import Split, TaskData, TaskSpec, register
+from reservoir.tasks.listops.generate import generate_split
+from reservoir.tasks.listops.language import FPT_MAX_TOKENS, FPT_VOCAB, LRA_VOCAB
+from reservoir.tasks.listops.lra import SPLIT_FILES, read_lra_split
+from reservoir.tasks.params import choice_param, int_param
+
+__all__ = ["build_listops"]
+
+NAME = "listops"
+
+
+def build_listops(
+    source: str = "generate",
+    data_dir: str | os.PathLike | None = None,
+    tokenization: str = "lra",
+    min_length: int = 20,
+    max_length: int = 300,
+    n_train: int = 4000,
+    n_val: int = 0,
+    n_test: int = 1000,
+    seed: int = 0,
+    max_tokens: int | None = None,
+) -> TaskData:
+    """Build the ``listops`` task.
+
+    Parameters
+    ----------
+    source : {"generate", "lra"}
+        Generate (LRA process, seeded) or read ``basic_{train,val,test}.tsv``
+        from ``data_dir`` (all rows; ``n_*``, ``seed`` and the length bounds
+        then do not apply and, like ``data_dir``, are left out of ``params``,
+        so the fingerprint does not depend on where the files lie).
+    data_dir : str or path-like or None
+        Folder of the LRA files (``source="lra"`` only).
+    tokenization : {"lra", "fpt"}
+        15-token vocabulary, or the official FPT code's bracket-less tokens
+        (ill-posed; see :mod:`reservoir.tasks.listops.language`).
+    min_length, max_length : int
+        Exclusive tree-length bounds of the generator (LRA: 500, 2000).
+    n_train, n_val, n_test : int
+        Generated examples per split, from one generator in that order; no
+        ``val`` split when ``n_val == 0``.
+    seed : int
+        Seed of the generator's ``random.Random``.
+    max_tokens : int or None
+        Cut sequences to this many tokens; None: no cap (``lra``), 512 (``fpt``).
+
+    Returns
+    -------
+    TaskData
+        ``kind="tokens"``, ``d_in=len(vocab)``, ``n_classes=10``; inputs uint8
+        ``(N, L)`` right-padded with 0, lengths int64 ``(N,)``, labels int64 ``(N,)``.
+    """
+    source = choice_param(NAME, "source", source, ("generate", "lra"))
+    tokenization = choice_param(NAME, "tokenization", tokenization, ("lra", "fpt"))
+    if max_tokens is not None:
+        max_tokens = int_param(NAME, "max_tokens", max_tokens, 1)
+    elif tokenization == "fpt":
+        max_tokens = FPT_MAX_TOKENS
+    vocab = LRA_VOCAB if tokenization == "lra" else FPT_VOCAB
+    if source == "lra":
+        splits = _read_files(data_dir, tokenization, max_tokens)
+        params = {"source": source, "tokenization": tokenization, "max_tokens": max_tokens}
+    else:
+        params = _generate_params(min_length, max_length, n_train, n_val, n_test, seed)
+        bounds = (params["min_length"], params["max_length"])
+        splits = {name: generate_split(name, params[f"n_{name}"], params["seed"], *bounds, tokenization, max_tokens)
+                  for name in ("train", "val", "test") if params[f"n_{name}"]}  # fmt: skip
+        params = dict(source=source, tokenization=tokenization, **params, max_tokens=max_tokens)
+    return TaskData(name=NAME, params=params, kind="tokens", d_in=len(vocab), n_classes=10, splits=splits,
+                    n_out_tokens=1, vocab=list(vocab))  # fmt: skip
+
+
+def _read_files(data_dir: str | os.PathLike | None, tokenization: str, max_tokens: int | None) -> dict[str, Split]:
+    """The three LRA release files in ``data_dir``, read; a missing folder or file is one line naming it."""
+    folder = os.fspath(data_dir) if data_dir is not None else None
+    paths = {k: os.path.join(folder, fn) for k, fn in SPLIT_FILES.items()} if folder is not None else {}
+    missing = [os.path.basename(p) for p in paths.values() if not os.path.isfile(p)]
+    if folder is None or missing:
+        raise ReservoirError(
+            f"task {NAME!r} with source='lra': expected the LRA release files basic_train.tsv, basic_val.tsv, "
+            "basic_test.tsv (lra_release/listops-1000/) in the folder data_dir; found "
+            + ("data_dir=None" if folder is None else f"no {missing[0]} in {folder!r}")
+        )
+    return {name: read_lra_split(p, tokenization, max_tokens) for name, p in paths.items()}
+
+
+def _generate_params(min_length, max_length, n_train, n_val, n_test, seed) -> dict[str, int]:
+    """The generator's parameters checked, as ints, in the order ``params`` keeps them."""
+    min_length = int_param(NAME, "min_length", min_length, 0)
+    max_length = int_param(NAME, "max_length", max_length, 0)
+    # Reachable lengths are 1 (a lone leaf) and every integer >= 4.
+    if not (min_length < 1 < max_length or max(min_length + 1, 4) < max_length):
+        raise ReservoirError(
+            f"task {NAME!r}: expected length bounds with a reachable length (1 or >= 4) strictly between them; "
+            f"found min_length={min_length}, max_length={max_length}"
+        )
+    return {"min_length": min_length, "max_length": max_length, "n_train": int_param(NAME, "n_train", n_train, 1),
+            "n_val": int_param(NAME, "n_val", n_val, 0), "n_test": int_param(NAME, "n_test", n_test, 1),
+            "seed": int_param(NAME, "seed", seed, 0)}
+
+
+register(
+    TaskSpec(
+        name=NAME,
+        build=build_listops,
+        summary="nested MIN/MAX/MED/SM expressions over digits (LRA ListOps); predict the value 0-9",
+        source="generated (seeded, LRA process) or the LRA release files basic_{train,val,test}.tsv",
+        tokens="min_length..max_length (20..300); LRA files up to 2000",
+        d_in="15 (lra) or 14 (fpt) one-hot",
+        classes="10",
+        splits="train, [val], test",
+    )
+)

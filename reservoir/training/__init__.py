@@ -1,0 +1,51 @@
+"""Live training: the backbone in the loop, with a freeze scheme deciding what learns.
+
+``reservoir train`` builds the same task, backbone and orthogonal projection as
+``reservoir extract`` (same names, inits and seeds, so cached and live results
+are comparable), adds a linear head on the final-norm-applied last real token
+(the last ``n_out_tokens`` for bit memory), freezes everything but the asked
+groups, and trains with Adam and gradient-norm clipping. Validation accuracy
+(on the task's ``val`` split, else 10% carved from train) picks the best
+checkpoint; the test split is evaluated in full, once, with it. Training
+resumes from ``last.pt`` in its output folder.
+
+The package, in the order a run uses it:
+
+- :mod:`~reservoir.training.config`: :class:`TrainConfig`, the bounds of its numbers;
+- :mod:`~reservoir.training.classifier`: :class:`ReservoirClassifier` and the loss;
+- :mod:`~reservoir.training.data`: :class:`Feeder` (one split's batches), :class:`TrainData`;
+- :mod:`~reservoir.training.loop`: :func:`train` (objects in, :class:`TrainResult` out);
+- :mod:`~reservoir.training.builders`: :func:`run` (a config in: what ``reservoir train`` calls), :func:`load_run`;
+- :mod:`~reservoir.training.stores`: training from split-point and last-token stores;
+- :mod:`~reservoir.training.sweeps`: lr sweeps, :class:`SweepResult`.
+
+Checkpoints (:mod:`reservoir.checkpoint`) hold tensors and plain data only
+and are read with ``torch.load(..., weights_only=True)``.
+
+Examples
+--------
+>>> from reservoir.backbones import load_backbone
+>>> from reservoir.tasks import load_task
+>>> task = load_task("bit-xor", {"n_train": 200, "n_test": 100})
+>>> model = ReservoirClassifier(load_backbone("tiny-gpt2", d_in=task.d_in), 1, 5, task.n_classes)
+>>> r = train(model, TrainData.from_task(task), TrainConfig(task="bit-xor", steps=20), progress=False)
+... # doctest: +ELLIPSIS
+trainable params: ...
+>>> r.metrics["n_test"]
+100
+"""
+
+from reservoir.training.builders import build, load_run, run, run_config
+from reservoir.training.classifier import ReservoirClassifier, heads_per_token, loss_fn
+from reservoir.training.config import BOUNDS, TrainConfig, check_number
+from reservoir.training.data import Feeder, TrainData, batch_rows, carve_val
+from reservoir.training.loop import TrainResult, evaluate, steps_to_converge, train
+from reservoir.training.stores import build_from_store, config_for_store, train_cached
+from reservoir.training.sweeps import SweepResult, parse_lr_sweep, sweep
+
+__all__ = [
+    "BOUNDS", "Feeder", "ReservoirClassifier", "SweepResult", "TrainConfig", "TrainData", "TrainResult",
+    "batch_rows", "build", "build_from_store", "carve_val", "check_number", "config_for_store", "evaluate",
+    "heads_per_token", "load_run", "loss_fn", "parse_lr_sweep", "run", "run_config", "steps_to_converge", "sweep",
+    "train", "train_cached",
+]

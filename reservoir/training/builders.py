@@ -1,0 +1,121 @@
+"""From a :class:`~reservoir.training.TrainConfig` to a trained run, and from a run folder back to its model.
+
+:func:`run` is what ``reservoir train`` and the recipes call: it builds the
+task, backbone, classifier and data the config names (:func:`build`, or from
+a store: :func:`~reservoir.training.stores.build_from_store`,
+:func:`~reservoir.training.stores.train_cached`) and trains them into the
+config's run folder. :func:`load_run` rebuilds a finished run's model with
+its best checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reservoir import checkpoint as ckpt
+from reservoir.errors import ReservoirError
+from reservoir.runtime import check_positions, resolve_device
+from reservoir.tasks.files import one_line, read_json
+from reservoir.training.classifier import ReservoirClassifier, heads_per_token
+from reservoir.training.config import TrainConfig
+from reservoir.training.data import TrainData
+from reservoir.training.loop import TrainResult, train
+
+
+def run(config: TrainConfig, progress: bool = True, *, extra: dict[str, Any] | None = None) -> TrainResult:
+    """Build what ``config`` names and train it into ``config.out`` (default :meth:`TrainConfig.default_out`).
+
+    The folder receives ``last.pt``, ``best.pt`` and ``results.json`` (see
+    :func:`~reservoir.training.train`); a ``last.pt`` left there by an
+    interrupted run with the same settings is resumed. A ``from_store``
+    with full-sequence states trains blocks above its layer from them; one
+    without trains the output layer alone from its features
+    (:func:`~reservoir.training.stores.train_cached`). ``extra`` adds top-level
+    keys to the result and its file (a recipe's ``recipe`` block).
+
+    Examples
+    --------
+    >>> r = run(TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=50,
+    ...                     task_params={"n_train": 200, "n_test": 100}, out="/tmp/run"))  # doctest: +SKIP
+    >>> r.metrics["test_accuracy"]  # doctest: +SKIP
+    """
+    from reservoir.training.stores import build_from_store, is_last_token_store, train_cached
+
+    out = config.out or config.default_out()
+    if config.from_store is not None and is_last_token_store(config.from_store):
+        return train_cached(config, out=out, extra=extra)
+    device = resolve_device(config.device)
+    if config.from_store is not None:
+        model, data = build_from_store(config, device)
+    else:
+        _, model, data = build(config, device)
+    return train(model, data, config, out=out, progress=progress, extra=extra)
+
+
+def build(config: TrainConfig, device: str | torch.device = "cpu", attn_implementation: str = "sdpa"
+          ) -> tuple[Any, ReservoirClassifier, TrainData]:
+    """The task, the classifier (on ``device``, not yet frozen) and the data ``config`` names.
+
+    Examples
+    --------
+    >>> task, model, data = build(TrainConfig(task="bit-xor", backbone="tiny-gpt2",
+    ...                                       task_params={"n_train": 100, "n_test": 20}))
+    >>> model.n_heads, len(data.train), len(data.test)
+    (5, 90, 20)
+    """
+    from reservoir.backbones import load_backbone
+    from reservoir.tasks import load_task
+
+    task = load_task(config.task, config.task_params)
+    backbone = load_backbone(config.backbone, init=config.init, depth=config.layers, d_in=task.d_in, seed=config.seed,
+                             projection_gain=config.projection_gain, attn_implementation=attn_implementation)
+    check_positions(task, backbone, config.backbone)
+    n_heads = heads_per_token(task.label_shape, task.n_out_tokens)
+    model = ReservoirClassifier(backbone, task.n_out_tokens, n_heads, task.n_classes, seed=config.seed)
+    data = TrainData.from_task(task, config.val_fraction, config.seed)
+    return task, model.to(resolve_device(device)), data
+
+
+def run_config(run_dir: str | os.PathLike) -> TrainConfig:
+    """The settings of a finished ``reservoir train`` folder (``results.json`` and ``best.pt``)."""
+    d = Path(run_dir)
+    if not ((d / "results.json").is_file() and (d / "best.pt").is_file()):
+        found = ", ".join(sorted(p.name for p in d.iterdir())) or "it empty" if d.is_dir() else "no such folder"
+        raise ReservoirError(f"{d}: expected a finished `reservoir train` folder (results.json, best.pt), "
+                             f"found {found}")
+    raw = read_json(d / "results.json", "the results of a `reservoir train` run")
+    try:
+        raw = raw["config"]
+        return TrainConfig(**{k: v for k, v in raw.items() if k in TrainConfig.__dataclass_fields__})
+    except (AttributeError, KeyError, TypeError, ValueError) as err:  # ValueError: settings out of range
+        raise ReservoirError(f"{d / 'results.json'}: expected the results of a `reservoir train` run, found "
+                             f"{one_line(err)}") from None
+
+
+def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementation: str = "sdpa"):
+    """A finished live run's task, model (its best checkpoint loaded, in eval mode) and settings.
+
+    ``run_dir`` is a ``reservoir train`` output folder (``results.json`` and
+    ``best.pt``). Runs trained from a split-point store are refused: their
+    inputs are stored states, not the task's.
+
+    Examples
+    --------
+    >>> task, model, config = load_run("results/train/bit-xor-minilm-pretrained-...")  # doctest: +SKIP
+    """
+    config = run_config(run_dir)
+    if config.from_store is not None:
+        raise ReservoirError(f"{run_dir} was trained from a split-point store; expected a run trained from task inputs")
+    dev = resolve_device(device)
+    best = Path(run_dir) / "best.pt"
+    saved = ckpt.load(best, ckpt.BEST_KEYS, dev)  # before building: a bad file is refused at once
+    diff = ckpt.differing(saved["config"], config)
+    if diff is not None:
+        raise ReservoirError(f"{best}: expected the checkpoint of the run in results.json, found a run with {diff}")
+    task, model, _ = build(config, dev, attn_implementation)
+    ckpt.load_trainable(model, saved["trainable"], best)
+    return task, model.eval(), config

@@ -1,0 +1,145 @@
+"""Feeding training: the rows of each split as device batches, the validation carve-out and the batch order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from reservoir.errors import ReservoirError
+
+
+@dataclass
+class Feeder:
+    """The arrays of one split, fed as batches: task inputs, or a split-point store's states.
+
+    Parameters
+    ----------
+    inputs : np.ndarray or store array
+        Task inputs ``(N, L)`` token ids or ``(N, L, d_in)`` vectors (``start``
+        0), or a store array of layer-``start`` states ``(N, L, n_dim)``.
+    lengths : np.ndarray
+        ``(N,)`` real lengths of the rows.
+    labels : np.ndarray
+        ``(N, ...)`` integer labels.
+    start : int
+        0: ``inputs`` are task inputs; ``s`` > 0: states at layer ``s``.
+    index : np.ndarray, optional
+        Rows of a store array ``inputs`` this split uses (store arrays are never copied).
+
+    Examples
+    --------
+    >>> f = Feeder(np.zeros((4, 6, 2), np.float32), np.array([6, 3, 5, 1]), np.array([0, 1, 1, 0]))
+    >>> [tuple(t.shape) for t in f.batch(np.array([1, 3]), "cpu")]  # padded to the batch's longest row
+    [(2, 3, 2), (2,), (2,)]
+    """
+
+    inputs: Any
+    lengths: np.ndarray
+    labels: np.ndarray
+    start: int = 0
+    index: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def from_split(cls, split, rows: np.ndarray | None = None) -> Feeder:
+        """A task split's arrays (``rows`` of them only, when given)."""
+        if rows is None:
+            return cls(split.inputs, split.lengths, split.labels)
+        return cls(split.inputs[rows], split.lengths[rows], split.labels[rows])
+
+    def batch(self, rows: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(x, lengths, labels)`` of ``rows`` on ``device``, ``x`` cut to the longest of them."""
+        L = int(self.lengths[rows].max())
+        if isinstance(self.inputs, np.ndarray):
+            x = self.inputs[rows, :L]
+        else:  # store array: read rows in increasing order, then put them back in batch order
+            src = rows if self.index is None else self.index[rows]
+            order = np.argsort(src)
+            x = np.empty((len(rows), L, self.inputs.shape[-1]), dtype=np.float32)
+            if hasattr(self.inputs, "get_orthogonal_selection"):  # zarr
+                got = self.inputs.get_orthogonal_selection((src[order], slice(0, L), slice(None)))
+            else:  # h5py: fancy indexing needs increasing, unique indices
+                got = self.inputs[src[order].tolist(), :L]
+            x[order] = np.asarray(got, dtype=np.float32)
+        x_t = torch.from_numpy(np.ascontiguousarray(x))
+        if x_t.dtype == torch.float16:
+            x_t = x_t.float()
+        return (x_t.to(device), torch.from_numpy(self.lengths[rows].astype(np.int64)).to(device),
+                torch.from_numpy(self.labels[rows].astype(np.int64)).to(device))
+
+
+@dataclass
+class TrainData:
+    """What a run trains on (``train``), selects its best step on (``val``) and reports (``test``).
+
+    ``provenance`` holds the result keys that say where the data come from:
+    ``task`` (name, params, fingerprint) and, for a store, ``store`` and the
+    store's ``backbone``.
+
+    Raises
+    ------
+    ReservoirError
+        When the three splits are not fed from the same layer.
+    """
+
+    train: Feeder
+    val: Feeder
+    test: Feeder
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        starts = [self.train.start, self.val.start, self.test.start]
+        if len(set(starts)) != 1:
+            raise ReservoirError(f"expected train, val and test fed from one layer, found layers {starts}")
+
+    @property
+    def start(self) -> int:
+        """The layer the feeders' arrays are at (0: task inputs)."""
+        return self.train.start
+
+    @classmethod
+    def from_task(cls, task, val_fraction: float = 0.1, seed: int = 0) -> TrainData:
+        """A task's splits: its ``val`` split if it has one, else a seeded ``val_fraction`` of train.
+
+        Examples
+        --------
+        >>> from reservoir.tasks import load_task
+        >>> data = TrainData.from_task(load_task("bit-xor", {"n_train": 100, "n_test": 20}))
+        >>> len(data.train), len(data.val), len(data.test)
+        (90, 10, 20)
+        """
+        tr, te = task.splits["train"], task.splits["test"]
+        if "val" in task.splits:
+            train, val = Feeder.from_split(tr), Feeder.from_split(task.splits["val"])
+        else:
+            t, v = carve_val(len(tr), val_fraction, seed)
+            train, val = Feeder.from_split(tr, t), Feeder.from_split(tr, v)
+        task_info = {"name": task.name, "params": task.params, "fingerprint": task.fingerprint}
+        return cls(train, val, Feeder.from_split(te), provenance={"task": task_info})
+
+
+def carve_val(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted ``(train_rows, val_rows)``: a seeded ``fraction`` of ``n`` rows held out.
+
+    Examples
+    --------
+    >>> t, v = carve_val(10, 0.2, seed=0)
+    >>> len(t), len(v), sorted([*t, *v]) == list(range(10))
+    (8, 2, True)
+    """
+    perm = np.random.default_rng([seed, 7919]).permutation(n)
+    n_val = max(1, round(fraction * n))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Rows of step ``step``: epoch ``e`` visits a permutation seeded by ``(seed, e)`` in whole batches."""
+    per_epoch = max(1, n // batch_size)
+    epoch, i = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    return perm[i * batch_size : (i + 1) * batch_size]

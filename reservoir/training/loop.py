@@ -1,0 +1,247 @@
+"""The training loop: Adam on the unfrozen groups, validation picks the best step, the test split is read once.
+
+:func:`train` takes objects (a :class:`~reservoir.training.ReservoirClassifier`,
+its :class:`~reservoir.training.TrainData` and the run's
+:class:`~reservoir.training.TrainConfig`) and returns a :class:`TrainResult`.
+Given an output folder it writes ``last.pt`` and ``best.pt`` after every
+validation, resumes from ``last.pt``, and writes ``results.json`` at the end;
+without one it writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from reservoir import checkpoint as ckpt
+from reservoir.errors import ReservoirError
+from reservoir.freeze import apply_freeze, describe, parse_groups
+from reservoir.results import Result, writable_folder
+from reservoir.runtime import autocast
+from reservoir.training.classifier import ReservoirClassifier, loss_fn
+from reservoir.training.config import TrainConfig
+from reservoir.training.data import Feeder, TrainData, batch_rows
+
+
+@dataclass(kw_only=True)
+class TrainResult(Result):
+    """One training run: the keys of its ``results.json``.
+
+    ``metrics`` holds ``test_accuracy`` (the best validation step's, on the
+    full test split), ``best_val_accuracy``, ``best_step``,
+    ``final_val_accuracy``, ``steps``, ``steps_to_converge`` and ``n_test``;
+    ``curve`` one ``{step, train_loss, val_accuracy}`` per validation.
+    ``store`` is set for runs from a store, ``cached`` for runs of the head
+    alone on stored features.
+
+    Examples
+    --------
+    >>> r = TrainResult.read("results/train/run/results.json")  # doctest: +SKIP
+    >>> r.metrics["test_accuracy"], r.config["lr"]  # doctest: +SKIP
+    """
+
+    kind: str = "train"
+    config: dict[str, Any]
+    backbone: dict[str, Any] | None = None
+    task: dict[str, Any] | None = None
+    store: dict[str, Any] | None = None
+    cached: bool | None = None
+    parameters: dict[str, int]
+    metrics: dict[str, Any]
+    curve: list[dict[str, float]]
+    timings: dict[str, float]
+
+
+def evaluate(model: ReservoirClassifier, data: Feeder, device, batch_size: int = 64, amp: str = "auto") -> float:
+    """Accuracy over the whole split (each label element once), in a fixed order."""
+    was = model.training
+    model.eval()
+    correct = total = 0
+    order = np.argsort(data.lengths, kind="stable")
+    with torch.inference_mode(), autocast(device, amp):
+        for lo in range(0, len(data), batch_size):
+            x, lengths, y = data.batch(order[lo : lo + batch_size], device)
+            pred = model(x, lengths, data.start).argmax(-1).reshape(len(y), -1)
+            correct += int((pred == y.reshape(len(y), -1)).sum())
+            total += pred.numel()
+    model.train(was)
+    return correct / max(total, 1)
+
+
+def steps_to_converge(curve: list[dict[str, float]], tolerance: float = 0.01) -> int | None:
+    """First step whose validation accuracy is within ``tolerance`` of the best (Lu et al. Table 6).
+
+    Examples
+    --------
+    >>> steps_to_converge([{"step": 10, "val_accuracy": 0.5}, {"step": 20, "val_accuracy": 0.995},
+    ...                    {"step": 30, "val_accuracy": 1.0}])
+    20
+    """
+    if not curve:
+        return None
+    best = max(p["val_accuracy"] for p in curve)
+    return next(int(p["step"]) for p in curve if p["val_accuracy"] >= best - tolerance)
+
+
+def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
+          out: str | os.PathLike | None = None, progress: bool = True,
+          extra: dict[str, Any] | None = None) -> TrainResult:
+    """Train ``model`` on ``data``; the best validation step's weights are kept and tested.
+
+    ``train`` freezes ``model`` itself: everything, then ``settings.finetune``'s
+    groups are unfrozen in blocks above ``max(settings.split_layer,
+    data.start)`` (and printed as trainable / total counts). It trains where
+    the model's parameters are, seeded by ``settings.seed`` (batch order,
+    dropout), with Adam, gradient-norm clipping and CUDA autocast as
+    ``settings`` say.
+
+    Parameters
+    ----------
+    model : ReservoirClassifier
+        Backbone and head, on the device to train on.
+    data : TrainData
+        Train, validation and test feeders (and their provenance).
+    settings : TrainConfig
+        The run's settings; the loop reads the optimization and freeze fields.
+    out : path, optional
+        Run folder: ``last.pt`` and ``best.pt`` after every validation, a
+        ``last.pt`` of an interrupted run with the same settings resumed,
+        ``results.json`` at the end. ``None``: nothing is written.
+    progress : bool
+        Show a progress bar.
+    extra : dict, optional
+        More top-level keys for the result (and its ``results.json``).
+
+    Examples
+    --------
+    >>> from reservoir.backbones import load_backbone
+    >>> from reservoir.tasks import load_task
+    >>> task = load_task("bit-xor", {"n_train": 200, "n_test": 100})
+    >>> model = ReservoirClassifier(load_backbone("tiny-gpt2", d_in=task.d_in), 1, 5, 2)
+    >>> r = train(model, TrainData.from_task(task), TrainConfig(task="bit-xor", steps=20), progress=False)
+    ... # doctest: +ELLIPSIS
+    trainable params: ...
+    >>> r.metrics["steps"]
+    20
+    """
+    counts = _freeze(model, data, settings)
+    print(describe(counts))
+    folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
+    device = next(model.parameters()).device
+    steps = settings.total_steps(len(data.train))
+    torch.manual_seed(settings.seed)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
+    _set_dropout(model, settings.dropout)
+    model.train(settings.dropout > 0)
+    state = ckpt.new_state()
+    if folder is not None and (folder / "last.pt").exists():
+        state = ckpt.resume(folder / "last.pt", settings, model, opt, device)
+    best = _loop(model, opt, data, settings, steps, state, folder, progress)
+    if folder is not None:  # the best step may predate a resume
+        best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
+    ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
+    t_eval = time.perf_counter()
+    test_acc = evaluate(model, data.test, device, amp=settings.amp)
+    p = data.provenance
+    result = TrainResult(
+        config=asdict(settings),
+        backbone=p["backbone"] if "backbone" in p else model.backbone.info.to_dict(),
+        task=p.get("task"),
+        store=p.get("store"),
+        parameters=counts,
+        metrics={
+            "test_accuracy": test_acc,
+            "best_val_accuracy": state["best_val"],
+            "best_step": state["best_step"],
+            "final_val_accuracy": state["curve"][-1]["val_accuracy"],
+            "steps": steps,
+            "steps_to_converge": steps_to_converge(state["curve"]),
+            "n_test": len(data.test),
+        },
+        curve=state["curve"],
+        timings={"train_s": state["train_seconds"], "test_eval_s": time.perf_counter() - t_eval},
+        extra=dict(extra or {}),
+    )
+    if folder is not None:
+        result.write(folder / "results.json")
+    return result
+
+
+def _freeze(model: ReservoirClassifier, data: TrainData, settings: TrainConfig) -> dict[str, int]:
+    """Freeze all but ``settings.finetune``'s groups above the split; return the parameter counts."""
+    depth = model.backbone.depth
+    if not 0 <= settings.split_layer <= depth:
+        raise ReservoirError(f"split layer must be within 0..{depth} (the depth), found {settings.split_layer}")
+    first_block = max(settings.split_layer, data.start)
+    return apply_freeze(model.backbone, model.head, parse_groups(settings.finetune), first_block)
+
+
+def _set_dropout(model: nn.Module, p: float) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = p
+
+
+def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainData, settings: TrainConfig,
+          steps: int, state: dict[str, Any], folder: Path | None, progress: bool) -> dict[str, torch.Tensor] | None:
+    """Optimizer steps from ``state["step"]`` to ``steps``, validating every ``eval_every`` and at the end.
+
+    Updates ``state`` (step, curve, best, seconds) in place and, with a
+    ``folder``, checkpoints it after each validation. Returns the trained
+    tensors of the best step validated in this call (``None`` if none beat
+    the resumed best).
+    """
+    from tqdm.auto import tqdm
+
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    best, running, t0 = None, [], time.perf_counter()
+    bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+    with bar:
+        while state["step"] < steps:
+            x, lengths, y = data.train.batch(batch_rows(len(data.train), settings.batch_size, settings.seed,
+                                                        state["step"]), device)
+            with autocast(device, settings.amp):
+                logits = model(x, lengths, data.start)
+            loss = loss_fn(logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if settings.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+            opt.step()
+            state["step"] += 1
+            running.append(float(loss.detach()))
+            bar.update(1)
+            if state["step"] % settings.eval_every == 0 or state["step"] == steps:
+                acc = evaluate(model, data.val, device, amp=settings.amp)
+                state["curve"].append({"step": state["step"], "train_loss": float(np.mean(running)),
+                                       "val_accuracy": acc})
+                running = []
+                bar.set_postfix(loss=f"{state['curve'][-1]['train_loss']:.3f}", val=f"{acc:.3f}")
+                state["train_seconds"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                trainable = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
+                is_best = acc >= state["best_val"]  # ties go to the later step (more training)
+                if is_best:
+                    state["best_val"], state["best_step"], best = acc, state["step"], trainable
+                if folder is not None:
+                    _checkpoint(folder, settings, trainable, opt, state, is_best)
+    return best
+
+
+def _checkpoint(folder: Path, settings: TrainConfig, trainable: dict[str, torch.Tensor],
+                opt: torch.optim.Optimizer, state: dict[str, Any], is_best: bool) -> None:
+    """Write ``best.pt`` (when this step is the best) and ``last.pt`` (always) for the step in ``state``."""
+    key = settings.key()
+    if is_best:
+        ckpt.save(folder / "best.pt", {"config": key, "trainable": trainable, "step": state["step"]})
+    ckpt.save(folder / "last.pt", {"config": key, "trainable": trainable, "optimizer": opt.state_dict(),
+                                   "rng": torch.get_rng_state(), "state": state})

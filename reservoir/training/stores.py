@@ -1,0 +1,196 @@
+"""Training from a feature store instead of task inputs.
+
+A split-point store (``extract --full-seq-layer S``) holds every position's
+state at layer ``S``: :func:`build_from_store` rebuilds the backbone from the
+store's provenance and feeds those states to blocks ``S+1..K``, so the run
+equals a live run with ``split_layer=S``. A last-token store holds the
+features the head reads: :func:`train_cached` trains the output layer alone
+on them with :class:`~reservoir.cached.CachedHead`, at the cost of the head.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from reservoir import checkpoint as ckpt
+from reservoir.errors import ReservoirError
+from reservoir.freeze import parse_groups
+from reservoir.results import writable_folder
+from reservoir.runtime import resolve_device
+from reservoir.training.classifier import ReservoirClassifier, heads_per_token
+from reservoir.training.config import TrainConfig
+from reservoir.training.data import Feeder, TrainData, carve_val
+from reservoir.training.loop import TrainResult, steps_to_converge
+
+
+def config_for_store(path: str | os.PathLike, **settings: Any) -> TrainConfig:
+    """The settings of a run from the store at ``path``: its task, init and seed; the other fields from ``settings``.
+
+    A split-point store also sets ``split_layer`` to its layer. The store's
+    values replace any given in ``settings``.
+
+    Examples
+    --------
+    >>> config = config_for_store("cache/split.zarr", backbone="minilm", finetune="layernorm,output")
+    ... # doctest: +SKIP
+    >>> config.task, config.split_layer  # doctest: +SKIP
+    ('listops', 3)
+    """
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(path) as st:
+        a = st.attrs
+        store_fields = {"task": a["task"]["name"], "task_params": {}, "init": a["backbone"]["init"],
+                        "seed": a["backbone"]["seed"], "from_store": str(path)}
+        if st.full_seq_layer is not None:
+            store_fields["split_layer"] = st.full_seq_layer
+    return TrainConfig(**{**settings, **store_fields})
+
+
+def is_last_token_store(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a store without full-sequence states (its features train a head alone)."""
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(path) as st:
+        return st.full_seq_layer is None
+
+
+def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") -> tuple[ReservoirClassifier, TrainData]:
+    """The classifier and data for training blocks ``s+1..K`` from the split-point store ``config.from_store``.
+
+    The backbone, projection and head are rebuilt from the store's provenance
+    (init, seed, projection, weights checked by their sha256); the data are
+    the store's states at layer ``s``, read by row as batches need them.
+    """
+    from reservoir.backbones import load_backbone
+    from reservoir.store import FeatureStore
+
+    store = FeatureStore.open(config.from_store)
+    s = store.full_seq_layer
+    if s is None:
+        store.states("train")  # raises the one-line error
+    a = store.attrs
+    bb, task = a["backbone"], a["task"]
+    depth = bb["depth"] if config.layers is None else config.layers
+    if s >= depth:
+        raise ReservoirError(f"{config.from_store} holds states at layer {s}; training needs depth K > {s}, "
+                             f"found K={depth}")
+    backbone = load_backbone(config.backbone, init=bb["init"], depth=depth, d_in=a["projection"]["d_in"],
+                             seed=bb["seed"], projection_gain=a["projection"]["gain"], revision=bb.get("revision"))
+    if backbone.info.weights_sha256 != bb["weights_sha256"]:
+        raise ReservoirError(f"{config.from_store}: expected backbone weights sha256 {bb['weights_sha256'][:12]}..., "
+                             f"found {backbone.info.weights_sha256[:12]}... for {config.backbone!r}")
+    n_out = a["pooling"]["n_out_tokens"]
+    model = ReservoirClassifier(backbone, n_out, heads_per_token(tuple(task["label_shape"]), n_out),
+                                task["n_classes"], seed=bb["seed"])
+
+    def feeder(split, rows=None):
+        lengths, labels = store.lengths(split), store.labels(split)
+        if rows is not None:
+            lengths, labels = lengths[rows], labels[rows]
+        return Feeder(store.states(split), lengths, labels, start=s, index=rows)
+
+    if "val" in store.splits:
+        tr, va = feeder("train"), feeder("val")
+    else:
+        t, v = carve_val(len(store.lengths("train")), config.val_fraction, bb["seed"])
+        tr, va = feeder("train", t), feeder("train", v)
+    provenance = {"backbone": bb, "task": task, "store": store.fingerprint()}
+    return model.to(resolve_device(device)), TrainData(tr, va, feeder("test"), provenance)
+
+
+def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
+                 extra: dict[str, Any] | None = None) -> TrainResult:
+    """``reservoir train --from-store STORE --finetune output`` on a last-token store: the head alone.
+
+    The output-only run of live training (same head init, batch order, loss,
+    gradient clip and Adam) with the frozen forward replaced by the store's
+    features at the top layer (final norm applied): the same trained head, at
+    the cost of the head. Validation picks the best step as in live training;
+    the test split is evaluated once with it. With ``out``, writes
+    ``best.pt`` (the head's tensors) and ``results.json`` there.
+    """
+    from reservoir.cached import CachedHead
+
+    if parse_groups(config.finetune) != ("output",):
+        raise ReservoirError(f"{config.from_store}: expected a split-point store (extract --full-seq-layer S) to "
+                             f"train --finetune {config.finetune}; found last-token features only, which train the "
+                             "output layer alone (--finetune output)")
+    device = resolve_device(config.device)
+    splits, attrs, fingerprint = _resident_splits(config, device)
+    (X, Y), (Xv, Yv) = splits["train"], splits["val"]
+    n_classes = attrs["task"]["n_classes"]
+    with torch.random.fork_rng(devices=[]):  # the head ReservoirClassifier builds for this seed
+        torch.manual_seed(config.seed)
+        head = nn.Linear(X.shape[-1], heads_per_token(tuple(attrs["task"]["label_shape"]), X.shape[1]) * n_classes)
+    trainer = CachedHead(head.to(device), X, Y, n_classes, lr=config.lr, grad_clip=config.grad_clip)
+    steps = config.total_steps(len(X))
+    folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
+    t0 = time.perf_counter()
+    curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
+    train_s = time.perf_counter() - t0
+    head.load_state_dict(best)
+    n_params = sum(p.numel() for p in head.parameters())
+    result = TrainResult(
+        config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
+        parameters={"output": n_params, "trainable": n_params},
+        metrics={"test_accuracy": trainer.accuracy(*splits["test"]), "best_val_accuracy": best_val,
+                 "best_step": best_step, "final_val_accuracy": curve[-1]["val_accuracy"], "steps": steps,
+                 "steps_to_converge": steps_to_converge(curve), "n_test": len(splits["test"][0])},
+        curve=curve, timings={"train_s": train_s, "step_ms": 1e3 * train_s / steps}, extra=dict(extra or {}),
+    )
+    if folder is not None:
+        ckpt.save(folder / "best.pt", {"head": best, "step": best_step})
+        result.write(folder / "results.json")
+    return result
+
+
+def _resident_splits(config: TrainConfig, device) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict, dict]:
+    """Features at layer K (final norm applied) and labels on ``device`` by split; the store's attrs and fingerprint.
+
+    Without a ``val`` split, a seeded ``config.val_fraction`` of train is
+    held out as in live training.
+    """
+    from reservoir.cached import resident
+    from reservoir.readouts.features import load_layer
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(config.from_store) as st:
+        K = max(st.layers) if config.layers is None else config.layers
+        st.layer_index(K)  # refuses a layer the store does not hold
+        splits = {s: resident(*load_layer(st, s, K), st.n_out_tokens, device) for s in st.splits}
+        attrs, fingerprint = st.attrs, st.fingerprint()
+    if "val" not in splits:
+        X, Y = splits["train"]
+        t, v = (torch.from_numpy(rows).to(device) for rows in carve_val(len(X), config.val_fraction, config.seed))
+        splits["train"], splits["val"] = (X[t], Y[t]), (X[v], Y[v])
+    return splits, attrs, fingerprint
+
+
+def _fit_head(trainer, Xv: torch.Tensor, Yv: torch.Tensor, config: TrainConfig, steps: int
+              ) -> tuple[list[dict[str, float]], tuple[float, int, dict[str, torch.Tensor]]]:
+    """``steps`` cached steps in live training's batch order, validating every ``eval_every`` and at the end.
+
+    Returns the curve and ``(best_val, best_step, head_state)`` of the best
+    validation (ties go to the later step, as in live training).
+    """
+    per_epoch = max(1, trainer.N // config.batch_size)
+    curve, best, step, order = [], (-1.0, 0, None), 0, None
+    while step < steps:
+        epoch, i = divmod(step, per_epoch)
+        if i == 0 or order is None:
+            order = trainer.epoch_order(config.seed, epoch)
+        step += trainer.run(order, config.batch_size, i,
+                            i + min(steps - step, config.eval_every - step % config.eval_every))
+        if step % config.eval_every == 0 or step == steps:
+            acc = trainer.accuracy(Xv, Yv)
+            curve.append({"step": step, "train_loss": trainer.mean_loss(), "val_accuracy": acc})
+            if acc >= best[0]:
+                best = (acc, step, {k: v.detach().clone() for k, v in trainer.head.state_dict().items()})
+    return curve, best

@@ -1,0 +1,149 @@
+"""The readouts' Python API: typed results out, store and task objects in, files written only when asked."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from reservoir.bench.readout import ReadoutBenchResult, readout_vs_sklearn
+from reservoir.cli import main
+from reservoir.errors import ReservoirError
+from reservoir.readouts import FitResult, fit_linear, fit_raw
+from reservoir.store import FeatureStore
+
+FIT_LINEAR_KEYS = ["kind", "config", "store", "metrics", "timings", "environment", "written"]
+CONFIG_KEYS = ["store", "layer", "readout", "seed", "final_norm", "alphas", "validation", "stream"]
+METRIC_KEYS = ["train_accuracy", "val_accuracy", "test_accuracy", "alpha", "val_scores", "n_train", "n_test", "chance"]
+
+# A fit-linear result as a recipe run wrote it before FitResult existed (store fingerprint shortened).
+OLD_FIT_LINEAR = {
+    "kind": "fit-linear",
+    "config": {"store": "cache/recipes/e281996271ae.zarr", "layer": 1, "readout": "logistic", "seed": 0,
+               "final_norm": True, "alphas": [0.01, 0.1, 1.0, 10.0], "validation": "carved from train",
+               "stream": False},
+    "store": {"schema": "reservoir.features/1", "backbone": {"id": "sentence-transformers/all-MiniLM-L6-v2"},
+              "layers": [0, 1, 2, 3, 4, 5, 6], "reservoir_version": "0.1.0.dev0",
+              "created": "2026-11-26T05:12:56+00:00"},
+    "metrics": {"train_accuracy": 0.255, "val_accuracy": 0.2175, "test_accuracy": 0.221, "alpha": 1.0,
+                "val_scores": {"10.0": 0.19, "1.0": 0.2175, "0.1": 0.1825, "0.01": 0.17}, "n_train": 4000,
+                "n_test": 1000, "chance": 0.16},
+    "timings": {"load_s": 0.06034713400003966, "fit_s": 0.7053555390000383},
+    "recipe": {"name": "cpu-listops-depth", "run": "fit-linear__listops__minilm__random__d6__seed0", "cell": "cells[0]",
+               "seed": 0},
+    "environment": {"reservoir_version": "0.1.0.dev0", "python": "3.11.7", "torch": "2.13.0+cpu"},
+    "written": "2026-11-26T05:14:41+00:00",
+}
+
+
+def _json(obj):
+    """``obj`` as it comes back from a JSON file."""
+    return json.loads(json.dumps(obj, default=float))
+
+
+@pytest.fixture(scope="module")
+def xor_store(tmp_path_factory):
+    """Three-bit XOR through tiny GPT-2 in an HDF5 store (the other backend than test_readouts' Zarr)."""
+    from reservoir.extraction import ExtractConfig, run as run_extract
+
+    config = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2, task_params={"n_bits": 3, "n_train": 120,
+                           "n_test": 50}, out=str(tmp_path_factory.mktemp("api") / "s.h5"))
+    return run_extract(config, progress=False)
+
+
+def test_fit_linear_writes_nothing_without_results_dir(xor_store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the old default wrote results/fit-linear here
+    seen = []
+    results = fit_linear(xor_store, layers=[1, 2], on_result=seen.append)
+    assert list(tmp_path.iterdir()) == []
+    assert [type(r) for r in results] == [FitResult, FitResult] and seen == [None, *results]
+    assert [r.config["layer"] for r in results] == [1, 2] and results[0].kind == "fit-linear"
+    assert list(results[0].to_dict()) == FIT_LINEAR_KEYS[:5]
+    assert list(results[0].config) == CONFIG_KEYS and list(results[0].metrics) == METRIC_KEYS
+
+
+def test_fit_linear_takes_a_store_object_and_leaves_it_open(xor_store):
+    by_path = fit_linear(xor_store, layers=[2], readout="ridge")[0]
+    with FeatureStore.open(xor_store) as st:
+        by_object = fit_linear(st, layers=[2], readout="ridge")[0]
+        assert st.features("test").shape[0] == 50  # still readable: the caller's store stays open
+    assert by_object.metrics == by_path.metrics and by_object.store == by_path.store
+    assert by_object.config == by_path.config and by_object.config["store"] == str(xor_store)
+
+
+def test_fit_result_file_round_trip(xor_store, tmp_path):
+    (result,) = fit_linear(xor_store, layers=[2], results_dir=tmp_path)
+    path = tmp_path / "s" / "logistic-layer2.json"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [path.name]
+    raw = json.loads(path.read_text())
+    assert list(raw) == FIT_LINEAR_KEYS and list(raw["config"]) == CONFIG_KEYS and list(raw["metrics"]) == METRIC_KEYS
+    back = FitResult.read(path)
+    assert back.to_dict() == raw  # every key, in the file's order
+    assert {k: v for k, v in raw.items() if k not in ("environment", "written")} == _json(result.to_dict())
+    assert set(back.extra) == {"environment", "written"}
+    assert FitResult.from_dict(result.to_dict()) == result
+
+
+def test_results_written_before_fit_result_load(tmp_path):
+    path = tmp_path / "logistic-layer1.json"
+    path.write_text(json.dumps(OLD_FIT_LINEAR, indent=2))
+    r = FitResult.read(path)
+    assert r.kind == "fit-linear" and r.config["layer"] == 1 and r.metrics["test_accuracy"] == 0.221
+    assert r.task is None and set(r.extra) == {"recipe", "environment", "written"}
+    assert r.to_dict() == OLD_FIT_LINEAR and list(r.to_dict()) == list(OLD_FIT_LINEAR)
+
+
+@pytest.mark.parametrize(("change", "message"), [({"kind": "train"}, "kind 'train'"),
+                                                 ({"metrics": None}, "without metrics")])
+def test_fit_result_refuses_other_files(tmp_path, change, message):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({k: v for k, v in {**OLD_FIT_LINEAR, **change}.items() if v is not None}))
+    with pytest.raises(ReservoirError, match=message) as err:
+        FitResult.read(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fit_raw_takes_a_task_object_and_the_cli_writes_its_result(tmp_path):
+    from reservoir.tasks import get_task
+
+    out = tmp_path / "digits.json"
+    r = CliRunner().invoke(main, ["fit-raw", "--task", "digits", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    raw = json.loads(out.read_text())
+    assert list(raw) == ["kind", "config", "task", "metrics", "timings", "environment", "written"]
+    by_name = FitResult.read(out)
+    assert f"test {by_name.metrics['test_accuracy']:.2%}" in r.output
+    task = get_task("digits")
+    by_object = fit_raw(task)  # the same arrays as the name builds: the same fit
+    got = {k: v for k, v in _json(by_object.to_dict()).items() if k != "timings"}
+    assert got == {k: v for k, v in raw.items() if k not in ("timings", "environment", "written")}
+    with pytest.raises(ReservoirError, match="task_params apply to a task name"):
+        fit_raw(task, {"seed": 1})
+    with pytest.raises(ReservoirError, match="unknown readout 'lasso'"):
+        fit_raw(task, readout="lasso")
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_bench_readout_result(tmp_path, monkeypatch):
+    import reservoir.bench
+    from reservoir.extraction import ExtractConfig, run as run_extract
+    from reservoir.readouts.logistic import DEFAULT_ALPHAS
+
+    store = run_extract(ExtractConfig(task="digits", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "d.zarr"),
+                                  task_params={"patch": 4}), progress=False)
+    with FeatureStore.open(store) as st:
+        r = readout_vs_sklearn(st, 1, max_iter=100)
+    assert isinstance(r, ReadoutBenchResult) and (r.n_train, r.n_features, r.layer) == (1437, 32, 1)
+    assert r.reservoir["alpha"] in DEFAULT_ALPHAS
+    # C = 1 / (alpha * n_fit) over the readout's grid, fitted on the readout's 1437 - 144 rows
+    assert any(r.sklearn["C"] == pytest.approx(1 / (a * 1293)) for a in DEFAULT_ALPHAS)
+    for side in (r.reservoir, r.sklearn):  # ten digit classes: chance is about 0.1
+        assert side["test_accuracy"] > 0.5
+    monkeypatch.setattr(reservoir.bench, "readout_vs_sklearn", lambda *args, **kwargs: r)  # the CLI prints and writes
+    out = tmp_path / "bench.json"
+    cli = CliRunner().invoke(main, ["bench", "readout", str(store), "--layer", "1", "--out", str(out)])
+    assert cli.exit_code == 0, cli.output
+    raw = json.loads(out.read_text())
+    assert list(raw) == ["kind", "store", "layer", "n_train", "n_features", "reservoir", "sklearn", "time_ratio",
+                         "torch_threads", "environment", "written"]
+    assert raw["kind"] == "bench-readout" and ReadoutBenchResult.read(out).to_dict() == raw
+    assert f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x" in cli.output
