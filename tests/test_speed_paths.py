@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import reservoir.store
 from reservoir.backbones import load_backbone
 from reservoir.batching import plan_order, plan_windows
+from reservoir.bench import BenchResult
 from reservoir.cached import CachedHead
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
@@ -69,7 +70,7 @@ def test_windows_of_one_chunk_give_the_same_store(tmp_path, monkeypatch):
     big = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
                                 out=str(tmp_path / "big.zarr")), progress=False)
     monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)
-    monkeypatch.setattr(reservoir.store.feature_store, "MIN_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
     small = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
                                   out=str(tmp_path / "small.zarr")), progress=False)
     with FeatureStore.open(big) as a, FeatureStore.open(small) as b:
@@ -104,7 +105,7 @@ def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch
             raise OSError(28, "No space left on device")
         return original(self, split, chunk, *a, **k)
 
-    monkeypatch.setattr(reservoir.store.feature_store, "MIN_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
     monkeypatch.setattr(FeatureStore, "write_chunk", failing)
     with pytest.raises(OSError):
         run_extract(cfg, progress=False)
@@ -193,6 +194,9 @@ def test_bench_extract_cli(tmp_path):
     assert b["tokens"] < b["padded_tokens"] < b["n_rows"] * b["max_length"]  # buckets pad less than the naive way
     assert b["peak_rss_mb"] >= b["peak_rss_mb_extract"] > 100
     assert f"{b['pass_over_bare']:.3f}" in r.stdout
+    read = BenchResult.read(tmp_path / "b.json")  # the file is the typed result, round trip exact
+    assert read.kind == "bench-extract" and read["n_rows"] == 190
+    assert sorted(read.extra) == ["environment", "written"] and read.to_dict() == b
 
 
 

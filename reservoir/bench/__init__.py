@@ -8,12 +8,15 @@
   per epoch.
 * :func:`readout_vs_sklearn` (``reservoir bench readout``).
 
-Times are wall-clock on the machine at hand and noisy: compare ratios
+Each returns a typed result (:class:`BenchResult`, :class:`ReadoutBenchResult`);
+the CLI or the recipe runner writes it. Times are wall-clock on the machine at hand and noisy: compare ratios
 measured in one run, not seconds across runs.
 """
 
 from reservoir.bench.extract import bench_extract, format_extract
-from reservoir.bench.readout import readout_vs_sklearn
+from reservoir.bench.readout import ReadoutBenchResult, readout_vs_sklearn
+from reservoir.bench.result import BenchResult
 from reservoir.bench.speedup import format_speedup, speedup
 
-__all__ = ["bench_extract", "format_extract", "format_speedup", "readout_vs_sklearn", "speedup"]
+__all__ = ["BenchResult", "ReadoutBenchResult", "bench_extract", "format_extract", "format_speedup",
+           "readout_vs_sklearn", "speedup"]

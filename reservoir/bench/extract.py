@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reservoir.bench.result import BenchResult
 from reservoir.runtime import synchronize as _sync
 
 
@@ -57,7 +58,7 @@ def _hf_model(prep, full: bool, dtype):
     return model.eval().requires_grad_(False).to(prep.device, dtype=dtype)
 
 
-def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> dict[str, Any]:
+def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> BenchResult:
     """Time extraction against the bare forward, the Hugging Face forward and the naive way.
 
     Parameters
@@ -70,8 +71,8 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> dict
 
     Returns
     -------
-    dict
-        Seconds, ratios, token counts and peak memory; see :func:`format_extract`.
+    BenchResult
+        ``kind="bench-extract"``: seconds, ratios, token counts and peak memory; see :func:`format_extract`.
 
     Examples
     --------
@@ -114,7 +115,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> dict
     r["tokens_per_s"] = n_tokens / r["pass_s"]
     r["peak_rss_mb"] = _peak_rss_mb()
     r["peak_device_mb"] = _peak_device_mb(dev)
-    return r
+    return BenchResult("bench-extract", r)
 
 
 def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = True) -> dict[str, Any]:
@@ -252,7 +253,7 @@ def _size_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def format_extract(r: dict[str, Any]) -> str:
+def format_extract(r: BenchResult) -> str:
     """The benchmark as the lines ``reservoir bench extract`` prints."""
     batches = f"{r['max_tokens']} tokens" if r["max_tokens"] else f"{r['batch_size'] or 64} rows"
     if r["max_tokens"] and r["batch_size"]:

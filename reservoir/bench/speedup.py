@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
 from reservoir.runtime import check_seed, resolve_device
 from reservoir.runtime import synchronize as _sync
@@ -120,8 +121,8 @@ def speedup(
     seed: int = 0,
     device: str = "auto",
     progress: bool = False,
-) -> dict[str, Any]:
-    """Measure cached vs live training cost per epoch; return every timing and ratio.
+) -> BenchResult:
+    """Measure cached vs live training cost per epoch; every timing and ratio (``kind="bench-speedup"``).
 
     Examples
     --------
@@ -130,13 +131,7 @@ def speedup(
     """
     from reservoir.backbones import load_backbone
     from reservoir.bench.extract import time_pass
-    from reservoir.cached import resident
     from reservoir.extraction import ExtractConfig, prepare
-    from reservoir.freeze import apply_freeze
-    from reservoir.readouts.features import load_layer
-    from reservoir.store import FeatureStore
-    from reservoir.training import Feeder
-    from reservoir.training import ReservoirClassifier, heads_per_token
 
     if batch_size < 1 or max_live_rows < 1:
         raise ReservoirError(f"batch size and max live rows must be >= 1, found {batch_size}, {max_live_rows}")
@@ -147,15 +142,14 @@ def speedup(
     s = K - 1 if split_layer is None else split_layer
     if not 0 <= s < K:
         raise ReservoirError(f"--split-layer must be within 0..{K - 1} (below the depth {K}), found {s}")
-    tr = data.splits["train"]
-    n = len(tr)
-    n_heads = heads_per_token(data.label_shape, data.n_out_tokens)
     result: dict[str, Any] = {"task": data.name, "task_params": data.params, "backbone": prep.backbone.info.to_dict(),
                               "depth": K, "split_layer": s, "batch_size": batch_size, "large_batch": LARGE_BATCH,
-                              "n_train": n, "device": str(dev), "torch_threads": torch.get_num_threads()}
+                              "n_train": len(data.splits["train"]), "device": str(dev),
+                              "torch_threads": torch.get_num_threads()}
     # live training keeps float32 weights (autocast on CUDA), as `reservoir train` does
     live_bb = prep.backbone if next(prep.backbone.parameters()).dtype == torch.float32 else load_backbone(
         backbone, init=init, depth=K, d_in=data.d_in, seed=seed).to(dev)
+    timing = _Timing(data, live_bb, dev, batch_size, max_live_rows, seed)
 
     with tempfile.TemporaryDirectory() as tmp:
         # one-time costs: the pass (store written) vs the bare forward on the same batches
@@ -164,51 +158,83 @@ def speedup(
                       bare_forward_s=t["bare_forward_s"], extract_overhead=t["pass_s"] / t["bare_forward_s"])
         result["setup_s"] = result["task_s"] + result["model_s"]
         result["extract_s"] = result["setup_s"] + result["pass_s"]
+        result["output_only"] = timing.output_only(t["path"], K, result["extract_s"])
+        # (b) a split-point store at layer s, extracted for the timed rows only
+        timed = np.sort(np.concatenate(timing.batches(batch_size)))
+        sprep = prepare(ExtractConfig(**{**base.__dict__, "full_seq_layer": s}), task=_subset(data, timed))
+        st_t = time_pass(sprep, Path(tmp) / "split.zarr", "zarr", progress, bare=False)
+        result["extract_split_s"] = result["setup_s"] + st_t["pass_s"] * len(data.splits["train"]) / len(timed)
+        result["layernorm_top"] = timing.layernorm_top(st_t["path"], s, K, result["extract_split_s"])
+    return BenchResult("bench-speedup", result)
 
-        # (a) output only: live forward + head vs head on resident cached features
-        model = ReservoirClassifier(live_bb, data.n_out_tokens, n_heads, data.n_classes, seed=seed).to(dev)
-        apply_freeze(live_bb, model.head, ("output",))
-        live_data = Feeder(tr.inputs, tr.lengths, tr.labels)
-        with FeatureStore.open(t["path"]) as st:
-            X, Y = resident(*load_layer(st, "train", K), data.n_out_tokens, dev)
-        result["output_only"] = out = {}
-        for key, b in (("", batch_size), ("large_batch_", LARGE_BATCH)):
-            live_batches = _epoch_rows(n, min(b, max_live_rows), seed, max_live_rows)
+
+class _Timing:
+    """The live and cached epochs of one task and backbone, timed on the same rows and batches."""
+
+    def __init__(self, data, live_bb, device, batch_size: int, max_live_rows: int, seed: int):
+        from reservoir.training import Feeder, heads_per_token
+
+        self.data, self.live_bb, self.dev = data, live_bb, device
+        self.batch_size, self.max_live_rows, self.seed = batch_size, max_live_rows, seed
+        tr = data.splits["train"]
+        self.n, self.live = len(tr), Feeder(tr.inputs, tr.lengths, tr.labels)
+        self.n_heads = heads_per_token(data.label_shape, data.n_out_tokens)
+
+    def batches(self, batch_size: int) -> list[np.ndarray]:
+        """An epoch's batches of train rows, cut to the rows timed live."""
+        return _epoch_rows(self.n, min(batch_size, self.max_live_rows), self.seed, self.max_live_rows)
+
+    def model(self, groups: tuple[str, ...], first_block: int = 0):
+        from reservoir.freeze import apply_freeze
+        from reservoir.training import ReservoirClassifier
+
+        d = self.data
+        model = ReservoirClassifier(self.live_bb, d.n_out_tokens, self.n_heads, d.n_classes, seed=self.seed)
+        apply_freeze(self.live_bb, model.head, groups, first_block=first_block)
+        return model.to(self.dev)
+
+    def output_only(self, store: Path, layer: int, extract_s: float) -> dict[str, Any]:
+        """(a) Live forward + head vs the head on resident cached features, at the batch size and at 1024."""
+        from reservoir.cached import resident
+        from reservoir.readouts.features import load_layer
+        from reservoir.store import FeatureStore
+
+        model = self.model(("output",))
+        with FeatureStore.open(store) as st:
+            X, Y = resident(*load_layer(st, "train", layer), self.data.n_out_tokens, self.dev)
+        out: dict[str, Any] = {}
+        for key, b in (("", self.batch_size), ("large_batch_", LARGE_BATCH)):
+            live_batches = self.batches(b)
             live_rows = sum(len(r) for r in live_batches)
-            t_live = _time_steps(model, live_data, live_batches, dev) * n / live_rows
-            t_cached = _time_cached(model.head, X, Y, model.n_classes, b, seed, dev)
-            steps = max(1, n // b)
+            t_live = _time_steps(model, self.live, live_batches, self.dev) * self.n / live_rows
+            t_cached = _time_cached(model.head, X, Y, model.n_classes, b, self.seed, self.dev)
+            steps = max(1, self.n // b)
             out.update({f"{key}live_epoch_s": t_live, f"{key}cached_epoch_s": t_cached,
                         f"{key}cached_step_ms": 1e3 * t_cached / steps, f"{key}speedup": t_live / t_cached})
             if not key:
-                out.update(live_rows_timed=live_rows,
-                           break_even_epochs=result["extract_s"] / max(t_live - t_cached, 1e-12))
+                out.update(live_rows_timed=live_rows, break_even_epochs=extract_s / max(t_live - t_cached, 1e-12))
+        out["head_768x10_step_ms"] = head_step_ms(batch_size=self.batch_size, device=self.dev)
+        return out
 
-        out["head_768x10_step_ms"] = head_step_ms(batch_size=batch_size, device=dev)
+    def layernorm_top(self, split_store: Path, s: int, K: int, extract_split_s: float) -> dict[str, Any]:
+        """(b) Layernorm tuning of blocks s+1..K: live vs from the split-point store of the timed rows."""
+        from reservoir.store import FeatureStore
+        from reservoir.training import Feeder
 
-        # (b) layernorm tuning of blocks s+1..K: live vs a split-point store (extracted for the timed rows)
-        live_batches = _epoch_rows(n, batch_size, seed, max_live_rows)
+        live_batches = self.batches(self.batch_size)
         timed = np.sort(np.concatenate(live_batches))
-        model = ReservoirClassifier(live_bb, data.n_out_tokens, n_heads, data.n_classes, seed=seed).to(dev)
-        apply_freeze(live_bb, model.head, ("layernorm", "output"), first_block=s)
-        t_live_ln = _time_steps(model, live_data, live_batches, dev) * n / len(timed)
-        sub = _subset(data, timed)
-        sprep = prepare(ExtractConfig(**{**base.__dict__, "full_seq_layer": s}), task=sub)
-        st_t = time_pass(sprep, Path(tmp) / "split.zarr", "zarr", progress, bare=False)
-        with FeatureStore.open(st_t["path"]) as st:
+        model = self.model(("layernorm", "output"), first_block=s)
+        t_live = _time_steps(model, self.live, live_batches, self.dev) * self.n / len(timed)
+        with FeatureStore.open(split_store) as st:
             states = np.asarray(st.states("train")[...], dtype=np.float32)
         local = {int(r): i for i, r in enumerate(timed)}
         split_batches = [np.array([local[int(r)] for r in rows]) for rows in live_batches]
-        sub_tr = sub.splits["train"]
-        t_split = _time_steps(model, Feeder(states, sub_tr.lengths, sub_tr.labels, start=s), split_batches, dev,
-                              start=s) * n / len(timed)
-        extract_split_s = result["setup_s"] + st_t["pass_s"] * n / len(timed)
-        result["extract_split_s"] = extract_split_s
-        result["layernorm_top"] = {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live_ln,
-                                   "split_store_epoch_s": t_split, "speedup": t_live_ln / t_split,
-                                   "rows_timed": len(timed),
-                                   "break_even_epochs": extract_split_s / max(t_live_ln - t_split, 1e-12)}
-    return result
+        sub = _subset(self.data, timed).splits["train"]
+        t_split = _time_steps(model, Feeder(states, sub.lengths, sub.labels, start=s), split_batches, self.dev,
+                              start=s) * self.n / len(timed)
+        return {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live, "split_store_epoch_s": t_split,
+                "speedup": t_live / t_split, "rows_timed": len(timed),
+                "break_even_epochs": extract_split_s / max(t_live - t_split, 1e-12)}
 
 
 def _subset(task, rows: np.ndarray):
@@ -222,7 +248,7 @@ def _subset(task, rows: np.ndarray):
     return replace(task, splits={"train": sub}, fingerprint=f"{task.fingerprint}:rows{len(rows)}")
 
 
-def format_speedup(r: dict[str, Any]) -> str:
+def format_speedup(r: BenchResult) -> str:
     """The benchmark as a small text table."""
     a, b = r["output_only"], r["layernorm_top"]
     big = r["large_batch"]

@@ -60,6 +60,7 @@ depth, dtype, projection gain); a complete store whose provenance matches is
 reused, an unfinished one is resumed.
 """
 
+from reservoir.recipes.files import list_recipes, load_recipe, recipes_dir
 from reservoir.recipes.runner import plan, result_files, run_recipe, store_for
 from reservoir.recipes.schema import (
     KIND_KEYS,
@@ -71,9 +72,6 @@ from reservoir.recipes.schema import (
     Recipe,
     Run,
     fitted_layers,
-    list_recipes,
-    load_recipe,
-    recipes_dir,
 )
 
 __all__ = [

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from reservoir.errors import ReservoirError
-from reservoir.recipes.schema import Recipe, Run, fitted_layers, load_recipe
+from reservoir.recipes.files import load_recipe
+from reservoir.recipes.schema import Recipe, Run, fitted_layers
 
 
 def _check_inside(path: Path, root: Path) -> None:
@@ -95,7 +96,7 @@ def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, 
         res = speedup(run.task, dict(c.task_params), backbone=run.backbone, init=run.init, layers=run.layers,
                       split_layer=c.split_layer, batch_size=c.batch_size or 16, max_live_rows=c.max_live_rows,
                       seed=run.seed, device=device)
-        write_result(folder / "speedup.json", {"kind": "bench", **res, "recipe": meta})
+        write_result(folder / "speedup.json", {**res.to_dict(), "kind": "bench", "recipe": meta})
         return (f"output only {res['output_only']['speedup']:.0f}x, layernorm top "
                 f"{res['layernorm_top']['speedup']:.1f}x per epoch")
     if run.kind == "fit-linear":

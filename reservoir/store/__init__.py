@@ -5,15 +5,8 @@ See :mod:`reservoir.store.feature_store` for the layout and what it guarantees.
 
 from reservoir.store.backends import detect_format
 from reservoir.store.checks import Damaged
-from reservoir.store.feature_store import (
-    KEY_FIELDS,
-    MIN_CHUNK_BYTES,
-    SCHEMA,
-    FeatureStore,
-    first_difference,
-    remove,
-    rows_per_chunk,
-)
+from reservoir.store.feature_store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference
+from reservoir.store.files import MIN_CHUNK_BYTES, remove, rows_per_chunk
 
 __all__ = ["KEY_FIELDS", "MIN_CHUNK_BYTES", "SCHEMA", "Damaged", "FeatureStore", "detect_format", "first_difference",
            "remove", "rows_per_chunk"]

@@ -171,3 +171,46 @@ class CheckedArray:
             return self._arr[key]
         except Exception as err:  # noqa: BLE001 - a chunk damaged after it was checked
             raise Damaged(self._store, f"{self._split}/{self._name}: {err}") from None
+
+
+def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, str]]:
+    """Check every written chunk of every row array; ``{split: {chunk: reason}}`` for the damaged ones."""
+    from tqdm.auto import tqdm
+
+    bad: dict[str, dict[int, str]] = {}
+    total = sum(store.shape(s, "done")[0] for s in store.splits)
+    with tqdm(total=total, desc="verify", unit="chunks", disable=not progress, dynamic_ncols=True) as bar:
+        for split in store.splits:
+            bad[split] = {}
+            n_chunks = store.shape(split, "done")[0]
+            try:
+                done, _ = store._done_and_sums(split)
+            except Damaged as err:
+                bad[split] = dict.fromkeys(range(n_chunks), err.reason)
+                bar.update(n_chunks)
+                continue
+            for c in np.flatnonzero(done):
+                for name in store.row_arrays():
+                    try:
+                        store.read_chunks(split, name, int(c), int(c) + 1)
+                    except Damaged as err:
+                        bad[split][int(c)] = err.reason
+                        break
+                bar.update(1)
+            bar.update(n_chunks - int(done.sum()))
+    return {s: b for s, b in bad.items() if b}
+
+
+def check_finite(store: FeatureStore, split: str, lo: int, rows: dict[str, np.ndarray]) -> None:
+    """Refuse (one line) a chunk's rows holding NaN or inf, naming the first such layer (or the states)."""
+    feats = rows["features"]  # (r, n_layers, n_out, n_dim)
+    ok = np.isfinite(feats).reshape(len(feats), feats.shape[1], -1).all(axis=(0, 2))
+    if "states" in rows and not np.isfinite(rows["states"]).all():
+        where = f"the layer-{store.full_seq_layer} states"
+    elif not ok.all():
+        where = f"layer {store.layers[int(np.flatnonzero(~ok)[0])]}"
+    else:
+        return
+    raise ReservoirError(f"{store.path}: non-finite values (NaN or inf) in {where} of split {split!r} "
+                         f"(rows from {lo}); nothing stored: extract with --dtype float32 "
+                         "(float16 overflows above 65504) or a smaller --gain")

@@ -37,49 +37,29 @@ reopening it with other settings is refused, naming the first differing field.
 from __future__ import annotations
 
 import logging
-import math
 import os
-import re
-import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from reservoir import __version__, settings
+from reservoir import settings
 from reservoir.errors import ReservoirError
 from reservoir.store import checks
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, detect_format
+from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries
 
 log = logging.getLogger("reservoir")
 
 SCHEMA = "reservoir.features/2"
 #: Attributes that shape the features; a store is refused if any differs (reported in this order).
 KEY_FIELDS = ("schema", "task", "backbone", "projection", "layers", "pooling", "dtype", "full_seq_layer")
-MIN_CHUNK_BYTES = 1 << 20
-
-
-def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
-    """Rows per chunk so that a chunk holds at least :data:`MIN_CHUNK_BYTES`."""
-    return max(1, min(max(n_rows, 1), math.ceil(MIN_CHUNK_BYTES / max(row_bytes, 1))))
 
 
 def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any, Any] | None:
     """The first key field (dotted, e.g. ``task.name``, ``backbone.init``) whose values differ."""
     return settings.first_difference(old, new, KEY_FIELDS)
-
-
-def _one_line(err: BaseException) -> str:
-    """The cause of a library error in a few words (HDF5's messages span lines and carry a C-level report)."""
-    if isinstance(err, OSError) and err.errno:
-        return os.strerror(err.errno)
-    text = str(err).strip()
-    found = re.search(r"error message = '([^']+)'", text)
-    if found:
-        return found.group(1)
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 class FeatureStore:
@@ -124,7 +104,7 @@ class FeatureStore:
         try:
             backend = BACKENDS[fmt](p, mode)
         except Exception as err:  # noqa: BLE001 - any library error is a bad store
-            raise ReservoirError(f"{p}: expected a readable {fmt} feature store, found: {_one_line(err)}") from None
+            raise ReservoirError(f"{p}: expected a readable {fmt} feature store, found: {cause(err)}") from None
         try:
             store = cls(backend, fmt, _lock)
             schema = store.attrs.get("schema")
@@ -177,12 +157,12 @@ class FeatureStore:
             fmt = detect_format(p, fmt)
             key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
             if not p.exists():
-                _remove_temporaries(p)
+                remove_temporaries(p)
                 tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-                cls._build(tmp, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
-                           states_length)
+                build(tmp, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
+                      states_length)
                 os.rename(tmp, p)
-                _fsync_dir(p.parent)
+                fsync_dir(p.parent)
             store = cls.open(p, mode="r+", allow_incomplete=True, _lock=lock)
         except BaseException:
             lock.release()
@@ -197,51 +177,6 @@ class FeatureStore:
             store.close()
             raise
         return store
-
-    @staticmethod
-    def _build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, projection_weight,
-               final_norm, states_length) -> None:
-        """Write a new store's whole layout at ``tmp`` (removed again if anything fails)."""
-        dtype = np.dtype(attrs["dtype"])
-        row_bytes = (int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
-        chunk_rows = {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}
-        layout = checks.layout(attrs, splits, feature_shape, chunk_rows, states_length, projection_weight.shape[0],
-                               final_norm is not None)
-        try:
-            backend = BACKENDS[fmt](tmp, "w")
-        except Exception as err:  # noqa: BLE001 - the library's error for an unwritable place
-            remove(tmp, ignore_errors=True)
-            raise ReservoirError(f"{tmp.parent}: expected a writable output folder, found: {_one_line(err)}") from None
-        try:
-            backend.write_attrs({
-                **attrs,
-                "reservoir_version": __version__,
-                "complete": False,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "splits": list(splits),
-                "chunk_rows": chunk_rows,
-                "arrays": layout,
-                "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None)},
-            })
-            for name, spec in layout.items():
-                shape = tuple(spec["shape"])
-                rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
-                backend.create(name, shape, spec["dtype"], rows)
-            backend.array("projection/weight")[...] = projection_weight
-            for name, arr in (final_norm or {}).items():
-                backend.array(f"final_norm/{name}")[...] = arr
-            backend.flush()
-        except BaseException as err:
-            _close_quietly(backend)
-            remove(tmp, ignore_errors=True)
-            if isinstance(err, Exception) and not isinstance(err, ReservoirError):
-                raise ReservoirError(f"{tmp.parent}: could not create the store ({_one_line(err)})") from err
-            raise
-        try:
-            backend.close()
-        except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
-            remove(tmp, ignore_errors=True)
-            raise ReservoirError(f"{tmp.parent}: could not create the store ({_one_line(err)})") from err
 
     # -- reading -----------------------------------------------------------
     @property
@@ -331,7 +266,7 @@ class FeatureStore:
                 self._sums[split] = (np.asarray(self._b.array(f"{split}/done")[...], dtype=bool),
                                      np.asarray(self._b.array(f"{split}/checksums")[...]))
             except Exception as err:  # noqa: BLE001
-                raise checks.Damaged(self, f"{split}/done or {split}/checksums unreadable ({_one_line(err)})") from None
+                raise checks.Damaged(self, f"{split}/done or {split}/checksums unreadable ({cause(err)})") from None
         return self._sums[split]
 
     def read_chunks(self, split: str, name: str, c0: int, c1: int) -> np.ndarray:
@@ -341,7 +276,7 @@ class FeatureStore:
         try:
             block = np.asarray(self._b.array(f"{split}/{name}")[lo:hi])
         except Exception as err:  # noqa: BLE001 - a truncated or garbled chunk
-            raise checks.Damaged(self, f"{split}/{name} rows {lo}-{hi - 1} unreadable ({_one_line(err)})") from None
+            raise checks.Damaged(self, f"{split}/{name} rows {lo}-{hi - 1} unreadable ({cause(err)})") from None
         done, sums = self._done_and_sums(split)
         col = self.row_arrays().index(name)
         for c in range(c0, c1):
@@ -361,30 +296,7 @@ class FeatureStore:
 
     def verify(self, progress: bool = False) -> dict[str, dict[int, str]]:
         """Check every written chunk of every row array; ``{split: {chunk: reason}}`` for the damaged ones."""
-        from tqdm.auto import tqdm
-
-        bad: dict[str, dict[int, str]] = {}
-        total = sum(self.shape(s, "done")[0] for s in self.splits)
-        with tqdm(total=total, desc="verify", unit="chunks", disable=not progress, dynamic_ncols=True) as bar:
-            for split in self.splits:
-                bad[split] = {}
-                n_chunks = self.shape(split, "done")[0]
-                try:
-                    done, _ = self._done_and_sums(split)
-                except checks.Damaged as err:
-                    bad[split] = dict.fromkeys(range(n_chunks), err.reason)
-                    bar.update(n_chunks)
-                    continue
-                for c in np.flatnonzero(done):
-                    for name in self.row_arrays():
-                        try:
-                            self.read_chunks(split, name, int(c), int(c) + 1)
-                        except checks.Damaged as err:
-                            bad[split][int(c)] = err.reason
-                            break
-                    bar.update(1)
-                bar.update(n_chunks - int(done.sum()))
-        return {s: b for s, b in bad.items() if b}
+        return checks.verify(self, progress)
 
     def repair(self, progress: bool = False) -> dict[str, dict[int, str]]:
         """Verify an existing store opened for writing; mark damaged chunks unwritten so extraction redoes them."""
@@ -421,7 +333,7 @@ class FeatureStore:
                 "lengths": np.zeros(hi - lo, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)}
         if "states" in self.row_arrays():
             rows["states"] = np.asarray(states, dtype=dtype)
-        self._check_finite(split, lo, rows)
+        checks.check_finite(self, split, lo, rows)
         sums = np.array([checks.crc(rows[name]) for name in self.row_arrays()], dtype=np.uint32)
         try:
             for name, values in rows.items():
@@ -432,22 +344,9 @@ class FeatureStore:
             self._b.flush()
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
             raise ReservoirError(f"{self.path}: could not write chunk {chunk} of split {split!r} "
-                                 f"({_one_line(err)}); it is not marked done: fix the cause (e.g. free disk space) "
+                                 f"({cause(err)}); it is not marked done: fix the cause (e.g. free disk space) "
                                  "and rerun the same command to resume") from err
         self._sums.pop(split, None)
-
-    def _check_finite(self, split: str, lo: int, rows: dict[str, np.ndarray]) -> None:
-        feats = rows["features"]  # (r, n_layers, n_out, n_dim)
-        ok = np.isfinite(feats).reshape(len(feats), feats.shape[1], -1).all(axis=(0, 2))
-        if "states" in rows and not np.isfinite(rows["states"]).all():
-            where = f"the layer-{self.full_seq_layer} states"
-        elif not ok.all():
-            where = f"layer {self.layers[int(np.flatnonzero(~ok)[0])]}"
-        else:
-            return
-        raise ReservoirError(f"{self.path}: non-finite values (NaN or inf) in {where} of split {split!r} "
-                             f"(rows from {lo}); nothing stored: extract with --dtype float32 "
-                             "(float16 overflows above 65504) or a smaller --gain")
 
     def mark_complete(self) -> None:
         """Set ``complete`` after checking that every chunk of every split is done."""
@@ -470,7 +369,7 @@ class FeatureStore:
             written = any(self.done(s).any() for s in self.splits)
         except Exception:  # noqa: BLE001 - unreadable: leave it for the next run to refuse or repair
             written = True
-        _close_quietly(self._b)
+        close_quietly(self._b)
         try:
             if not written:
                 remove(self.path, ignore_errors=True)
@@ -483,7 +382,7 @@ class FeatureStore:
         try:
             self._b.close()
         except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
-            raise ReservoirError(f"{self.path}: could not close the store ({_one_line(err)}); rerun the same "
+            raise ReservoirError(f"{self.path}: could not close the store ({cause(err)}); rerun the same "
                                  "command to resume") from err
         finally:
             if self._lock is not None:
@@ -500,41 +399,3 @@ class FeatureStore:
                 raise  # otherwise the error already in flight is the one to report
 
 
-def _close_quietly(backend: Backend) -> None:
-    """Close a backend whose write already failed (the first error is the one reported)."""
-    try:
-        backend.close()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _remove_temporaries(path: Path) -> None:
-    """Remove half-built stores of killed runs beside ``path`` (called with its write lock held)."""
-    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
-        remove(tmp, ignore_errors=True)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def remove(path: str | os.PathLike, ignore_errors: bool = False) -> None:
-    """Delete a store (folder or file) if it exists."""
-    p = Path(path)
-    if p.is_dir():
-        shutil.rmtree(p, ignore_errors=ignore_errors)
-    elif p.exists() or p.is_symlink():
-        try:
-            p.unlink()
-        except OSError:
-            if not ignore_errors:
-                raise

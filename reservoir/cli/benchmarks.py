@@ -1,0 +1,96 @@
+"""``reservoir bench``: what caching buys (extraction, training from a store, the readout's fit)."""
+
+from __future__ import annotations
+
+import click
+
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _parse_params
+
+
+@click.group()
+def bench():
+    """Benchmarks: what caching buys."""
+
+
+@bench.command("extract")
+@click.option("--task", required=True, help="Task name (see `reservoir tasks`).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--layers", default=None, help="Depth K, a list like 0,3,6, or 'all'.")
+@click.option("--format", "fmt", default="zarr", show_default=True, type=click.Choice(["zarr", "hdf5"]),
+              help="Backend of the temporary store.")
+@click.option("--batch-size", default=None, type=int, help="Most sequences per forward (default 64 without --max-tokens).")
+@click.option("--max-tokens", default=None, type=int, help="Token budget per forward (rows x longest length).")
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]))
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the inits and the input projection.")
+@click.option("--full-seq-layer", default=None, type=int, help="Also store every position at this layer.")
+@click.option("--truncate", is_flag=True, help="Cut sequences longer than the backbone's positions.")
+@click.option("--naive-rows", default=128, show_default=True, type=int,
+              help="Rows the naive way (full model, padded to the maximum, fp32) is timed on, then scaled.")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tokens, dtype, device, amp, seed,
+                  full_seq_layer, truncate, naive_rows, out, quiet):
+    """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
+    from reservoir.bench import bench_extract as run_bench
+    from reservoir.bench import format_extract
+    from reservoir.extraction import ExtractConfig
+
+    if naive_rows < 1:
+        raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
+    _check_out(out)
+    config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
+                           task_params=_parse_params(params), seed=seed, batch_size=batch_size,
+                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
+                           full_seq_layer=full_seq_layer)
+    r = run_bench(config, naive_rows=naive_rows, progress=not quiet)
+    click.echo(format_extract(r))
+    if out:
+        r.write(out)
+
+
+@bench.command("speedup")
+@click.option("--task", required=True, help="Task name.")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--layers", default=None, type=int, help="Depth K (default all).")
+@click.option("--split-layer", default=None, type=int, help="Split point s for (b); default K-1 (tune the top block).")
+@click.option("--batch-size", default=16, show_default=True, type=int, help="Rows per optimizer step.")
+@click.option("--max-live-rows", default=1024, show_default=True, type=int,
+              help="Rows timed for each live epoch (scaled to the full epoch).")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed, device, out):
+    """Per-epoch cost of training live vs from a store, and the break-even number of epochs."""
+    from reservoir.bench import format_speedup, speedup
+
+    _check_out(out)
+    r = speedup(task, _parse_params(params), backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
+                device)
+    click.echo(format_speedup(r))
+    if out:
+        r.write(out)
+
+
+@bench.command("readout")
+@click.argument("store", type=click.Path())
+@click.option("--layer", required=True, type=int, help="Stored layer to fit.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+def bench_readout(store, layer, seed, out):
+    """fit-linear's logistic readout vs scikit-learn's LogisticRegression: wall time and accuracy."""
+    from reservoir.bench import readout_vs_sklearn
+
+    _check_out(out)
+    r = readout_vs_sklearn(store, layer, seed=seed)
+    click.echo(f"layer {layer}, {r.n_train} train rows x {r.n_features} features, {r.torch_threads} threads")
+    for name, side in (("reservoir", r.reservoir), ("sklearn", r.sklearn)):
+        click.echo(f"{name:<10} fit {side['fit_s']:7.2f} s   test {side['test_accuracy']:.2%}")
+    click.echo(f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x")
+    if out:
+        r.write(out)

@@ -1,0 +1,82 @@
+"""What every ``reservoir`` command shares: one-line errors, log lines on stdout, parsing of options."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from reservoir.errors import ReservoirError
+from reservoir.runtime import SEED_MAX
+
+
+class _Group(click.Group):
+    """Turns :class:`ReservoirError` into one line on stderr and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as err:
+            err.ctx = None  # one line: no usage banner, no "Try --help" hint
+            raise
+        except ReservoirError as err:
+            click.echo(f"Error: {err}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; rerun the same command to resume.", err=True)
+            ctx.exit(130)
+
+
+class _EchoHandler(logging.Handler):
+    """Log records as plain lines of the command's report on stdout (stderr carries only the one error line)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(record.getMessage())
+
+
+#: Every --seed: what torch generators, numpy and scikit-learn's ``random_state`` all take.
+SEED = click.IntRange(0, SEED_MAX)
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"expected KEY=VALUE, found {pair!r}", param_hint="--param")
+        key, value = pair.split("=", 1)
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value
+        except (RecursionError, ValueError) as err:  # nested too deeply; an integer of more than 4,300 digits
+            from reservoir.tasks.files import one_line
+
+            found = "JSON nested too deeply to read" if isinstance(err, RecursionError) else one_line(err)
+            raise click.BadParameter(f"expected a JSON value or plain text for {key.strip()!r}, found {found} "
+                                     f"({len(value):,} characters)", param_hint="--param") from None
+    return params
+
+
+def _check_out(out: str | None) -> None:
+    """Refuse an --out file that cannot be written before the work whose result it will hold."""
+    from reservoir.results import writable_folder
+
+    if out is not None:
+        if Path(out).is_dir():
+            raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
+        writable_folder(Path(out).parent)
+
+
+def _parse_layers(value: str | None) -> int | list[int] | None:
+    if value is None or value == "all":
+        return None
+    try:
+        if "," in value:
+            return [int(v) for v in value.split(",") if v.strip()]
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}") from None

@@ -1,0 +1,131 @@
+"""Feature stores: ``extract`` writes one, ``info`` describes and verifies it, ``tasks`` lists what can fill it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from reservoir.cli.common import SEED, _parse_layers, _parse_params
+from reservoir.errors import ReservoirError
+
+
+@click.command()
+@click.option("--task", required=True, help="Task name (see `reservoir tasks`).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).")
+@click.option("--backbone", default="minilm", show_default=True,
+              help="minilm, tiny-gpt2, tiny-bert, a hub id (gpt2, gpt2-medium) or a local model folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
+              help="Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std redraw.")
+@click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
+@click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: cache/<task>-<backbone>-<init>.zarr")
+@click.option("--format", "fmt", default=None, type=click.Choice(["zarr", "hdf5"]), help="Store backend; default from the suffix.")
+@click.option("--batch-size", default=None, type=int,
+              help="Most sequences per forward pass (default 64; no row cap with --max-tokens unless given).")
+@click.option("--max-tokens", default=None, type=int,
+              help="Token budget per forward pass (rows x longest length): short sequences travel in large batches.")
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]), help="Stored feature dtype.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
+              help="Autocast dtype on CUDA (auto: bf16 where supported).")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random/stats inits and the input projection.")
+@click.option("--gain", default=1.41, show_default=True, type=float, help="Gain of the orthogonal input projection.")
+@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--full-seq-layer", default=None, type=int,
+              help="Also store every position's state at this layer: a split-point store for `train --from-store`.")
+@click.option("--truncate", is_flag=True,
+              help="Keep the first max-positions tokens of longer sequences (recorded in the store) instead of failing.")
+@click.option("--download", is_flag=True,
+              help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def extract(task, params, backbone, init, layers, out, fmt, batch_size, max_tokens, dtype, device, amp, seed, gain,
+            revision, full_seq_layer, truncate, download, quiet):
+    """Run a task through a frozen backbone once and store every layer's features."""
+    from reservoir.extraction import ExtractConfig
+    from reservoir.extraction import run as run_extract
+    from reservoir.store import FeatureStore
+
+    task_params = _parse_params(params)
+    if download:
+        task_params["download"] = True
+    config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
+                           task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
+                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
+                           full_seq_layer=full_seq_layer)
+    path = run_extract(config, progress=not quiet)
+    with FeatureStore.open(path) as store:
+        shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
+        click.echo(f"wrote {path} ({store.format}): {shapes}; layers {store.layers}")
+
+
+@click.command()
+@click.argument("store", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the store's attributes as JSON.")
+@click.option("--verify", is_flag=True, help="Read every written chunk and check it against its checksums.")
+def info(store, as_json, verify):
+    """Print a store's provenance, splits, shapes, layers and completeness (--verify: check every chunk)."""
+    from reservoir.store import FeatureStore
+    from reservoir.store.lock import describe, holder
+
+    with FeatureStore.open(store, allow_incomplete=True) as st:
+        if as_json:
+            click.echo(json.dumps(st.attrs, indent=2))
+        else:
+            _describe_store(st)
+            if not st.complete:
+                writer = holder(st.path)
+                click.echo(f"status     {'being written by ' + describe(writer) if writer is not None else 'interrupted'}"
+                           f"{'' if writer is not None else '; rerun the extract command to finish it'}")
+        if verify:
+            bad = st.verify(progress=sys.stderr.isatty())
+            for split in st.splits:
+                done = st.done(split)
+                found = bad.get(split, {})
+                click.echo(f"verify     {split}: {int(done.sum()) - len(found)}/{int(done.sum())} written chunks "
+                           "match their checksums")
+                for c, reason in sorted(found.items()):
+                    click.echo(f"           chunk {c}: {reason}")
+            if bad:
+                raise ReservoirError(f"{st.path}: {sum(map(len, bad.values()))} damaged chunk(s); rerun the extract "
+                                     "command that wrote it to re-extract them")
+
+
+def _describe_store(st) -> None:
+    a = st.attrs
+    bb, task = a["backbone"], a["task"]
+    click.echo(f"store      {st.path} ({st.format}, schema {a['schema']}, reservoir {a.get('reservoir_version')})")
+    click.echo(f"complete   {st.complete}   created {a.get('created')}")
+    click.echo(f"backbone   {bb['id']} ({bb['family']}, {bb['n_layer']} layers, {bb['n_dim']} dim) "
+               f"init={bb['init']} seed={bb['seed']} revision={bb.get('revision')}")
+    click.echo(f"weights    sha256 {bb['weights_sha256'][:16]}...")
+    click.echo(f"task       {task['name']} {json.dumps(task['params'], sort_keys=True)}")
+    click.echo(f"           fingerprint {task['fingerprint'][:16]}...  classes {task['n_classes']}  "
+               f"label shape {task['label_shape']}")
+    p = a["projection"]
+    click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
+    click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
+               f"dtype {a['dtype']}   final norm {'stored' if st.final_norm() is not None else 'none'}")
+    if st.full_seq_layer is not None:
+        click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
+    if task.get("truncated"):
+        click.echo(f"truncated to {task['truncated']['max_tokens']} tokens; rows cut: {task['truncated']['rows_cut']}")
+    for split in st.splits:
+        done = st.done(split)
+        click.echo(f"  {split:<10} features {st.shape(split, 'features')}  labels "
+                   f"{st.shape(split, 'labels')}  chunks {int(done.sum())}/{len(done)} done")
+
+
+@click.command()
+def tasks():
+    """List the registered tasks, their defaults and where their data comes from."""
+    from reservoir.tasks import TASKS
+
+    for name in sorted(TASKS):
+        spec = TASKS[name]
+        click.echo(f"{name:<16} {spec.summary}")
+        click.echo(f"{'':<16} tokens: {spec.tokens or '?'}   input dim: {spec.d_in or '?'}   "
+                   f"classes: {spec.classes or '?'}   splits: {spec.splits}")
+        click.echo(f"{'':<16} data: {spec.source}")
+        click.echo(f"{'':<16} params: {json.dumps(spec.defaults)}")

@@ -1,0 +1,120 @@
+"""Live training: ``train`` with the backbone in the loop, ``plot attention`` of a trained model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from reservoir.cli.common import SEED, _Group, _parse_params
+from reservoir.errors import ReservoirError
+
+
+@click.command()
+@click.option("--task", default=None, help="Task name (see `reservoir tasks`); not needed with --from-store.")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--from-store", default=None, type=click.Path(),
+              help="Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
+              help="Backbone weights.")
+@click.option("--layers", default=None, type=int, help="Depth K: keep blocks 1..K (default all).")
+@click.option("--finetune", default="fpt", show_default=True,
+              help="Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
+                   "input, positions, layernorm, attention, feedforward, recurrent (LSTM), output.")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--lr-sweep", default=None, metavar="LOW:HIGH:N",
+              help="Sweep N log-spaced learning rates; pick by mean validation accuracy (Rothermel et al.).")
+@click.option("--seeds", default=1, show_default=True, type=int, help="Seeds per learning rate (with --lr-sweep).")
+@click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000 unless --epochs).")
+@click.option("--epochs", default=None, type=float, help="Passes over the training split.")
+@click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
+@click.option("--eval-every", default=100, show_default=True, type=int, help="Steps between validation passes.")
+@click.option("--dropout", default=0.0, show_default=True, type=float, help="Dropout inside the backbone in training.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
+@click.option("--split-layer", default=0, show_default=True, type=int,
+              help="Train only blocks above this layer (what a split-point store at this layer allows).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_sweep, seeds, steps, epochs, batch_size,
+          eval_every, dropout, seed, split_layer, device, out, quiet):
+    """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
+    from reservoir.training import TrainConfig, config_for_store, parse_lr_sweep, run, sweep
+
+    if seeds < 1:
+        raise click.BadParameter(f"expected at least 1, found {seeds}", param_hint="--seeds")
+    settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
+                    batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
+                    device=device, out=out)
+    if from_store is not None:  # the store says which task, init, seed (and split layer)
+        config = config_for_store(from_store, **settings)
+    elif task is None:
+        raise click.UsageError("Missing option '--task' (or pass --from-store).")
+    else:
+        config = TrainConfig(task=task, task_params=_parse_params(params), init=init, seed=seed, **settings)
+    if lr_sweep is not None:
+        s = sweep(config, parse_lr_sweep(lr_sweep), seeds, progress=not quiet)
+        for lr_value, acc in s.mean_val_by_lr.items():
+            click.echo(f"lr {float(lr_value):8.2e}  mean val {acc:7.2%}")
+        click.echo(f"best lr {s.best_lr:.2e}: test {s.metrics['test_accuracy_mean']:.2%} +- "
+                   f"{s.metrics['test_accuracy_std']:.2%} over {seeds} seed(s)")
+        return
+    m = run(config, progress=not quiet).metrics
+    click.echo(f"test accuracy {m['test_accuracy']:.2%} (best val {m['best_val_accuracy']:.2%} at step "
+               f"{m['best_step']}; within 1 point of best from step {m['steps_to_converge']})")
+    click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
+
+
+@click.group(cls=_Group)
+def plot():
+    """Figures of trained models (attention maps)."""
+
+
+@plot.command("attention")
+@click.option("--run", "run_dir", default=None, type=click.Path(),
+              help="A finished `reservoir train` folder. Default: the folder `reservoir train` would use for the "
+                   "options below, trained first if it holds no finished run.")
+@click.option("--task", default=None, help="Task to train on when --run is not given (e.g. bit-xor).")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--finetune", default="fpt", show_default=True, help="Groups trained (as in `reservoir train`).")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000).")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
+@click.option("--layer", default=1, show_default=True, type=int, help="Block whose attention is drawn (1 = first).")
+@click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")
+@click.option("--split", default="test", show_default=True, help="Split the example comes from.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--out", default=None, help="PNG path. Default: <run>/attention-layer<L>-example<N>.png.")
+def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, seed, layer, example, split, device,
+                   out):
+    """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
+    from reservoir.attention import attention, summary
+    from reservoir.attention import plot_attention as draw
+
+    if run_dir is None:
+        from reservoir.settings import first_difference
+        from reservoir.training import TrainConfig, run, run_config
+
+        if task is None:
+            raise click.UsageError("Missing option '--task' (or pass --run).")
+        config = TrainConfig(task=task, task_params=_parse_params(params), backbone=backbone, init=init,
+                             finetune=finetune, lr=lr, steps=steps, seed=seed, device=device)
+        run_dir = config.default_out()
+        if (Path(run_dir) / "results.json").is_file():
+            diff = first_difference(run_config(run_dir).key(), config.key())
+            if diff is not None:
+                key, found, given = diff
+                raise ReservoirError(f"{run_dir} holds a run with {key}={found!r}, these options give {given!r}; "
+                                     "pass --run, or remove that folder")
+            click.echo(f"using the finished run in {run_dir}")
+        else:
+            m = run(config).metrics
+            click.echo(f"trained: test accuracy {m['test_accuracy']:.2%}")
+    maps = attention(run_dir, layer=layer, example=example, split=split, device=device)
+    path = draw(maps, out or Path(run_dir) / f"attention-layer{layer}-example{example}.png")
+    click.echo(f"readout token, layer {layer}, strongest keys per head (mean over {maps['n_averaged']} examples):")
+    click.echo(summary(maps))
+    click.echo(f"wrote {path}")

@@ -1,0 +1,125 @@
+"""Store files on disk: building a new store whole, chunk sizes, removing stores and half-built leftovers.
+
+A new store is built by :func:`build` under a temporary name beside its path;
+:meth:`~reservoir.store.FeatureStore.create` renames it into place once whole.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir import __version__
+from reservoir.errors import ReservoirError
+from reservoir.store import checks
+from reservoir.store.backends import BACKENDS, Backend, Format
+
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
+    """Rows per chunk so that a chunk holds at least :data:`MIN_CHUNK_BYTES`."""
+    return max(1, min(max(n_rows, 1), math.ceil(MIN_CHUNK_BYTES / max(row_bytes, 1))))
+
+
+def cause(err: BaseException) -> str:
+    """The cause of a library error in a few words (HDF5's messages span lines and carry a C-level report)."""
+    if isinstance(err, OSError) and err.errno:
+        return os.strerror(err.errno)
+    text = str(err).strip()
+    found = re.search(r"error message = '([^']+)'", text)
+    if found:
+        return found.group(1)
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, projection_weight,
+           final_norm, states_length) -> None:
+    """Write a new store's whole layout at ``tmp`` (removed again if anything fails)."""
+    dtype = np.dtype(attrs["dtype"])
+    row_bytes = (int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
+    chunk_rows = {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}
+    layout = checks.layout(attrs, splits, feature_shape, chunk_rows, states_length, projection_weight.shape[0],
+                           final_norm is not None)
+    try:
+        backend = BACKENDS[fmt](tmp, "w")
+    except Exception as err:  # noqa: BLE001 - the library's error for an unwritable place
+        remove(tmp, ignore_errors=True)
+        raise ReservoirError(f"{tmp.parent}: expected a writable output folder, found: {cause(err)}") from None
+    try:
+        backend.write_attrs({
+            **attrs,
+            "reservoir_version": __version__,
+            "complete": False,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "splits": list(splits),
+            "chunk_rows": chunk_rows,
+            "arrays": layout,
+            "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None)},
+        })
+        for name, spec in layout.items():
+            shape = tuple(spec["shape"])
+            rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
+            backend.create(name, shape, spec["dtype"], rows)
+        backend.array("projection/weight")[...] = projection_weight
+        for name, arr in (final_norm or {}).items():
+            backend.array(f"final_norm/{name}")[...] = arr
+        backend.flush()
+    except BaseException as err:
+        close_quietly(backend)
+        remove(tmp, ignore_errors=True)
+        if isinstance(err, Exception) and not isinstance(err, ReservoirError):
+            raise ReservoirError(f"{tmp.parent}: could not create the store ({cause(err)})") from err
+        raise
+    try:
+        backend.close()
+    except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
+        remove(tmp, ignore_errors=True)
+        raise ReservoirError(f"{tmp.parent}: could not create the store ({cause(err)})") from err
+
+
+def close_quietly(backend: Backend) -> None:
+    """Close a backend whose write already failed (the first error is the one reported)."""
+    try:
+        backend.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def remove_temporaries(path: Path) -> None:
+    """Remove half-built stores of killed runs beside ``path`` (called with its write lock held)."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        remove(tmp, ignore_errors=True)
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove(path: str | os.PathLike, ignore_errors: bool = False) -> None:
+    """Delete a store (folder or file) if it exists."""
+    p = Path(path)
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=ignore_errors)
+    elif p.exists() or p.is_symlink():
+        try:
+            p.unlink()
+        except OSError:
+            if not ignore_errors:
+                raise
