@@ -29,6 +29,7 @@ import numpy as np
 from reservoir.batching import check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
 from reservoir.engine import Engine, extract_rows, to_host  # noqa: F401 (extract_rows re-exported)
+from reservoir.settings import slug
 from reservoir.runtime import (  # noqa: F401 (autocast, resolve_device re-exported)
     autocast,
     cast_for_inference,
@@ -78,7 +79,7 @@ class ExtractConfig:
             raise ReservoirError(f"--gain must be a finite number above 0, found {self.projection_gain}")
 
     def default_out(self) -> str:
-        name = Path(self.backbone).name if os.sep in self.backbone else self.backbone.replace("/", "_")
+        name = slug(self.backbone)
         return str(Path("cache") / f"{self.task}-{name}-{self.init}.zarr")
 
 
@@ -249,6 +250,7 @@ def extract(task, backbone, out: str | os.PathLike, *, layers: list[int] | int |
                            projection_gain=(backbone.projection_info or {}).get("gain", 1.41), batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
                            full_seq_layer=full_seq_layer, truncate=truncate)
+    _check_out(Path(out), format)
     prep = _prepared(config, task, backbone, {})
     _write_store(prep, Path(out), progress)
     if timings is not None:
@@ -272,12 +274,29 @@ def run(config: ExtractConfig, progress: bool = True, task=None, timings: dict[s
     ...                          task_params={"n_train": 64, "n_test": 32},
     ...                          out="/tmp/xor.zarr"), progress=False)  # doctest: +SKIP
     """
-    prep = prepare(config, task)
     out = Path(config.out or config.default_out())
+    _check_out(out, config.format)
+    prep = prepare(config, task)
     _write_store(prep, out, progress)
     if timings is not None:
         timings.update(prep.timings)
     return out
+
+
+def _check_out(out: Path, fmt: str | None) -> None:
+    """What the output path alone decides, refused before the task and the model load: a file that is not a
+    store, a ``--format`` that contradicts the store there, a folder that cannot be written."""
+    import tempfile
+
+    from reservoir.store import detect_format
+
+    detect_format(out, fmt)
+    try:
+        out.absolute().parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.absolute().parent):
+            pass
+    except OSError as err:
+        raise ReservoirError(f"{out}: expected a writable output path, found: {err.strerror or err}") from None
 
 
 def _write_store(prep: Prepared, out: Path, progress: bool) -> None:
@@ -360,7 +379,7 @@ def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool
         todo = np.arange(len(store.done(name))) if every_chunk else np.flatnonzero(~store.done(name))
         windows = plan_windows(todo, store.chunk_rows(name), len(split), _row_bytes(store, name, split))
         with tqdm(total=sum(len(w.rows) for w in windows), desc=f"extract {name}", unit="rows",
-                  disable=not progress, dynamic_ncols=True) as bar:
+                  disable=None if progress else True, dynamic_ncols=True) as bar:
             for w in windows:
                 yield name, split, w, plan_order(split.lengths[w.rows], cfg.batch_size, cfg.max_tokens), bar
 

@@ -116,9 +116,11 @@ def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], 
             p.requires_grad_(True)
     if first_block == 0:
         seen = [id(p) for ps in by_group.values() for p in ps]
-        assert len(seen) == len(set(seen)), "a parameter sits in two groups"
         everything = {id(p) for p in [*backbone.parameters(), *head.parameters()]}
-        assert set(seen) == everything, "a parameter sits in no group"
+        if len(seen) != len(set(seen)) or set(seen) != everything:  # the architecture table misses a module type
+            raise ReservoirError(f"backbone {backbone.info.id!r}: expected every parameter in exactly one freeze "
+                                 f"group, found {len(seen) - len(set(seen))} in two and "
+                                 f"{len(everything - set(seen))} in none")
     counts = {g: sum(p.numel() for p in ps) for g, ps in by_group.items()}
     trainable = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()] if p.requires_grad)
     total = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()])

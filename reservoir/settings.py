@@ -1,4 +1,4 @@
-"""Comparing settings: the one helper that says which setting differs, used wherever a rerun is checked.
+"""Settings: the one helper that says which setting differs (used wherever a rerun is checked), and names.
 
 A feature store against an extraction's settings, a run folder against a
 training run's, a recipe's cached store against a cell's: each compares two
@@ -8,6 +8,8 @@ training run's, a recipe's cached store against a cell's: each compares two
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Iterable
 
 
@@ -50,3 +52,17 @@ def describe_difference(diff: tuple[str, Any, Any]) -> str:
     """``"lr=0.01, this run has 0.001"`` for a difference from :func:`first_difference`."""
     key, old, new = diff
     return f"{key}={old!r}, this run has {new!r}"
+
+
+def slug(name: str) -> str:
+    """A backbone name, hub id or folder (or a group list) as part of a file or folder name.
+
+    A local folder gives its own name; a hub id its ``/`` as ``_``; a comma
+    list its ``,`` as ``+``.
+
+    Examples
+    --------
+    >>> slug("openai-community/gpt2"), slug("layernorm,output")
+    ('openai-community_gpt2', 'layernorm+output')
+    """
+    return Path(name).name if os.sep in name else name.replace("/", "_").replace(",", "+")

@@ -195,7 +195,10 @@ def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ damaged chunks
 def _zarr_chunk(store: Path, split: str, name: str, chunk: int) -> Path:
-    files = sorted((store / split / name / "c" / str(chunk)).rglob("*"))
+    first = store / split / name / "c" / str(chunk)
+    if first.is_file():  # a 1-d array's chunk
+        return first
+    files = sorted(first.rglob("*"))
     return next(f for f in files if f.is_file())
 
 
@@ -235,7 +238,7 @@ def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, m
     assert verify.exit_code == 2
     assert "verify     train: 2/3 written chunks match their checksums" in verify.stdout
     assert "chunk 1:" in verify.stdout
-    assert "1 damaged chunk(s)" in verify.stderr
+    assert "1 damaged chunk(s), 0 damaged array(s)" in verify.stderr
 
     written = []
     original = FeatureStore.write_chunk
@@ -243,7 +246,7 @@ def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, m
                         lambda self, split, c, *a, **k: (written.append((split, c)), original(self, split, c, *a, **k)))
     result = invoke(*ARGS, "--out", out)
     assert_ok(result)
-    assert "1 damaged chunk(s) will be extracted again: train 1" in result.stdout
+    assert "1 damaged chunk(s) and 0 damaged array(s) will be written again: train 1" in result.stdout
     assert written == [("train", 1)]  # exactly the damaged chunk
     assert_identical(out, reference[fmt])
     assert_ok(invoke("info", out, "--verify"))
@@ -277,21 +280,28 @@ def test_structurally_damaged_store_is_one_line_everywhere(tmp_path, reference, 
         assert expected in assert_bad_input(invoke(*cmd)), cmd
 
 
-@pytest.mark.parametrize("edit", ["layers", "label_shape"])
-def test_attributes_contradicting_the_arrays_are_one_line(tmp_path, reference, edit):
+@pytest.mark.parametrize("edit", ["layers", "label_shape", "layer order", "chunk_rows", "complete"])
+def test_edited_attributes_are_one_line(tmp_path, reference, edit):
     import shutil
 
     out = tmp_path / "s.zarr"
     shutil.copytree(reference["zarr"], out)
     meta = json.loads((out / "zarr.json").read_text())
+    attrs = meta["attributes"]
     if edit == "layers":
-        meta["attributes"]["layers"] = [0, 1, 2, 3]
+        attrs["layers"] = [0, 1, 2, 3]
+    elif edit == "label_shape":
+        attrs["task"]["label_shape"] = [5, 1]
+    elif edit == "layer order":  # same shapes, other meaning: a readout would read the wrong layer
+        attrs["layers"] = [2, 1, 0]
+    elif edit == "chunk_rows":
+        attrs["chunk_rows"]["train"] = 0
     else:
-        meta["attributes"]["task"]["label_shape"] = [5, 1]
+        attrs["complete"] = "yes"
     (out / "zarr.json").write_text(json.dumps(meta))
     for cmd in (["info", out], ["fit-linear", out, "--layer", "2", "--results", tmp_path / "r"]):
         line = assert_bad_input(invoke(*cmd))
-        assert "damaged store: train/" in line and "attributes" in line, line
+        assert "damaged store: its attributes were changed after it was created" in line, line
 
 
 # ------------------------------------------------------------------ write errors
@@ -387,3 +397,72 @@ def test_non_store_hdf5_file_with_attributes_is_one_line(tmp_path, cmd):
     line = assert_bad_input(invoke(*args))
     assert "expected a reservoir feature store" in line
     assert path.read_bytes() == before
+
+
+# ------------------------------------------------------------------ what the audit found
+def test_cleared_done_flag_of_a_complete_store_is_damage_and_repaired(tmp_path, reference):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(reference["zarr"], out)
+    (out / "train" / "done" / "c" / "1").unlink()  # Zarr reads the flag as False
+    verify = invoke("info", out, "--verify")
+    assert verify.exit_code == 2 and "chunk 1: marked unwritten in a complete store" in verify.stdout
+    result = invoke(*ARGS, "--out", out)
+    assert_ok(result)
+    assert "will be written again: train 1" in result.stdout
+    assert_identical(out, reference["zarr"])
+
+
+@pytest.mark.parametrize("damage", ["delete", "garble"])
+def test_damaged_final_norm_is_refused_and_rewritten(tmp_path, reference, damage):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(reference["zarr"], out)
+    chunk = out / "final_norm" / "weight" / "c" / "0"
+    chunk.unlink() if damage == "delete" else chunk.write_bytes(b"\x00garbage" * 4)
+    line = assert_bad_input(invoke("fit-linear", out, "--layer", "2", "--results", tmp_path / "r"))
+    assert "damaged store: final_norm/weight" in line
+    verify = invoke("info", out, "--verify")
+    assert verify.exit_code == 2 and "0 damaged chunk(s), 1 damaged array(s)" in verify.stderr
+    result = invoke(*ARGS, "--out", out)
+    assert_ok(result)
+    assert "0 damaged chunk(s) and 1 damaged array(s) will be written again: final_norm/weight" in result.stdout
+    assert_identical(out, reference["zarr"])
+    assert_ok(invoke("info", out, "--verify"))
+
+
+def test_swapped_chunks_do_not_match_their_checksums(tmp_path, reference):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(reference["zarr"], out)
+    for name in ("features", "labels", "lengths"):
+        a, b = _zarr_chunk(out, "train", name, 0), _zarr_chunk(out, "train", name, 1)
+        data_a, data_b = a.read_bytes(), b.read_bytes()
+        a.write_bytes(data_b), b.write_bytes(data_a)
+    a, b = out / "train" / "checksums" / "c" / "0" / "0", out / "train" / "checksums" / "c" / "1" / "0"
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b), b.write_bytes(data_a)
+    verify = invoke("info", out, "--verify")
+    assert verify.exit_code == 2 and "chunk 0:" in verify.stdout and "chunk 1:" in verify.stdout
+
+
+def test_dangling_symlink_or_dot_as_out_is_one_line(tmp_path, monkeypatch):
+    link = tmp_path / "d.zarr"
+    link.symlink_to(tmp_path / "nowhere.zarr")
+    assert "symbolic link" in assert_bad_input(invoke(*ARGS, "--out", link))
+    assert not list(tmp_path.glob(".d.zarr.tmp-*"))
+    monkeypatch.chdir(tmp_path)
+    assert "feature store" in assert_bad_input(invoke("info", "."))
+    assert "expected a store path" in assert_bad_input(invoke("info", "/"))
+
+
+def test_lock_file_that_is_a_symlink_is_not_followed(tmp_path, reference):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "s.zarr"
+    lock_path(out).symlink_to(victim)
+    assert "lock" in assert_bad_input(invoke(*ARGS, "--out", out))
+    assert victim.read_text() == "precious"

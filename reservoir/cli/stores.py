@@ -79,17 +79,27 @@ def info(store, as_json, verify):
                 click.echo(f"status     {'being written by ' + describe(writer) if writer is not None else 'interrupted'}"
                            f"{'' if writer is not None else '; rerun the extract command to finish it'}")
         if verify:
-            bad = st.verify(progress=sys.stderr.isatty())
-            for split in st.splits:
-                done = st.done(split)
-                found = bad.get(split, {})
-                click.echo(f"verify     {split}: {int(done.sum()) - len(found)}/{int(done.sum())} written chunks "
-                           "match their checksums")
-                for c, reason in sorted(found.items()):
-                    click.echo(f"           chunk {c}: {reason}")
-            if bad:
-                raise ReservoirError(f"{st.path}: {sum(map(len, bad.values()))} damaged chunk(s); rerun the extract "
-                                     "command that wrote it to re-extract them")
+            _verify_store(st)
+
+
+def _verify_store(st) -> None:
+    """``info --verify``: every chunk and fixed array against its checksum; one error line if any is damaged."""
+    from reservoir.store.checks import verify_fixed
+
+    bad, bad_fixed = st.verify(progress=sys.stderr.isatty()), verify_fixed(st)
+    for split in st.splits:
+        written = st.shape(split, "done")[0] if st.complete else int(st.done(split).sum())
+        found = bad.get(split, {})
+        click.echo(f"verify     {split}: {written - len(found)}/{written} written chunks match their checksums")
+        for c, reason in sorted(found.items()):
+            click.echo(f"           chunk {c}: {reason}")
+    fixed = st.attrs["checksums"]["fixed"]
+    click.echo(f"verify     {len(fixed) - len(bad_fixed)}/{len(fixed)} fixed arrays (projection, final norm) match")
+    for name, reason in bad_fixed.items():
+        click.echo(f"           {reason}")
+    if bad or bad_fixed:
+        raise ReservoirError(f"{st.path}: {sum(map(len, bad.values()))} damaged chunk(s), {len(bad_fixed)} damaged "
+                             "array(s); rerun the extract command that wrote it to repair them")
 
 
 def _describe_store(st) -> None:
@@ -106,7 +116,7 @@ def _describe_store(st) -> None:
     p = a["projection"]
     click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
     click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
-               f"dtype {a['dtype']}   final norm {'stored' if st.final_norm() is not None else 'none'}")
+               f"dtype {a['dtype']}   final norm {'stored' if 'final_norm/weight' in a['arrays'] else 'none'}")
     if st.full_seq_layer is not None:
         click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
     if task.get("truncated"):

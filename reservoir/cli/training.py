@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from reservoir.cli.common import SEED, _Group, _parse_params
-from reservoir.errors import ReservoirError
 
 
 @click.command()
@@ -93,26 +92,24 @@ def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, s
     """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
     from reservoir.attention import attention, summary
     from reservoir.attention import plot_attention as draw
+    from reservoir.results import writable_folder
+
+    if out is not None:
+        writable_folder(Path(out).absolute().parent)  # before any training or drawing
 
     if run_dir is None:
-        from reservoir.settings import first_difference
-        from reservoir.training import TrainConfig, run, run_config
+        from reservoir.training import TrainConfig
+        from reservoir.training.builders import finished_or_run
 
         if task is None:
             raise click.UsageError("Missing option '--task' (or pass --run).")
         config = TrainConfig(task=task, task_params=_parse_params(params), backbone=backbone, init=init,
                              finetune=finetune, lr=lr, steps=steps, seed=seed, device=device)
-        run_dir = config.default_out()
-        if (Path(run_dir) / "results.json").is_file():
-            diff = first_difference(run_config(run_dir).key(), config.key())
-            if diff is not None:
-                key, found, given = diff
-                raise ReservoirError(f"{run_dir} holds a run with {key}={found!r}, these options give {given!r}; "
-                                     "pass --run, or remove that folder")
+        run_dir, trained = finished_or_run(config)
+        if trained is None:
             click.echo(f"using the finished run in {run_dir}")
         else:
-            m = run(config).metrics
-            click.echo(f"trained: test accuracy {m['test_accuracy']:.2%}")
+            click.echo(f"trained: test accuracy {trained.metrics['test_accuracy']:.2%}")
     maps = attention(run_dir, layer=layer, example=example, split=split, device=device)
     path = draw(maps, out or Path(run_dir) / f"attention-layer{layer}-example{example}.png")
     click.echo(f"readout token, layer {layer}, strongest keys per head (mean over {maps['n_averaged']} examples):")

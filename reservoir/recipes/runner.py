@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reservoir.errors import ReservoirError
+from reservoir.settings import describe_difference, first_difference
 from reservoir.recipes.files import load_recipe
 from reservoir.recipes.schema import Recipe, Run, fitted_layers
 
@@ -58,12 +59,11 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
             found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
                      "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
                      "gain": a["projection"]["gain"]}
-            diff = next((k for k in found if found[k] != key[k]), None)
+            diff = first_difference(found, key, keys=found)
             complete = st.complete
         if diff is not None:
             if not force:
-                raise ReservoirError(f"{path} was written with {diff}={found[diff]!r}, this run has {key[diff]!r}; "
-                                     "delete it or pass --force")
+                raise ReservoirError(f"{path} was written with {describe_difference(diff)}; delete it or pass --force")
             remove(path)
         elif complete:
             return path
@@ -191,7 +191,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         text = f"name: {recipe.name}\n{text}"
     (out_dir / "recipe.yaml").write_text(text)
     ran, skipped = [], []
-    bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True, dynamic_ncols=True)
     for run in bar:
         folder = out_dir / run.id
         files = result_files(run, folder)

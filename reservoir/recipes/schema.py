@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reservoir.errors import ReservoirError
+from reservoir.settings import slug
 
 KINDS = ("fit-linear", "train", "fit-raw", "bench")
 TOP_KEYS = ("name", "description", "defaults", "cells", "paper")
@@ -90,10 +90,6 @@ def _mapping(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ReservoirError(f"{what} must be a mapping, found {value!r}")
     return value
-
-
-def _slug(text: str) -> str:
-    return Path(text).name if os.sep in text else text.replace("/", "_").replace(",", "+")
 
 
 @dataclass
@@ -363,12 +359,12 @@ def _expand(c: Cell) -> list[Run]:
     if c.kind == "bench":
         for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
             d = "dall" if c.layers[0] is None else f"d{c.layers[0]}"
-            rid = "__".join(["bench", task, *tag, _slug(bb), init, d, f"seed{seed}"])
+            rid = "__".join(["bench", task, *tag, slug(bb), init, d, f"seed{seed}"])
             out.append(Run(rid, c.kind, c, task, seed, bb, init, c.layers[0]))
         return out
     if c.kind == "fit-linear":
         for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
-            rid = "__".join(["fit-linear", task, *tag, _slug(bb), init, f"d{c.layers[0]}", f"seed{seed}"])
+            rid = "__".join(["fit-linear", task, *tag, slug(bb), init, f"d{c.layers[0]}", f"seed{seed}"])
             out.append(Run(rid, c.kind, c, task, seed, bb, init, c.layers[0]))
         return out
     seeds = [c.seeds[0]] if c.lr_sweep else c.seeds
@@ -381,7 +377,7 @@ def _expand(c: Cell) -> list[Run]:
             tail = [f"sweep{float(lo):g}-{float(hi):g}x{int(n)}", f"seeds{seed}-{seed + len(c.seeds) - 1}"]
         else:
             tail = [f"lr{lr:g}", f"seed{seed}"]
-        rid = "__".join(["train", task, *tag, _slug(bb), init, d, _slug(ft), *tail])
+        rid = "__".join(["train", task, *tag, slug(bb), init, d, slug(ft), *tail])
         out.append(Run(rid, c.kind, c, task, seed, bb, init, depth, ft, lr))
     return out
 

@@ -22,11 +22,28 @@ if TYPE_CHECKING:  # pragma: no cover
 ALGORITHM = "crc32c"
 
 
-def crc(block: np.ndarray) -> int:
-    """CRC32C of an array's bytes in C order."""
+def crc(block: np.ndarray, where: str) -> int:
+    """CRC32C of ``where`` (e.g. ``train/features/3``) then the array's bytes in C order.
+
+    Naming the place in the checksum ties a chunk to its position: a chunk
+    moved to another row block, split or store does not match.
+    """
     import google_crc32c
 
-    return int(google_crc32c.value(np.ascontiguousarray(block).tobytes()))
+    return int(google_crc32c.extend(google_crc32c.value(where.encode()), np.ascontiguousarray(block).tobytes()))
+
+
+#: Attributes left out of the attributes' checksum (``complete`` changes as chunks are written).
+MUTABLE_ATTRS = ("complete", "attrs_crc32c")
+
+
+def attrs_crc(attrs: dict) -> int:
+    """Checksum of a store's attributes (all but :data:`MUTABLE_ATTRS`), over their canonical JSON."""
+    import json
+
+    fixed = {k: v for k, v in attrs.items() if k not in MUTABLE_ATTRS}
+    text = json.dumps(fixed, sort_keys=True, separators=(",", ":"))
+    return crc(np.frombuffer(text.encode(), np.uint8), "attrs")
 
 
 def layout(attrs: dict, splits: dict[str, tuple[int, tuple[int, ...]]], feature_shape: tuple[int, ...],
@@ -57,7 +74,11 @@ def row_arrays(states: bool) -> list[str]:
 
 def check_layout(store: FeatureStore) -> None:
     """Refuse (one line) a store whose arrays are missing, unreadable, or not the recorded shape and dtype."""
-    expected = store.attrs.get("arrays")
+    a = store.attrs
+    if a.get("attrs_crc32c") != attrs_crc(a) or not isinstance(a.get("complete"), bool):
+        raise ReservoirError(f"{store.path}: damaged store: its attributes were changed after it was created "
+                             "(they no longer match their checksum); delete it and extract again")
+    expected = a.get("arrays")
     if not isinstance(expected, dict):
         raise ReservoirError(f"{store.path}: damaged store: its attributes lack the array layout; "
                              "delete it and extract again")
@@ -179,7 +200,7 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
 
     bad: dict[str, dict[int, str]] = {}
     total = sum(store.shape(s, "done")[0] for s in store.splits)
-    with tqdm(total=total, desc="verify", unit="chunks", disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(total=total, desc="verify", unit="chunks", disable=None if progress else True, dynamic_ncols=True) as bar:
         for split in store.splits:
             bad[split] = {}
             n_chunks = store.shape(split, "done")[0]
@@ -189,6 +210,8 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
                 bad[split] = dict.fromkeys(range(n_chunks), err.reason)
                 bar.update(n_chunks)
                 continue
+            if store.complete:  # a complete store has every chunk done: a cleared flag is damage
+                bad[split].update(dict.fromkeys(map(int, np.flatnonzero(~done)), "marked unwritten in a complete store"))
             for c in np.flatnonzero(done):
                 for name in store.row_arrays():
                     try:
@@ -214,3 +237,44 @@ def check_finite(store: FeatureStore, split: str, lo: int, rows: dict[str, np.nd
     raise ReservoirError(f"{store.path}: non-finite values (NaN or inf) in {where} of split {split!r} "
                          f"(rows from {lo}); nothing stored: extract with --dtype float32 "
                          "(float16 overflows above 65504) or a smaller --gain")
+
+
+def verify_fixed(store: FeatureStore) -> dict[str, str]:
+    """The fixed arrays (projection, final norm) that do not read back as written: ``{name: reason}``."""
+    bad = {}
+    for name in store.attrs["checksums"]["fixed"]:
+        try:
+            store.read_fixed(name)
+        except Damaged as err:
+            bad[name] = err.reason
+    return bad
+
+
+def repair(store: FeatureStore, fixed: dict[str, np.ndarray], progress: bool = False) -> dict[str, dict[int, str]]:
+    """Rewrite damaged fixed arrays from ``fixed`` and mark damaged chunks unwritten (see :meth:`FeatureStore.repair`)."""
+    import logging
+
+    from reservoir.store.files import cause as _cause
+
+    log = logging.getLogger("reservoir")
+    bad, bad_fixed = store.verify(progress), verify_fixed(store)
+    if not bad and not bad_fixed:
+        return bad
+    listed = "; ".join([*(f"{s} {', '.join(map(str, sorted(b)))}" for s, b in bad.items()), *bad_fixed])
+    log.warning("%s: %d damaged chunk(s) and %d damaged array(s) will be written again: %s",
+                store.path, sum(map(len, bad.values())), len(bad_fixed), listed)
+    try:
+        store._b.write_attrs({"complete": False})
+        store.attrs["complete"] = False
+        for name in bad_fixed:
+            store._b.array(name)[...] = fixed[name]
+        for split, chunks in bad.items():
+            for c in chunks:
+                store._b.array(f"{split}/done")[c] = False
+        store._b.flush()
+    except Exception as err:  # noqa: BLE001 - a read-only store, a full disk
+        raise ReservoirError(f"{store.path}: could not repair the damaged store ({_cause(err)}); "
+                             "delete it and extract again") from err
+    store._sums.clear()
+    store._verified.clear()
+    return bad

@@ -36,9 +36,7 @@ reopening it with other settings is refused, naming the first differing field.
 
 from __future__ import annotations
 
-import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,9 +46,8 @@ from reservoir.errors import ReservoirError
 from reservoir.store import checks
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, detect_format
-from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries
+from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries, store_path
 
-log = logging.getLogger("reservoir")
 
 SCHEMA = "reservoir.features/2"
 #: Attributes that shape the features; a store is refused if any differs (reported in this order).
@@ -94,7 +91,7 @@ class FeatureStore:
         A store being written, or left unfinished by an interrupted run, is
         refused unless ``allow_incomplete`` (what ``reservoir info`` uses).
         """
-        p = Path(path)
+        p = store_path(path)
         if not p.exists():
             raise ReservoirError(f"{p}: expected a feature store, found no such file or folder")
         fmt = detect_format(p)
@@ -151,7 +148,10 @@ class FeatureStore:
         progress : bool
             Show a progress bar while an existing store is verified.
         """
-        p = Path(path)
+        p = store_path(path)
+        if p.is_symlink() and not p.exists():
+            raise ReservoirError(f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; remove the link "
+                                 "or pass another --out")
         lock = locks.StoreLock(p).acquire()
         try:
             fmt = detect_format(p, fmt)
@@ -172,7 +172,8 @@ class FeatureStore:
             if diff is not None:
                 raise ReservoirError(f"{p} was written with {settings.describe_difference(diff)}; "
                                      "pass another --out or delete the store")
-            store.repair(progress)
+            store.repair({"projection/weight": projection_weight,
+                          **{f"final_norm/{k}": v for k, v in (final_norm or {}).items()}}, progress)
         except BaseException:
             store.close()
             raise
@@ -239,15 +240,28 @@ class FeatureStore:
 
     def done(self, split: str) -> np.ndarray:
         self._check_split(split)
-        return np.asarray(self._b.array(f"{split}/done")[...], dtype=bool)
+        try:
+            return np.asarray(self._b.array(f"{split}/done")[...], dtype=bool)
+        except Exception as err:  # noqa: BLE001 - a garbled flag chunk
+            raise checks.Damaged(self, f"{split}/done unreadable ({cause(err)})") from None
+
+    def read_fixed(self, name: str) -> np.ndarray:
+        """``projection/weight`` or ``final_norm/{weight,bias}``, checked against its checksum."""
+        try:
+            value = np.asarray(self._b.array(name)[...])
+        except Exception as err:  # noqa: BLE001
+            raise checks.Damaged(self, f"{name} unreadable ({cause(err)})") from None
+        if checks.crc(value, name) != self.attrs["checksums"]["fixed"][name]:
+            raise checks.Damaged(self, f"{name} does not match its checksum")
+        return value
 
     def projection_weight(self) -> np.ndarray:
-        return np.asarray(self._b.array("projection/weight")[...])
+        return self.read_fixed("projection/weight")
 
     def final_norm(self) -> dict[str, np.ndarray] | None:
         if "final_norm/weight" not in self.attrs["arrays"]:
             return None
-        return {k: np.asarray(self._b.array(f"final_norm/{k}")[...]) for k in ("weight", "bias")}
+        return {k: self.read_fixed(f"final_norm/{k}") for k in ("weight", "bias")}
 
     def layer_index(self, layer: int) -> int:
         """Position of ``layer`` along the store's layer axis."""
@@ -288,7 +302,7 @@ class FeatureStore:
                 raise ReservoirError(f"{self.path}: chunk {c} of split {split!r} is not written yet (the store is "
                                      "incomplete); rerun the extract command to finish it")
             part = block[(c - c0) * r: (c - c0 + 1) * r]
-            if checks.crc(part) != int(sums[c, col]):
+            if checks.crc(part, f"{split}/{name}/{c}") != int(sums[c, col]):
                 raise checks.Damaged(self, f"chunk {c} of {split}/{name} (rows {c * r}-{c * r + len(part) - 1}) "
                                            "does not match its checksum")
             self._verified.add((split, name, c))
@@ -298,22 +312,10 @@ class FeatureStore:
         """Check every written chunk of every row array; ``{split: {chunk: reason}}`` for the damaged ones."""
         return checks.verify(self, progress)
 
-    def repair(self, progress: bool = False) -> dict[str, dict[int, str]]:
-        """Verify an existing store opened for writing; mark damaged chunks unwritten so extraction redoes them."""
-        bad = self.verify(progress)
-        if bad:
-            listed = "; ".join(f"{s} {', '.join(map(str, sorted(b)))}" for s, b in bad.items())
-            log.warning("%s: %d damaged chunk(s) will be extracted again: %s",
-                        self.path, sum(map(len, bad.values())), listed)
-            self._b.write_attrs({"complete": False})
-            self.attrs["complete"] = False
-            for split, chunks in bad.items():
-                for c in chunks:
-                    self._b.array(f"{split}/done")[c] = False
-            self._b.flush()
-            self._sums.clear()
-            self._verified.clear()
-        return bad
+    def repair(self, fixed: dict[str, np.ndarray], progress: bool = False) -> dict[str, dict[int, str]]:
+        """Verify a store reopened for writing: rewrite damaged fixed arrays from ``fixed`` (the values this run
+        computed, equal by the settings) and mark damaged chunks unwritten, so the extraction redoes them."""
+        return checks.repair(self, fixed, progress)
 
     # -- writing -----------------------------------------------------------
     def write_chunk(self, split: str, chunk: int, features: np.ndarray, labels: np.ndarray,
@@ -334,7 +336,8 @@ class FeatureStore:
         if "states" in self.row_arrays():
             rows["states"] = np.asarray(states, dtype=dtype)
         checks.check_finite(self, split, lo, rows)
-        sums = np.array([checks.crc(rows[name]) for name in self.row_arrays()], dtype=np.uint32)
+        sums = np.array([checks.crc(rows[name], f"{split}/{name}/{chunk}") for name in self.row_arrays()],
+                        dtype=np.uint32)
         try:
             for name, values in rows.items():
                 self._b.array(f"{split}/{name}")[lo:hi] = values
@@ -397,5 +400,3 @@ class FeatureStore:
         except ReservoirError:
             if exc_type is None:
                 raise  # otherwise the error already in flight is the one to report
-
-

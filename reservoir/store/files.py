@@ -6,6 +6,7 @@ A new store is built by :func:`build` under a temporary name beside its path;
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -54,7 +55,9 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
         remove(tmp, ignore_errors=True)
         raise ReservoirError(f"{tmp.parent}: expected a writable output folder, found: {cause(err)}") from None
     try:
-        backend.write_attrs({
+        fixed = {"projection/weight": projection_weight,
+                 **{f"final_norm/{k}": v for k, v in (final_norm or {}).items()}}
+        full = json.loads(json.dumps({
             **attrs,
             "reservoir_version": __version__,
             "complete": False,
@@ -62,15 +65,16 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
             "splits": list(splits),
             "chunk_rows": chunk_rows,
             "arrays": layout,
-            "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None)},
-        })
+            "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None),
+                          "fixed": {k: checks.crc(np.asarray(v, np.float32), k) for k, v in fixed.items()}},
+        }))  # as the attributes read back
+        backend.write_attrs({**full, "attrs_crc32c": checks.attrs_crc(full)})
         for name, spec in layout.items():
             shape = tuple(spec["shape"])
             rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
             backend.create(name, shape, spec["dtype"], rows)
-        backend.array("projection/weight")[...] = projection_weight
-        for name, arr in (final_norm or {}).items():
-            backend.array(f"final_norm/{name}")[...] = arr
+        for name, arr in fixed.items():
+            backend.array(name)[...] = arr
         backend.flush()
     except BaseException as err:
         close_quietly(backend)
@@ -123,3 +127,13 @@ def remove(path: str | os.PathLike, ignore_errors: bool = False) -> None:
         except OSError:
             if not ignore_errors:
                 raise
+
+
+def store_path(path: str | os.PathLike) -> Path:
+    """``path`` as given, or absolute when it has no name of its own (``.``, ``..``); the root is refused."""
+    p = Path(path)
+    if p.name in ("", ".", ".."):
+        p = Path(os.path.abspath(p))
+    if not p.name:
+        raise ReservoirError(f"expected a store path (a .zarr folder or .h5 file), found {str(path)!r}")
+    return p

@@ -24,8 +24,8 @@ from reservoir.errors import ReservoirError
 
 
 def lock_path(store: str | os.PathLike) -> Path:
-    """The lock file of a store: ``<store>.lock`` beside it."""
-    p = Path(store)
+    """The lock file of a store: ``<store>.lock`` beside it, symbolic links resolved (one lock per real store)."""
+    p = Path(os.path.realpath(store))
     return p.with_name(p.name + ".lock")
 
 
@@ -53,7 +53,7 @@ def _read_holder(fd: int, wait: float = 0.2) -> dict | None:
 def holder(store: str | os.PathLike) -> dict | None:
     """Who holds the write lock of ``store`` (``{pid, host, started}``), or ``None`` when nobody does."""
     try:
-        fd = os.open(lock_path(store), os.O_RDONLY)
+        fd = os.open(lock_path(store), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -91,7 +91,7 @@ class StoreLock:
                                  f"found: {err.strerror or err}") from err
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never write through a link
             except OSError as err:
                 raise ReservoirError(f"{self.store}: expected a writable output path, could not create its lock file "
                                      f"{self.path}: {err.strerror or err}") from err

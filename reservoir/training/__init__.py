@@ -35,7 +35,7 @@ trainable params: ...
 100
 """
 
-from reservoir.training.builders import build, load_run, run, run_config
+from reservoir.training.builders import build, finished_or_run, load_run, run, run_config
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token, loss_fn
 from reservoir.training.config import BOUNDS, TrainConfig, check_number
 from reservoir.training.data import Feeder, TrainData, batch_rows, carve_val
@@ -45,7 +45,7 @@ from reservoir.training.sweeps import SweepResult, parse_lr_sweep, sweep
 
 __all__ = [
     "BOUNDS", "Feeder", "ReservoirClassifier", "SweepResult", "TrainConfig", "TrainData", "TrainResult",
-    "batch_rows", "build", "build_from_store", "carve_val", "check_number", "config_for_store", "evaluate",
+    "batch_rows", "build", "build_from_store", "finished_or_run", "carve_val", "check_number", "config_for_store", "evaluate",
     "heads_per_token", "load_run", "loss_fn", "parse_lr_sweep", "run", "run_config", "steps_to_converge", "sweep",
     "train", "train_cached",
 ]

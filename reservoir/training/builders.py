@@ -119,3 +119,23 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     task, model, _ = build(config, dev, attn_implementation)
     ckpt.load_trainable(model, saved["trainable"], best)
     return task, model.eval(), config
+
+
+def finished_or_run(config: TrainConfig, progress: bool = True) -> tuple[Path, TrainResult | None]:
+    """The run folder of ``config`` (``out``, else its default), trained first unless it holds the finished run.
+
+    Returns the folder and the new :class:`TrainResult` (``None`` when a
+    finished run with these settings was there). A folder holding a run with
+    other settings is refused in one line naming the first difference.
+    """
+    from reservoir.settings import first_difference
+
+    folder = Path(config.out or config.default_out())
+    if (folder / "results.json").is_file():
+        diff = first_difference(run_config(folder).key(), config.key())
+        if diff is not None:
+            key, found, given = diff
+            raise ReservoirError(f"{folder} holds a run with {key}={found!r}, these options give {given!r}; "
+                                 "pass --run, or remove that folder")
+        return folder, None
+    return folder, run(config, progress)

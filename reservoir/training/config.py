@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from reservoir.settings import slug
 from reservoir.errors import ReservoirError
 from reservoir.freeze import parse_groups
 
@@ -119,7 +119,7 @@ class TrainConfig:
 
     def default_out(self) -> str:
         """The run folder when ``out`` is unset: ``results/train/<task>-<backbone>-<init>-<groups>-lr<lr>-seed<s>``."""
-        name = Path(self.backbone).name if os.sep in self.backbone else self.backbone.replace("/", "_")
+        name = slug(self.backbone)
         groups = "+".join(parse_groups(self.finetune))
         return str(Path("results") / "train" / f"{self.task}-{name}-{self.init}-{groups}-lr{self.lr:g}-seed{self.seed}")
 

@@ -204,7 +204,7 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
     params = [p for p in model.parameters() if p.requires_grad]
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     best, running, t0 = None, [], time.perf_counter()
-    bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=None if progress else True, dynamic_ncols=True)
     with bar:
         while state["step"] < steps:
             x, lengths, y = data.train.batch(batch_rows(len(data.train), settings.batch_size, settings.seed,

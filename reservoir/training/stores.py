@@ -32,8 +32,10 @@ from reservoir.training.loop import TrainResult, steps_to_converge
 def config_for_store(path: str | os.PathLike, **settings: Any) -> TrainConfig:
     """The settings of a run from the store at ``path``: its task, init and seed; the other fields from ``settings``.
 
-    A split-point store also sets ``split_layer`` to its layer. The store's
-    values replace any given in ``settings``.
+    A split-point store also sets ``split_layer`` to its layer (its backbone
+    is loaded by the name given and checked against the store's weights); a
+    last-token store trains a head alone, so its backbone is the store's. The
+    store's values replace any given in ``settings``.
 
     Examples
     --------
@@ -50,6 +52,8 @@ def config_for_store(path: str | os.PathLike, **settings: Any) -> TrainConfig:
                         "seed": a["backbone"]["seed"], "from_store": str(path)}
         if st.full_seq_layer is not None:
             store_fields["split_layer"] = st.full_seq_layer
+        else:  # the features are this backbone's, whatever name was given
+            store_fields["backbone"] = a["backbone"]["id"]
     return TrainConfig(**{**settings, **store_fields})
 
 
