@@ -1,5 +1,9 @@
 """One pass of a task through a frozen backbone into a feature store.
 
+:func:`extract` takes a task object and a loaded backbone (what a notebook
+holds); :func:`run` builds both from an :class:`ExtractConfig` (what
+``reservoir extract`` and the recipes use) and calls the same pass.
+
 For each split, the unfinished store chunks are grouped into windows
 (:mod:`reservoir.batching`): a window's rows go to the device in one transfer,
 sorted by length and cut into batches (a batch is padded only to its own
