@@ -80,6 +80,14 @@ def _load(path: Path) -> dict[str, Any] | None:
     return res
 
 
+def _typed(cls, res: dict[str, Any], path: Path):
+    """The typed result (:class:`~reservoir.results.Result`) a results file holds; a file it refuses is one line."""
+    try:
+        return cls.from_dict(res)
+    except ReservoirError as err:
+        raise ReservoirError(f"{path}: {err}") from None
+
+
 def _field(res: dict[str, Any], path: Path, dotted: str, kind: type | tuple[type, ...] = (int, float)) -> Any:
     """``res["a"]["b"]`` for ``dotted="a.b"``, checked to be ``kind``; a missing or mistyped field is one line."""
     value: Any = res
@@ -118,6 +126,10 @@ def _curve(res: dict[str, Any], path: Path) -> list[dict[str, Any]]:
 
 def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], list[dict]]:
     """Rows (in recipe order), train curves and lr sweeps found under ``results_dir``."""
+    from reservoir.bench import BenchResult
+    from reservoir.readouts import FitResult
+    from reservoir.training import SweepResult, TrainResult
+
     rows: dict[tuple, Row] = {}
     curves, sweeps = [], []
 
@@ -136,27 +148,33 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
             if run.kind == "bench":
                 row = add(label)
                 if res is not None:
+                    _field(res, path, "output_only.speedup"), _field(res, path, "layernorm_top.speedup")
+                    bench = _typed(BenchResult, res, path)
                     row.seeds.append(run.seed)
-                    row.more("speedup", _field(res, path, "output_only.speedup"))
-                    row.more("layernorm_speedup", _field(res, path, "layernorm_top.speedup"))
+                    row.more("speedup", bench["output_only"]["speedup"])
+                    row.more("layernorm_speedup", bench["layernorm_top"]["speedup"])
             elif run.cell.lr_sweep:
                 row = add(label)
                 if res is not None:
                     accs = _numbers(_field(res, path, "metrics.test_accuracies", list), path, "metrics.test_accuracies")
+                    _field(res, path, "best_lr"), _field(res, path, "mean_val_by_lr", dict)
+                    sweep = _typed(SweepResult, res, path)
                     row.accs += accs
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
-                    best_lr = _field(res, path, "best_lr")
-                    row.best_lr.append(best_lr)
-                    by_lr = _field(res, path, "mean_val_by_lr", dict)
+                    row.best_lr.append(sweep.best_lr)
+                    by_lr = sweep.mean_val_by_lr
                     sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr"),
-                                   "val": _numbers(by_lr.values(), path, "mean_val_by_lr"), "best_lr": best_lr})
+                                   "val": _numbers(by_lr.values(), path, "mean_val_by_lr"), "best_lr": sweep.best_lr})
             else:  # fit-linear, fit-raw, train: one test accuracy per seed
-                row = add(label, None if res is None else _field(res, path, "metrics.test_accuracy"), run.seed)
+                if res is not None:
+                    _field(res, path, "metrics.test_accuracy")
+                    res = _typed(TrainResult if run.kind == "train" else FitResult, res, path)
+                row = add(label, None if res is None else res.metrics["test_accuracy"], run.seed)
                 if run.kind == "train" and res is not None:
-                    if res["metrics"].get("steps_to_converge") is not None:
-                        row.more("steps_to_converge", _field(res, path, "metrics.steps_to_converge"))
-                    if res.get("curve"):
-                        curves.append({"label": label, "seed": run.seed, "curve": _curve(res, path)})
+                    if res.metrics.get("steps_to_converge") is not None:
+                        row.more("steps_to_converge", _field(res.metrics, path, "steps_to_converge"))
+                    if res.curve:
+                        curves.append({"label": label, "seed": run.seed, "curve": _curve(res.to_dict(), path)})
     out = list(rows.values())
     for row in out:
         row.papers = {m: p for m in METRICS if (p := recipe.paper_value(row.label, m)) is not None}
