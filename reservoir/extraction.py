@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,7 +206,7 @@ def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) 
     return Prepared(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context, timings)
 
 
-def extract(task, backbone, out: str | os.PathLike, *, layers: list[int] | int | None = None,
+def extract(task, backbone, out, *, layers: list[int] | int | None = None,
             dtype: str = "float16", batch_size: int | None = None, max_tokens: int | None = None,
             device: str = "auto", amp: str = "auto", format: str | None = None, full_seq_layer: int | None = None,
             truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None):
@@ -222,8 +221,9 @@ def extract(task, backbone, out: str | os.PathLike, *, layers: list[int] | int |
         From :func:`reservoir.load_backbone`, with ``d_in=task.d_in``. It is
         moved to ``device``, and on CUDA its frozen weights are cast to the
         compute dtype (``amp``) in place.
-    out : str or path
-        The store (``.zarr`` folder or ``.h5`` file; ``format`` overrides the suffix).
+    out : str, path or FeatureStore
+        The store (``.zarr`` folder or ``.h5`` file; ``format`` overrides the suffix), or a store handle whose
+        store to resume.
     layers : int or list of int, optional
         Depth ``K`` (store layers ``0..K``; blocks above ``K`` never run) or
         an explicit list; default every layer of the backbone.
@@ -248,6 +248,7 @@ def extract(task, backbone, out: str | os.PathLike, *, layers: list[int] | int |
     """
     from reservoir.store import FeatureStore
 
+    out = out.path if isinstance(out, FeatureStore) else out  # a store handle names the store to resume
     info = backbone.info
     config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(out),
                            format=format, task_params=task.params, seed=info.seed,

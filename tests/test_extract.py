@@ -71,3 +71,27 @@ def test_resolve_layers():
         resolve_layers(7, 6)
     with pytest.raises(ReservoirError, match="within 0..6"):
         resolve_layers([-1, 2], 6)
+
+
+def test_extract_on_objects_equals_the_config_builder(tmp_path):
+    """extract(task, backbone, out) writes the store run(ExtractConfig) writes, and leaves the task whole."""
+    from reservoir import extract, get_task, load_backbone
+
+    params = {"n_train": 64, "n_test": 32}
+    task = get_task("bit-xor", **params)
+    backbone = load_backbone("tiny-gpt2", d_in=task.d_in)
+    with extract(task, backbone, tmp_path / "objects.zarr", layers=[0, 2], dtype="float32", progress=False) as a:
+        assert a.complete and a.layers == [0, 2]
+        again = extract(task, backbone, a, layers=[0, 2], dtype="float32", progress=False)  # a handle: resumed
+        again.close()
+        ref = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=[0, 2], dtype="float32",
+                                        task_params=params, out=str(tmp_path / "config.zarr")), progress=False)
+        with FeatureStore.open(ref) as b:
+            assert {k: a.attrs[k] for k in ("task", "backbone", "projection", "layers")} == \
+                   {k: b.attrs[k] for k in ("task", "backbone", "projection", "layers")}
+            for split in ("train", "test"):
+                np.testing.assert_array_equal(a.features(split)[...], b.features(split)[...])
+    wrong = load_backbone("tiny-gpt2", d_in=task.d_in + 1)
+    with pytest.raises(ReservoirError, match="d_in=1, the backbone's projection takes d_in=2"):
+        extract(task, wrong, tmp_path / "wrong.zarr", progress=False)
+    assert not (tmp_path / "wrong.zarr").exists()
