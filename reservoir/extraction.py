@@ -291,17 +291,11 @@ def run(config: ExtractConfig, progress: bool = True, task=None, timings: dict[s
 def _check_out(out: Path, fmt: str | None) -> None:
     """What the output path alone decides, refused before the task and the model load: a file that is not a
     store, a ``--format`` that contradicts the store there, a folder that cannot be written."""
-    import tempfile
-
+    from reservoir.results import writable_folder
     from reservoir.store import detect_format
 
     detect_format(out, fmt)
-    try:
-        out.absolute().parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out.absolute().parent):
-            pass
-    except OSError as err:
-        raise ReservoirError(f"{out}: expected a writable output path, found: {err.strerror or err}") from None
+    writable_folder(out.absolute().parent, for_path=out)
 
 
 def _write_store(prep: Prepared, out: Path, progress: bool) -> None:
@@ -322,26 +316,16 @@ def _write_store(prep: Prepared, out: Path, progress: bool) -> None:
         progress=progress,
     )
     t0 = time.perf_counter()
-    try:
-        if not store.complete:
-            write_splits(prep, store, progress)
-            store.mark_complete()
-    except BaseException:
-        if fresh:
-            store.discard()  # a store of this run with no chunk written is not left behind
-        else:
-            _close_after_error(store)
-        raise
-    store.close()
+    with store:  # closed on the way out; an error already in flight is the one reported
+        try:
+            if not store.complete:
+                write_splits(prep, store, progress)
+                store.mark_complete()
+        except BaseException:
+            if fresh:
+                store.discard()  # a store of this run with no chunk written is not left behind
+            raise
     prep.timings["pass_s"] = time.perf_counter() - t0
-
-
-def _close_after_error(store) -> None:
-    """Close a store while another error is being reported (that error is the one the user sees)."""
-    try:
-        store.close()
-    except ReservoirError:
-        pass
 
 
 def write_splits(prep: Prepared, store, progress: bool = True) -> None:

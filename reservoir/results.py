@@ -42,7 +42,7 @@ def environment() -> dict[str, Any]:
     }
 
 
-def writable_folder(path: str | os.PathLike) -> Path:
+def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None = None) -> Path:
     """Create folder ``path`` (and its parents) and prove a file can be written in it.
 
     Called before expensive work whose results go there, so that an
@@ -51,8 +51,9 @@ def writable_folder(path: str | os.PathLike) -> Path:
     Raises
     ------
     ReservoirError
-        One line naming the folder and why it cannot be written (a file in
-        the way, no permission, a read-only disk).
+        One line naming the folder (or ``for_path``, the output to be written
+        in it) and why it cannot be written (a file in the way, no
+        permission, a read-only disk).
 
     Examples
     --------
@@ -65,13 +66,15 @@ def writable_folder(path: str | os.PathLike) -> Path:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        raise _unwritable(folder, err) from None
+        raise _unwritable(folder, err, for_path) from None
     return folder
 
 
-def _unwritable(folder: Path, err: OSError) -> ReservoirError:
+def _unwritable(folder: Path, err: OSError, for_path: str | os.PathLike | None = None) -> ReservoirError:
     blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
     found = f"{blocker} is a file" if blocker is not None and not blocker.is_dir() else (err.strerror or one_line(err))
+    if for_path is not None:
+        return ReservoirError(f"{for_path}: expected a writable output path; found {found}")
     return ReservoirError(f"{folder}: expected a folder the results can be written to; found {found}")
 
 

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +45,12 @@ def arrays(path) -> dict[str, np.ndarray]:
         out["projection/weight"] = st.projection_weight()
         out.update({f"final_norm/{k}": v for k, v in st.final_norm().items()})
         out["attrs"] = np.array(json.dumps({k: st.attrs[k] for k in ("task", "backbone", "layers", "complete")}))
+    return out
+
+
+def _copy_of(store: Path, out: Path) -> Path:
+    """A copy of a store to damage, at ``out``."""
+    shutil.copytree(store, out)
     return out
 
 
@@ -262,10 +269,7 @@ def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, m
     ],
 )
 def test_structurally_damaged_store_is_one_line_everywhere(tmp_path, reference, damage, expected):
-    import shutil
-
-    out = tmp_path / "s.zarr"
-    shutil.copytree(reference["zarr"], out)
+    out = _copy_of(reference["zarr"], tmp_path / "s.zarr")
     action, name = damage.split()
     target = out / name
     if action == "delete":
@@ -282,10 +286,7 @@ def test_structurally_damaged_store_is_one_line_everywhere(tmp_path, reference, 
 
 @pytest.mark.parametrize("edit", ["layers", "label_shape", "layer order", "chunk_rows", "complete"])
 def test_edited_attributes_are_one_line(tmp_path, reference, edit):
-    import shutil
-
-    out = tmp_path / "s.zarr"
-    shutil.copytree(reference["zarr"], out)
+    out = _copy_of(reference["zarr"], tmp_path / "s.zarr")
     meta = json.loads((out / "zarr.json").read_text())
     attrs = meta["attributes"]
     if edit == "layers":
@@ -401,10 +402,7 @@ def test_non_store_hdf5_file_with_attributes_is_one_line(tmp_path, cmd):
 
 # ------------------------------------------------------------------ what the audit found
 def test_cleared_done_flag_of_a_complete_store_is_damage_and_repaired(tmp_path, reference):
-    import shutil
-
-    out = tmp_path / "s.zarr"
-    shutil.copytree(reference["zarr"], out)
+    out = _copy_of(reference["zarr"], tmp_path / "s.zarr")
     (out / "train" / "done" / "c" / "1").unlink()  # Zarr reads the flag as False
     verify = invoke("info", out, "--verify")
     assert verify.exit_code == 2 and "chunk 1: marked unwritten in a complete store" in verify.stdout
@@ -416,10 +414,7 @@ def test_cleared_done_flag_of_a_complete_store_is_damage_and_repaired(tmp_path, 
 
 @pytest.mark.parametrize("damage", ["delete", "garble"])
 def test_damaged_final_norm_is_refused_and_rewritten(tmp_path, reference, damage):
-    import shutil
-
-    out = tmp_path / "s.zarr"
-    shutil.copytree(reference["zarr"], out)
+    out = _copy_of(reference["zarr"], tmp_path / "s.zarr")
     chunk = out / "final_norm" / "weight" / "c" / "0"
     chunk.unlink() if damage == "delete" else chunk.write_bytes(b"\x00garbage" * 4)
     line = assert_bad_input(invoke("fit-linear", out, "--layer", "2", "--results", tmp_path / "r"))
@@ -434,10 +429,7 @@ def test_damaged_final_norm_is_refused_and_rewritten(tmp_path, reference, damage
 
 
 def test_swapped_chunks_do_not_match_their_checksums(tmp_path, reference):
-    import shutil
-
-    out = tmp_path / "s.zarr"
-    shutil.copytree(reference["zarr"], out)
+    out = _copy_of(reference["zarr"], tmp_path / "s.zarr")
     for name in ("features", "labels", "lengths"):
         a, b = _zarr_chunk(out, "train", name, 0), _zarr_chunk(out, "train", name, 1)
         data_a, data_b = a.read_bytes(), b.read_bytes()

@@ -160,11 +160,12 @@ def speedup(
         result["extract_s"] = result["setup_s"] + result["pass_s"]
         result["output_only"] = timing.output_only(t["path"], K, result["extract_s"])
         # (b) a split-point store at layer s, extracted for the timed rows only
-        timed = np.sort(np.concatenate(timing.batches(batch_size)))
+        live_batches = timing.batches(batch_size)
+        timed = np.sort(np.concatenate(live_batches))
         sprep = prepare(ExtractConfig(**{**base.__dict__, "full_seq_layer": s}), task=_subset(data, timed))
         st_t = time_pass(sprep, Path(tmp) / "split.zarr", "zarr", progress, bare=False)
         result["extract_split_s"] = result["setup_s"] + st_t["pass_s"] * len(data.splits["train"]) / len(timed)
-        result["layernorm_top"] = timing.layernorm_top(st_t["path"], s, K, result["extract_split_s"])
+        result["layernorm_top"] = timing.layernorm_top(st_t["path"], live_batches, s, K, result["extract_split_s"])
     return BenchResult("bench-speedup", result)
 
 
@@ -216,12 +217,12 @@ class _Timing:
         out["head_768x10_step_ms"] = head_step_ms(batch_size=self.batch_size, device=self.dev)
         return out
 
-    def layernorm_top(self, split_store: Path, s: int, K: int, extract_split_s: float) -> dict[str, Any]:
-        """(b) Layernorm tuning of blocks s+1..K: live vs from the split-point store of the timed rows."""
+    def layernorm_top(self, split_store: Path, live_batches: list[np.ndarray], s: int, K: int,
+                      extract_split_s: float) -> dict[str, Any]:
+        """(b) Layernorm tuning of blocks s+1..K: live vs from the split-point store of the batches' rows."""
         from reservoir.store import FeatureStore
         from reservoir.training import Feeder
 
-        live_batches = self.batches(self.batch_size)
         timed = np.sort(np.concatenate(live_batches))
         model = self.model(("layernorm", "output"), first_block=s)
         t_live = _time_steps(model, self.live, live_batches, self.dev) * self.n / len(timed)
