@@ -198,9 +198,7 @@ def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) 
         "full_seq_layer": s_layer,
     }
     # saved in float32 before the weights are cast to the compute dtype
-    final_norm = None
-    if backbone.final_norm is not None:
-        final_norm = {k: getattr(backbone.final_norm, k).detach().cpu().float().numpy() for k in ("weight", "bias")}
+    final_norm = backbone.final_norm_arrays()
     projection_weight = backbone.input.weight.detach().cpu().t().numpy()
     backbone, context = cast_for_inference(backbone, device, config.amp)
     return Prepared(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context, timings)

@@ -16,10 +16,14 @@ head only (a live linear readout).
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 
-from reservoir.backbones.arch import NORM_TYPES, get_module
+from reservoir.backbones.arch import get_module, norm_types
 from reservoir.errors import ReservoirError
+
+log = logging.getLogger("reservoir")
 
 GROUPS = ("input", "positions", "layernorm", "attention", "feedforward", "recurrent", "output")
 PRESETS = {
@@ -58,12 +62,14 @@ def parse_groups(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(g for g in GROUPS if g in wanted)
 
 
-def _params(module: nn.Module | None, skip_norms: bool = False) -> list[nn.Parameter]:
+def _params(module: nn.Module | nn.Parameter | None, skip_norms: bool = False) -> list[nn.Parameter]:
     if module is None:
         return []
+    if isinstance(module, nn.Parameter):  # ViT's position table
+        return [module]
     if not skip_norms:
         return list(module.parameters())
-    norm_params = {id(p) for m in module.modules() if isinstance(m, NORM_TYPES) for p in m.parameters()}
+    norm_params = {id(p) for m in module.modules() if isinstance(m, norm_types()) for p in m.parameters()}
     return [p for p in module.parameters() if id(p) not in norm_params]
 
 
@@ -87,7 +93,7 @@ def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0)
         groups["positions"] = _params(backbone.positions)
         groups["layernorm"] += _params(backbone.embed_norm)
     for block in blocks:
-        groups["layernorm"] += [p for m in block.modules() if isinstance(m, NORM_TYPES) for p in m.parameters()]
+        groups["layernorm"] += [p for m in block.modules() if isinstance(m, norm_types()) for p in m.parameters()]
         for path in arch.attention:
             groups["attention"] += _params(get_module(block, path), skip_norms=True)
         for path in arch.feedforward:
@@ -112,6 +118,10 @@ def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], 
         if g in ("input", "positions") and first_block > 0:
             raise ReservoirError(f"group {g!r} lies below the split layer {first_block}; it cannot be trained from a "
                                  "split-point store")
+        if g == "positions" and not by_group[g]:
+            rotary = getattr(backbone, "rotary", None) is not None
+            log.warning("backbone %s (%s) has no learned position table%s: the positions group is empty and trains "
+                        "nothing", backbone.info.id, backbone.info.family, " (rotary positions)" if rotary else "")
         for p in by_group[g]:
             p.requires_grad_(True)
     if first_block == 0:

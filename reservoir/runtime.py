@@ -100,7 +100,7 @@ def cast_for_inference(backbone, device, amp: str):
     backbone.to(device)
     dtype = compute_dtype(device, amp)
     if dtype != torch.float32 and not _keeps_float32(backbone):
-        backbone.to(dtype=dtype)
+        backbone.cast(dtype)
     return backbone, forward_context(backbone, device, amp)
 
 

@@ -1,11 +1,10 @@
 """Backbones: equality with Hugging Face's own forward, padding invariance, early exit, inits."""
 
-import numpy as np
 import pytest
 import torch
 
 from reservoir.backbones import ARCHS, last_token_index, load_backbone, orthogonal_projection
-from reservoir.backbones.load import _load_hf, weights_sha256
+from reservoir.backbones.load import TINY_CONFIGS, _load_hf, weights_sha256
 from reservoir.errors import ReservoirError
 
 TINY = ["tiny-gpt2", "tiny-bert"]
@@ -141,20 +140,20 @@ def test_unknown_architecture_names_supported(tmp_path):
         load_backbone(str(tmp_path), d_in=1, init="random")
 
 
-def test_arch_table_paths_exist():
-    for name in TINY:
-        hf, _, _ = _load_hf(name, "pretrained", 0, None, "sdpa")
-        facts = ARCHS[hf.config.model_type]
-        from reservoir.backbones.arch import get_module
+@pytest.mark.parametrize("name", sorted(n for n in TINY_CONFIGS))
+def test_arch_table_paths_exist(name):
+    from reservoir.backbones.arch import get_module
 
-        for path in (facts.blocks, facts.positions, facts.embed_dropout, facts.token_type, facts.embed_norm,
-                     facts.final_norm):
-            if path is not None:
-                assert get_module(hf, path) is not None
-        block = get_module(hf, facts.blocks)[0]
-        for sub in facts.attention + facts.feedforward:
-            assert isinstance(get_module(block, sub), torch.nn.Module)
-        assert np.isfinite(getattr(hf.config, facts.max_positions_attr))
+    hf, _, _ = _load_hf(name, "pretrained", 0, None, "sdpa")
+    facts = ARCHS[hf.config.model_type]
+    for path in (facts.blocks, facts.positions, facts.embed_dropout, facts.token_type, facts.embed_norm,
+                 facts.final_norm, facts.rotary):
+        if path is not None:
+            assert get_module(hf, path) is not None
+    block = get_module(hf, facts.blocks)[0]
+    for sub in facts.attention + facts.feedforward:
+        assert isinstance(get_module(block, sub), torch.nn.Module)
+    assert 1 <= facts.max_positions(hf.config) < 10**7
 
 
 def test_last_token_index_reads_the_last_real_positions():

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reservoir.backbones.arch import arch_for
+from reservoir.backbones.arch import arch_for, get_module
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
 from reservoir.errors import ReservoirError
@@ -50,16 +50,26 @@ INITS = ("pretrained", "random", "stats")
 #: Seconds the hub may take to answer before a hub id not in the local cache is refused as unreachable.
 HUB_TIMEOUT_S = 3.0
 
+_TINY = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=16)
+_TINY_DECODER = dict(_TINY, num_key_value_heads=1, max_position_embeddings=1024)
+#: 2-layer, 32-dim configs of every family, built in code (tests, and trying a family offline).
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "tiny-gpt2": dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=1024),
-    "tiny-bert": dict(
-        model_type="bert",
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-    ),
+    "tiny-bert": dict(model_type="bert", num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=1024),
+    "tiny-llama": dict(_TINY_DECODER, model_type="llama"),
+    "tiny-mistral": dict(_TINY_DECODER, model_type="mistral", sliding_window=16),
+    "tiny-qwen2": dict(_TINY_DECODER, model_type="qwen2"),
+    "tiny-qwen3": dict(_TINY_DECODER, model_type="qwen3", head_dim=16),
+    "tiny-gemma": dict(_TINY_DECODER, model_type="gemma", head_dim=16),
+    "tiny-gemma2": dict(_TINY_DECODER, model_type="gemma2", head_dim=16, sliding_window=16),
+    "tiny-pythia": dict(_TINY, model_type="gpt_neox", rotary_pct=0.25, max_position_embeddings=1024),
+    "tiny-opt": dict(model_type="opt", num_hidden_layers=2, hidden_size=32, word_embed_proj_dim=32,
+                     num_attention_heads=2, ffn_dim=64, max_position_embeddings=1024, vocab_size=16),
+    "tiny-roberta": dict(_TINY, model_type="roberta", max_position_embeddings=1026, pad_token_id=1),
+    "tiny-distilbert": dict(model_type="distilbert", n_layers=2, dim=32, n_heads=2, hidden_dim=64,
+                            max_position_embeddings=1024, vocab_size=16),
+    "tiny-vit": dict(_TINY, model_type="vit", image_size=128, patch_size=4),
 }
 #: The seed of the fixed draw that stands in for a tiny model's checkpoint.
 TINY_WEIGHTS_SEED = 1234
@@ -122,6 +132,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     if name in TINY_CONFIGS:
         spec = dict(TINY_CONFIGS[name])
         config = CONFIG_MAPPING[spec.pop("model_type")](**spec)
+        kwargs = _attention_for(name, config, kwargs)
         weights_seed = TINY_WEIGHTS_SEED if init != "random" else seed
         model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), weights_seed)
         return model, name, None
@@ -137,7 +148,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=_hub_offline(name, revision))
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
-        arch_for(config.model_type)
+        kwargs = _attention_for(name, config, kwargs)
         if init == "random":
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
@@ -147,6 +158,25 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
         raise _load_error(name, source, is_folder, err) from None
     return model, model_id, revision
+
+
+def _attention_for(name: str, config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the attention implementation the family needs; a config the family cannot use is refused.
+
+    Raises
+    ------
+    ReservoirError
+        For an architecture outside the table, or a config its family
+        refuses (e.g. OPT with ``project_in``).
+    """
+    arch = arch_for(config.model_type)
+    why = arch.refuse(config)
+    if why is not None:
+        raise ReservoirError(f"backbone {name!r} ({arch.family}): {why}")
+    if arch.eager_if and getattr(config, arch.eager_if, None) and kwargs["attn_implementation"] != "eager":
+        log.info("backbone %s: %s is set, which SDPA does not apply; using eager attention", name, arch.eager_if)
+        return {**kwargs, "attn_implementation": "eager"}
+    return kwargs
 
 
 def _hub_offline(name: str, revision: str) -> bool:
@@ -246,6 +276,12 @@ def _stats_init(model: nn.Module, seed: int) -> None:
             p.copy_(draw.to(p.dtype))
 
 
+def _norm_eps(norm: nn.Module) -> float:
+    """A norm module's epsilon (``eps`` for LayerNorm and Gemma, ``variance_epsilon`` for Llama-style RMSNorms)."""
+    eps = getattr(norm, "eps", None)
+    return float(norm.variance_epsilon if eps is None else eps)
+
+
 def weights_sha256(model: nn.Module) -> str:
     """sha256 over every parameter's name, shape and bytes (float32)."""
     h = hashlib.sha256()
@@ -327,9 +363,11 @@ def load_backbone(
     if init == "stats":
         _stats_init(model, seed)
     config = model.config
+    final_norm = get_module(model, arch.final_norm)
     facts = {"id": model_id, "family": arch.family, "n_layer": int(config.num_hidden_layers),
-             "n_dim": int(config.hidden_size), "max_positions": int(getattr(config, arch.max_positions_attr)),
-             "revision": revision, "final_norm_eps": float(config.layer_norm_epsilon) if arch.final_norm else None}
+             "n_dim": int(config.hidden_size), "max_positions": arch.max_positions(config), "revision": revision,
+             "final_norm_eps": None if final_norm is None else _norm_eps(final_norm),
+             "final_norm_kind": None if final_norm is None or isinstance(final_norm, nn.LayerNorm) else "rms"}
     return _finish(name, model, functools.partial(Backbone, arch=arch), facts, init=init, depth=depth, d_in=d_in,
                    seed=seed, projection_gain=projection_gain, projection_seed=projection_seed)
 

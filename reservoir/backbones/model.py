@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -71,6 +72,8 @@ class BackboneInfo:
     weights_sha256: str
     revision: str | None = None
     final_norm_eps: float | None = None
+    #: ``"rms"`` for an RMSNorm final norm; ``None`` for a LayerNorm (or no final norm).
+    final_norm_kind: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +99,10 @@ class ReservoirBackbone(nn.Module):
     @property
     def n_dim(self) -> int:
         return self.info.n_dim
+
+    def cast(self, dtype: torch.dtype) -> ReservoirBackbone:
+        """Cast weights and buffers to the compute ``dtype`` (what :func:`~reservoir.runtime.cast_for_inference` calls)."""
+        return self.to(dtype=dtype)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids ``(B, L)`` as one-hot, or vectors ``(B, L, d_in)``, to ``(B, L, n_dim)``."""
@@ -166,6 +173,22 @@ class ReservoirBackbone(nn.Module):
         """The final norm a depth-K readout reads through (identity for post-LN models)."""
         return h if self.final_norm is None else self.final_norm(h)
 
+    def final_norm_arrays(self) -> dict[str, np.ndarray] | None:
+        """The final norm as a store keeps it: float32 ``weight`` and ``bias`` ``(n_dim,)``, or ``None``.
+
+        The weight is the scale the norm applies (Gemma's ``1 + w``); an
+        RMSNorm has a zero bias. With ``info.final_norm_kind`` and
+        ``info.final_norm_eps`` this is all a readout needs to apply it to
+        stored features (:func:`reservoir.readouts.features.apply_final_norm`).
+        """
+        norm = self.final_norm
+        if norm is None:
+            return None
+        weight = norm.weight.detach().cpu().float() + float(getattr(self, "norm_offset", 0.0))
+        bias = getattr(norm, "bias", None)
+        bias = torch.zeros_like(weight) if bias is None else bias.detach().cpu().float()
+        return {"weight": weight.numpy(), "bias": bias.numpy()}
+
 
 class Backbone(ReservoirBackbone):
     """Input projection, positions and frozen blocks ``1..depth`` of one model.
@@ -173,27 +196,30 @@ class Backbone(ReservoirBackbone):
     Parameters
     ----------
     hf_model : nn.Module
-        The bare Hugging Face model (``GPT2Model``, ``BertModel``); only its
-        submodules named in ``arch`` are kept.
+        The bare Hugging Face model (``GPT2Model``, ``LlamaModel``, ...); only
+        its submodules named in ``arch`` are kept.
     arch : ArchFacts
         Where those submodules live.
     depth : int
         Number of blocks to keep (``0 <= depth <= n_layer``).
     projection : nn.Linear
-        The input map ``d_in -> n_dim``.
+        The input map ``d_in -> n_dim``, in place of the token (or patch) embedding.
     info : BackboneInfo
         Provenance.
     """
 
     def __init__(self, hf_model: nn.Module, arch: ArchFacts, depth: int, projection: nn.Linear, info: BackboneInfo):
         super().__init__()
-        from reservoir.backbones.arch import get_module
+        from reservoir.backbones.arch import block_windows, get_module
 
         self.arch = arch
         self.info = info
         self.config = hf_model.config
         self.input = projection
+        # an nn.Embedding, ViT's (1, n + 1, n_dim) parameter, or None (rotary families)
         self.positions = get_module(hf_model, arch.positions)
+        self.position_offset = arch.position_offset(self.config)
+        self.rotary = get_module(hf_model, arch.rotary)
         self.embed_norm = get_module(hf_model, arch.embed_norm)
         self.embed_dropout = get_module(hf_model, arch.embed_dropout)
         token_type = get_module(hf_model, arch.token_type)
@@ -203,55 +229,102 @@ class Backbone(ReservoirBackbone):
         else:
             self.token_type0 = None
         self.blocks = nn.ModuleList(list(get_module(hf_model, arch.blocks))[:depth])
+        self.windows = block_windows(self.config, arch)[:depth]
         self.final_norm = get_module(hf_model, arch.final_norm)
+        self.norm_offset = arch.norm_offset
         self.attn_implementation = getattr(self.config, "_attn_implementation", "eager") or "eager"
 
+    def cast(self, dtype: torch.dtype) -> Backbone:
+        """Cast weights and buffers to ``dtype``, except the rotary frequencies, which stay exact in float32.
+
+        Hugging Face's rotary modules compute cos/sin in float32 from
+        ``inv_freq``; a frequency rounded to bf16 would move every angle by up
+        to 0.4% (about 2 radians at position 500).
+        """
+        keep = {} if self.rotary is None else {n: b.clone() for n, b in self.rotary.named_buffers()}
+        self.to(dtype=dtype)
+        for name, value in keep.items():
+            self.rotary.register_buffer(name, value, persistent=False)
+        return self
+
+    def position_table(self) -> torch.Tensor | None:
+        """The learned position rows, ``(rows, n_dim)``, row ``position_offset`` for position 0; ``None`` when rotary."""
+        if self.positions is None:
+            return None
+        if isinstance(self.positions, nn.Embedding):
+            return self.positions.weight
+        return self.positions.reshape(-1, self.positions.shape[-1])  # ViT: (1, n + 1, n_dim)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Layer 0: projected input plus positions (plus embedding norm)."""
+        """Layer 0: projected input plus positions (plus token type 0 and the embedding norm where they exist)."""
         h = self.project(x)  # (B, L, n_dim)
-        L = h.shape[1]
-        pos = torch.arange(L, device=h.device)
-        h = h + self.positions(pos)[None]  # (B, L, n_dim)
+        table = self.position_table()
+        if table is not None:
+            L, lo = h.shape[1], self.position_offset
+            h = h + table[lo: lo + L][None]  # (B, L, n_dim)
         if self.token_type0 is not None:
             h = h + self.token_type0
         if self.embed_norm is not None:
             h = self.embed_norm(h)
-        return self.embed_dropout(h)
+        return h if self.embed_dropout is None else self.embed_dropout(h)
 
     def attention_mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype,
-                       padded: bool | None = None) -> torch.Tensor | None:
-        """The mask every block gets, in the form its attention implementation reads.
+                       padded: bool | None = None) -> dict[int | None, torch.Tensor | None]:
+        """The masks the blocks get, in the form their attention implementation reads.
 
-        Keys at positions ``>= lengths`` are hidden from every query; causal
-        models also hide keys after the query. SDPA takes a boolean mask (True =
-        attend), eager attention an additive one. ``None`` when SDPA needs no
-        mask: for causal models always (right padding comes after every real
-        position, so ``is_causal`` alone is exact at the positions read, and
-        SDPA keeps its fastest kernels), for bidirectional ones when no
-        sequence is padded. ``padded`` (any length below ``L``) is computed
+        Returns ``{None: mask}`` for blocks that see every earlier (or every)
+        position, plus ``{w: mask}`` for each sliding window ``w < L`` some
+        block has (:meth:`run_blocks` picks per block). Keys at positions
+        ``>= lengths`` are hidden from every query; causal models also hide
+        keys after the query, and a window ``w`` those ``w`` or more before
+        it. SDPA takes a boolean mask (True = attend), eager attention an
+        additive one. A mask is ``None`` when SDPA needs none: for causal
+        models without a window below ``L`` always (right padding comes after
+        every real position, so ``is_causal`` alone is exact at the positions
+        read, and SDPA keeps its fastest kernels), for bidirectional ones when
+        no sequence is padded. ``padded`` (any length below ``L``) is computed
         from ``lengths`` when not given, which waits for the device.
         """
+        masks = {None: self._mask(lengths, L, dtype, padded, None)}
+        for w in {w for w in self.windows if w is not None and w < L}:
+            masks[w] = self._mask(lengths, L, dtype, padded, w)
+        return masks
+
+    def _mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype, padded: bool | None,
+              window: int | None) -> torch.Tensor | None:
         sdpa = self.attn_implementation == "sdpa"
-        if self.arch.causal and sdpa:
+        if self.arch.causal and sdpa and window is None:
             return None
         if padded is None:
             padded = bool((lengths < L).any())
-        if not padded and (not self.arch.causal or sdpa):
+        if not padded and window is None and (not self.arch.causal or sdpa):
             return None
         keep = torch.arange(L, device=lengths.device)[None, :] < lengths[:, None]  # (B, L) keys
         keep = keep[:, None, None, :]  # (B, 1, 1, L)
         if self.arch.causal:
-            causal = torch.ones(L, L, dtype=torch.bool, device=lengths.device).tril()
-            keep = keep & causal[None, None]  # (B, 1, L, L)
+            q = torch.arange(L, device=lengths.device)
+            allowed = q[None, :] <= q[:, None]  # (L, L): query row, key column
+            if window is not None:
+                allowed &= q[:, None] - q[None, :] < window
+            keep = keep & allowed[None, None]  # (B, 1, L, L)
         else:
             keep = keep.expand(-1, 1, L, L)
-        if self.attn_implementation == "sdpa":
+        if sdpa:
             return keep
         return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
 
-    def run_blocks(self, h: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int):
-        """Yield ``(k, h_k)`` for blocks ``start+1..stop`` applied to layer-``start`` states ``h``."""
+    def run_blocks(self, h: torch.Tensor, masks: dict[int | None, torch.Tensor | None], start: int, stop: int):
+        """Yield ``(k, h_k)`` for blocks ``start+1..stop`` applied to layer-``start`` states ``h``.
+
+        ``masks`` is what :meth:`attention_mask` returned. Rotary families get
+        the rotary embeddings of positions ``0..L-1``, computed once here.
+        """
+        kwargs = {}
+        if self.rotary is not None and stop > start:
+            position_ids = torch.arange(h.shape[1], device=h.device)[None]  # (1, L)
+            kwargs["position_embeddings"] = self.rotary(h, position_ids)  # (cos, sin), each (1, L, rotary dims)
         for k in range(start + 1, stop + 1):
-            out = self.blocks[k - 1](h, attention_mask=mask)
+            mask = masks.get(self.windows[k - 1], masks[None])
+            out = self.blocks[k - 1](h, attention_mask=mask, **kwargs)
             h = out[0] if isinstance(out, tuple) else out  # (B, L, n_dim)
             yield k, h

@@ -201,7 +201,7 @@ def _time_hf(prep, plan, dtype) -> float:
             for lo, hi in bounds:
                 L = int(sorted_len[hi - 1])
                 mask = (torch.arange(L, device=dev)[None, :] < lens[lo:hi, None]).long()  # (b, L)
-                hf(inputs_embeds=bb.project(x[lo:hi, :L]), attention_mask=mask)
+                _hf_forward(hf, bb.project(x[lo:hi, :L]), mask)
     _sync(dev)
     del hf
     return time.perf_counter() - t0
@@ -226,7 +226,7 @@ def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
                 x[:, : split.inputs.shape[1]] = split.inputs[lo : lo + len(x), :L]
                 xt = torch.from_numpy(x).to(dev)
                 emb = _embed_fp32(proj, xt)
-                hs = hf(inputs_embeds=emb, output_hidden_states=True).hidden_states
+                hs = _hf_forward(hf, emb, None, output_hidden_states=True).hidden_states
                 torch.stack([h[:, -1] for h in hs], dim=1).cpu()  # (b, n_layer + 1, n_dim), as the official code reads
                 timed += len(x)
     _sync(dev)
@@ -234,6 +234,29 @@ def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
     del hf
     return {"naive_rows": timed, "naive_timed_s": seconds, "naive_s": seconds * n_all / timed,
             "naive_padded_length": L}
+
+
+class _GivenEmbeddings(torch.nn.Module):
+    """Stands in for ViT's embedding module: hands on what it is given (ViTModel takes no ``inputs_embeds``)."""
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__()
+        self.patch_embeddings = original.patch_embeddings  # ViTModel.forward reads its dtype
+
+    def forward(self, embeds: torch.Tensor, **kwargs) -> torch.Tensor:
+        return embeds
+
+
+def _hf_forward(hf, embeds: torch.Tensor, mask: torch.Tensor | None, **kwargs):
+    """The Hugging Face model's forward from input embeddings ``(B, L, n_dim)`` (ViT: in place of its patch embedding)."""
+    if hf.config.model_type != "vit":
+        return hf(inputs_embeds=embeds, attention_mask=mask, **kwargs)
+    original = hf.embeddings
+    hf.embeddings = _GivenEmbeddings(original)
+    try:
+        return hf(pixel_values=embeds, attention_mask=mask, **kwargs)
+    finally:
+        hf.embeddings = original
 
 
 def _embed_fp32(proj, x: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,20 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis, in float32 (the weight is the scale applied: Gemma's ``1 + w`` already added)."""
+    x = x.astype(np.float32, copy=False)
+    return x / np.sqrt(np.square(x).mean(-1, keepdims=True) + eps) * weight
+
+
+def apply_final_norm(x: np.ndarray, norm: dict[str, np.ndarray], backbone: dict) -> np.ndarray:
+    """The store's final norm (its ``weight``/``bias`` arrays) applied as the backbone's ``attrs`` describe it."""
+    eps = float(backbone["final_norm_eps"])
+    if backbone.get("final_norm_kind") == "rms":
+        return rms_norm(x, norm["weight"], eps)
+    return layer_norm(x, norm["weight"], norm["bias"], eps)
+
+
 def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
                rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Features and labels of one split at one layer, ``rows`` store rows at a time.
@@ -72,12 +86,11 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     k = store.layer_index(layer)
     feats, labels = store.features(split), store.labels(split, lazy=True)
     norm = store.final_norm() if final_norm else None
-    eps = float(store.attrs["backbone"]["final_norm_eps"]) if norm is not None else 0.0
     step = rows or store.chunk_rows(split)
     for lo in range(0, feats.shape[0], step):
         X = np.asarray(feats[lo: lo + step, k], dtype=np.float32)  # (r, n_out, n_dim)
         if norm is not None:
-            X = layer_norm(X, norm["weight"], norm["bias"], eps)
+            X = apply_final_norm(X, norm, store.attrs["backbone"])
         if not np.isfinite(X).all():
             where = f"split {split!r}, layer {layer}" + (" after the final norm" if norm is not None else "")
             raise ReservoirError(f"{store.path}: expected finite features; found NaN or inf in {where} (rows from "

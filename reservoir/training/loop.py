@@ -183,10 +183,18 @@ def _freeze(model: ReservoirClassifier, data: TrainData, settings: TrainConfig) 
     return apply_freeze(model.backbone, model.head, parse_groups(settings.finetune), first_block)
 
 
+#: Float attributes through which Hugging Face modules apply dropout functionally (Llama-style attention, OPT layers).
+DROPOUT_ATTRS = ("attention_dropout", "dropout")
+
+
 def _set_dropout(model: nn.Module, p: float) -> None:
+    """Every dropout inside ``model`` at ``p``: ``nn.Dropout`` modules and the float rates HF modules keep."""
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = p
+        for attr in DROPOUT_ATTRS:
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, p)
 
 
 def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainData, settings: TrainConfig,
