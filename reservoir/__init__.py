@@ -33,6 +33,7 @@ _SOURCES = {
     "get_task": "reservoir.tasks",
     "load_task": "reservoir.tasks",
     "TaskData": "reservoir.tasks",
+    "Task": "reservoir.tasks",
     "Split": "reservoir.tasks",
     # backbones
     "load_backbone": "reservoir.backbones",

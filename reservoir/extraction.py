@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from reservoir import distributed
 from reservoir.batching import check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
 from reservoir.engine import Engine, extract_rows, to_host  # noqa: F401 (extract_rows re-exported)
@@ -82,8 +83,10 @@ class ExtractConfig:
             raise ReservoirError(f"--gain must be a finite number above 0, found {self.projection_gain}")
 
     def default_out(self) -> str:
+        from reservoir.tasks.base import task_label  # a data file's task: data-<file stem>
+
         name = slug(self.backbone)
-        return str(Path("cache") / f"{self.task}-{name}-{self.init}.zarr")
+        return str(Path("cache") / f"{task_label(self.task, self.task_params)}-{name}-{self.init}.zarr")
 
 
 def resolve_layers(layers: list[int] | int | None, n_layer: int) -> list[int]:
@@ -230,6 +233,10 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None,
     timings : dict, optional
         Receives ``pass_s``, the seconds of the pass with its store writes.
 
+    Under ``torchrun`` with several processes, every rank calls it with the
+    same arguments and writes its share of one Zarr store
+    (:mod:`reservoir.distributed`).
+
     Returns
     -------
     FeatureStore
@@ -254,8 +261,9 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
                            full_seq_layer=full_seq_layer, truncate=truncate)
     _check_out(Path(out), format)
-    prep = _prepared(config, task, backbone, {})
-    _write_store(prep, Path(out), progress)
+    with distributed.launch(Path(out), format, device) as job:  # one process, or a rank of a torchrun job
+        prep = job.prepare(lambda cfg, t: _prepared(cfg, t, backbone, {}), config, task)
+        _write_store(prep, Path(out), progress, job)
     if timings is not None:
         timings.update(prep.timings)
     return FeatureStore.open(out)
@@ -269,7 +277,9 @@ def run(config: ExtractConfig, progress: bool = True, task=None, timings: dict[s
     ``complete = False`` that the same command resumes. ``task`` overrides
     building ``config.task``. ``timings``, when given, receives the seconds
     spent on the task (``task_s``), the model (``model_s``) and the pass
-    itself (``pass_s``, store writes included).
+    itself (``pass_s``, store writes included). Under ``torchrun`` with
+    several processes, every rank calls it and writes its share of one store
+    (:mod:`reservoir.distributed`).
 
     Examples
     --------
@@ -279,8 +289,9 @@ def run(config: ExtractConfig, progress: bool = True, task=None, timings: dict[s
     """
     out = Path(config.out or config.default_out())
     _check_out(out, config.format)
-    prep = prepare(config, task)
-    _write_store(prep, out, progress)
+    with distributed.launch(out, config.format, config.device) as job:  # one process, or a rank of a torchrun job
+        prep = job.prepare(prepare, config, task)
+        _write_store(prep, out, progress, job)
     if timings is not None:
         timings.update(prep.timings)
     return out
@@ -296,23 +307,16 @@ def _check_out(out: Path, fmt: str | None) -> None:
     writable_folder(out.absolute().parent, for_path=out)
 
 
-def _write_store(prep: Prepared, out: Path, progress: bool) -> None:
-    """Create (or reopen and repair) the store at ``out`` and write every unfinished chunk; record ``pass_s``."""
-    from reservoir.store import FeatureStore
+def _write_store(prep: Prepared, out: Path, progress: bool, job=distributed.LOCAL) -> None:
+    """Create (or reopen and repair) the store at ``out`` and write every unfinished chunk; record ``pass_s``.
 
-    task = prep.task
+    A rank of a sharded job (``job``) writes its share of the chunks (:func:`reservoir.distributed.write_sharded`).
+    """
+    if job.world > 1:
+        return distributed.write_sharded(job, prep, out, progress, lambda: _create_store(prep, out, progress),
+                                         write_splits)
     fresh = not out.exists()
-    store = FeatureStore.create(
-        out,
-        prep.attrs,
-        splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
-        feature_shape=(len(prep.layers), task.n_out_tokens, prep.backbone.n_dim),
-        projection_weight=prep.projection_weight,
-        final_norm=prep.final_norm,
-        fmt=prep.config.format,
-        states_length=task.max_length if prep.config.full_seq_layer is not None else None,
-        progress=progress,
-    )
+    store = _create_store(prep, out, progress)
     t0 = time.perf_counter()
     with store:  # closed on the way out; an error already in flight is the one reported
         try:
@@ -326,8 +330,26 @@ def _write_store(prep: Prepared, out: Path, progress: bool) -> None:
     prep.timings["pass_s"] = time.perf_counter() - t0
 
 
-def write_splits(prep: Prepared, store, progress: bool = True) -> None:
-    """Compute every unfinished chunk of every split and write it (the pass itself)."""
+def _create_store(prep: Prepared, out: Path, progress: bool):
+    """The store at ``out``, created or reopened (and repaired) with its write lock (``FeatureStore.create``)."""
+    from reservoir.store import FeatureStore
+
+    task = prep.task
+    return FeatureStore.create(
+        out,
+        prep.attrs,
+        splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
+        feature_shape=(len(prep.layers), task.n_out_tokens, prep.backbone.n_dim),
+        projection_weight=prep.projection_weight,
+        final_norm=prep.final_norm,
+        fmt=prep.config.format,
+        states_length=task.max_length if prep.config.full_seq_layer is not None else None,
+        progress=progress,
+    )
+
+
+def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.LOCAL) -> None:
+    """Compute every unfinished chunk of every split and write it (the pass itself; ``job``: this rank's share)."""
     import torch
 
     from reservoir.writer import ChunkWriter
@@ -347,26 +369,26 @@ def write_splits(prep: Prepared, store, progress: bool = True) -> None:
             at += hi - lo
 
     with ChunkWriter(write) as writer, torch.inference_mode(), prep.context:
-        for name, split, window, (order, bounds), bar in iter_windows(prep, store, progress):
+        for name, split, window, (order, bounds), bar in iter_windows(prep, store, progress, job=job):
             feats, states = engine.run(split.inputs, split.lengths, window.rows, order, bounds, progress=bar)
             feats, states, ready = to_host(feats, states)
             writer.submit((name, split, window, feats, states, ready))
 
 
-def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool = False):
+def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool = False, job=distributed.LOCAL):
     """Yield ``(split name, split, window, (order, bounds), progress bar)`` for every unfinished window.
 
     The one plan both the pass and ``bench extract``'s bare forward follow
-    (the latter with ``every_chunk``: the windows of a fresh store).
+    (the latter with ``every_chunk``: the windows of a fresh store). ``job``
+    deals the unfinished chunks (a rank of a sharded run gets its share of
+    the windows) and gives the progress bar.
     """
-    from tqdm.auto import tqdm
-
     cfg = prep.config
     for name, split in prep.task.splits.items():
-        todo = np.arange(len(store.done(name))) if every_chunk else np.flatnonzero(~store.done(name))
-        windows = plan_windows(todo, store.chunk_rows(name), len(split), _row_bytes(store, name, split))
-        with tqdm(total=sum(len(w.rows) for w in windows), desc=f"extract {name}", unit="rows",
-                  disable=None if progress else True, dynamic_ncols=True) as bar:
+        todo = np.arange(len(store.done(name))) if every_chunk else job.todo(store, name)
+        windows = job.deal(todo, lambda chunks: plan_windows(chunks, store.chunk_rows(name), len(split),
+                                                             _row_bytes(store, name, split)), split.lengths)
+        with job.bar(name, sum(len(w.rows) for w in windows), progress) as bar:
             for w in windows:
                 yield name, split, w, plan_order(split.lengths[w.rows], cfg.batch_size, cfg.max_tokens), bar
 

@@ -253,3 +253,18 @@ def test_cast_keeps_rotary_frequencies_in_float32(name):
     with torch.no_grad():
         cos, sin = bb.rotary(torch.zeros(1, 600, 32, dtype=torch.bfloat16), torch.arange(600)[None])
     assert cos.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_init_loads_frozen_with_finite_features(name):
+    """pretrained, random (seeded, its own draw) and stats (re-drawn from the pretrained moments) for every family."""
+    x, lengths = torch.randn(2, 8, 3, generator=torch.Generator().manual_seed(1)), torch.tensor([8, 5])
+    shas = set()
+    for init in ("pretrained", "random", "stats"):
+        bb = load_backbone(name, d_in=3, init=init, seed=11)
+        assert not any(p.requires_grad for p in bb.parameters()) and not bb.training
+        with torch.no_grad():
+            assert torch.isfinite(bb.features(x, lengths, [0, 1, 2])).all()
+        shas.add(bb.info.weights_sha256)
+    assert len(shas) == 3
+    assert load_backbone(name, d_in=3, init="random", seed=11).info.weights_sha256 in shas  # seeded: reproducible

@@ -230,6 +230,7 @@ def test_reservoir_tasks_lists_the_same_defaults_as_before():
         "bit-xor": {"n_bits": 5, "n_train": 4000, "n_test": 1000, "seed": 0},
         "cifar10": {"data_dir": None, "download": False, "n_train": None, "n_test": None, "patch": 4},
         "cifar10-lra": {"data_dir": None, "download": False, "n_train": None, "n_test": None},
+        "data": {"path": None, "input_column": "inputs", "label_column": "label"},
         "digits": {"test_fraction": 0.2, "seed": 0, "patch": 2},
         "fashion-mnist": {"data_dir": "/usr/share/datasets/fashion-mnist", "size": 32, "patch": 4, "download": False,
                           "n_train": None, "n_test": None},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _parse_params
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, data_options
 
 
 @click.group()
@@ -13,7 +13,8 @@ def bench():
 
 
 @bench.command("extract")
-@click.option("--task", required=True, help="Task name (see `reservoir tasks`).")
+@click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH.")
+@data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
 @click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
@@ -32,8 +33,8 @@ def bench():
               help="Rows the naive way (full model, padded to the maximum, fp32) is timed on, then scaled.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tokens, dtype, device, amp, seed,
-                  full_seq_layer, truncate, naive_rows, out, quiet):
+def bench_extract(task, data, input_column, label_column, params, backbone, init, layers, fmt, batch_size, max_tokens,
+                  dtype, device, amp, seed, full_seq_layer, truncate, naive_rows, out, quiet):
     """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
     from reservoir.bench import bench_extract as run_bench
     from reservoir.bench import format_extract
@@ -41,9 +42,10 @@ def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tok
 
     if naive_rows < 1:
         raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
+    task, task_params = _task_from(task, data, input_column, label_column, params)
     _check_out(out)
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
-                           task_params=_parse_params(params), seed=seed, batch_size=batch_size,
+                           task_params=task_params, seed=seed, batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
                            full_seq_layer=full_seq_layer)
     r = run_bench(config, naive_rows=naive_rows, progress=not quiet)
@@ -53,7 +55,8 @@ def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tok
 
 
 @bench.command("speedup")
-@click.option("--task", required=True, help="Task name.")
+@click.option("--task", default=None, help="Task name; or --data PATH.")
+@data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
 @click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
@@ -65,12 +68,14 @@ def bench_extract(task, params, backbone, init, layers, fmt, batch_size, max_tok
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
-def bench_speedup(task, params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed, device, out):
+def bench_speedup(task, data, input_column, label_column, params, backbone, init, layers, split_layer, batch_size,
+                  max_live_rows, seed, device, out):
     """Per-epoch cost of training live vs from a store, and the break-even number of epochs."""
     from reservoir.bench import format_speedup, speedup
 
+    task, task_params = _task_from(task, data, input_column, label_column, params)
     _check_out(out)
-    r = speedup(task, _parse_params(params), backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
+    r = speedup(task, task_params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
                 device)
     click.echo(format_speedup(r))
     if out:

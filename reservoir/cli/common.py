@@ -80,3 +80,33 @@ def _parse_layers(value: str | None) -> int | list[int] | None:
         return int(value)
     except ValueError:
         raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}") from None
+
+
+def data_options(f: Any) -> Any:
+    """``--data PATH``, ``--input-column``, ``--label-column``: a data file as the task (instead of ``--task``)."""
+    f = click.option("--label-column", default="label", show_default=True,
+                     help="With --data (Parquet, CSV, datasets folder): the column of integer labels.")(f)
+    f = click.option("--input-column", default="inputs", show_default=True,
+                     help="With --data (Parquet, CSV, datasets folder): the column of sequences.")(f)
+    return click.option("--data", "data", default=None, metavar="PATH",
+                        help="Your labelled arrays as the task: an .npz, .parquet or .csv file, or a datasets "
+                             "save_to_disk folder (see README 'Tasks and data'); instead of --task.")(f)
+
+
+def _task_from(task: str | None, data: str | None, input_column: str, label_column: str, params: tuple[str, ...],
+               alternative: str = "") -> tuple[str | None, dict[str, Any]]:
+    """The task name and parameters of ``--task T -p ...`` or ``--data PATH`` (one of them; ``None`` for neither
+    when ``alternative`` names another way, such as ``--from-store``)."""
+    task_params = _parse_params(params)
+    if task is not None and data is not None:
+        raise click.UsageError(f"expected --task or --data, not both; found --task {task} and --data {data}")
+    if data is None:
+        if task is None and not alternative:
+            raise click.UsageError("Missing option '--task' (or pass --data PATH).")
+        return task, task_params
+    taken = [k for k in ("path", "input_column", "label_column") if k in task_params]
+    if taken:
+        raise click.UsageError(f"expected the data file's path and columns from --data, --input-column and "
+                               f"--label-column; found -p {taken[0]}=...")
+    path = str(Path(data).expanduser().resolve())
+    return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}

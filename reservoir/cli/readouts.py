@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _parse_params
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, data_options
 
 
 @click.command("fit-linear")
@@ -40,19 +40,23 @@ def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_fina
 
 
 @click.command("fit-raw")
-@click.option("--task", required=True, help="A continuous task (images, bit XOR).")
+@click.option("--task", default=None, help="A continuous task (images, bit XOR); or --data PATH.")
+@data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]))
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the result as JSON here.")
-def fit_raw(task, params, readout, seed, out):
+def fit_raw(task, data, input_column, label_column, params, readout, seed, out):
     """Baseline without a backbone: the same readout on the flattened raw inputs."""
     from reservoir.readouts.run import fit_raw as run_raw
+    from reservoir.tasks.base import task_label
 
+    task, task_params = _task_from(task, data, input_column, label_column, params)
     _check_out(out)
-    r = run_raw(task, _parse_params(params), readout, seed=seed)
+    r = run_raw(task, task_params, readout, seed=seed)
     m = r.metrics
-    click.echo(f"{task} raw inputs ({m['n_features']} features), {readout}: train {m['train_accuracy']:.2%}, "
+    click.echo(f"{task_label(task, task_params)} raw inputs ({m['n_features']} features), {readout}: "
+               f"train {m['train_accuracy']:.2%}, "
                f"test {m['test_accuracy']:.2%} (alpha {m['alpha']:.0e}, fit {r.timings['fit_s']:.1f} s)")
     if out:
         r.write(out)

@@ -7,12 +7,13 @@ import sys
 
 import click
 
-from reservoir.cli.common import SEED, _parse_layers, _parse_params
+from reservoir.cli.common import SEED, _parse_layers, _task_from, data_options
 from reservoir.errors import ReservoirError
 
 
 @click.command()
-@click.option("--task", required=True, help="Task name (see `reservoir tasks`).")
+@click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH.")
+@data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
               help="Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).")
 @click.option("--backbone", default="minilm", show_default=True,
@@ -20,7 +21,8 @@ from reservoir.errors import ReservoirError
 @click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
               help="Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std redraw.")
 @click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
-@click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: cache/<task>-<backbone>-<init>.zarr")
+@click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: "
+                                          "cache/<task>-<backbone>-<init>.zarr (--data: data-<file stem> as the task)")
 @click.option("--format", "fmt", default=None, type=click.Choice(["zarr", "hdf5"]), help="Store backend; default from the suffix.")
 @click.option("--batch-size", default=None, type=int,
               help="Most sequences per forward pass (default 64; no row cap with --max-tokens unless given).")
@@ -40,14 +42,15 @@ from reservoir.errors import ReservoirError
 @click.option("--download", is_flag=True,
               help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def extract(task, params, backbone, init, layers, out, fmt, batch_size, max_tokens, dtype, device, amp, seed, gain,
-            revision, full_seq_layer, truncate, download, quiet):
+def extract(task, data, input_column, label_column, params, backbone, init, layers, out, fmt, batch_size, max_tokens,
+            dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
+    from reservoir.distributed import is_leader
     from reservoir.extraction import ExtractConfig
     from reservoir.extraction import run as run_extract
     from reservoir.store import FeatureStore
 
-    task_params = _parse_params(params)
+    task, task_params = _task_from(task, data, input_column, label_column, params)
     if download:
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
@@ -55,6 +58,8 @@ def extract(task, params, backbone, init, layers, out, fmt, batch_size, max_toke
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
                            full_seq_layer=full_seq_layer)
     path = run_extract(config, progress=not quiet)
+    if not is_leader():
+        return  # a rank of a sharded run (torchrun): rank 0 reports
     with FeatureStore.open(path) as store:
         shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
         click.echo(f"wrote {path} ({store.format}): {shapes}; layers {store.layers}")

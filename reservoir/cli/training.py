@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _Group, _parse_params
+from reservoir.cli.common import SEED, _Group, _task_from, data_options
 
 
 @click.command()
-@click.option("--task", default=None, help="Task name (see `reservoir tasks`); not needed with --from-store.")
+@click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH; not needed with "
+                                           "--from-store.")
+@data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--from-store", default=None, type=click.Path(),
               help="Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.")
@@ -36,8 +38,8 @@ from reservoir.cli.common import SEED, _Group, _parse_params
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_sweep, seeds, steps, epochs, batch_size,
-          eval_every, dropout, seed, split_layer, device, out, quiet):
+def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,
+          seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, out, quiet):
     """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
     from reservoir.training import TrainConfig, config_for_store, parse_lr_sweep, run, sweep
 
@@ -46,12 +48,13 @@ def train(task, params, from_store, backbone, init, layers, finetune, lr, lr_swe
     settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
                     batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
                     device=device, out=out)
+    task, task_params = _task_from(task, data, input_column, label_column, params, alternative="--from-store")
     if from_store is not None:  # the store says which task, init, seed (and split layer)
         config = config_for_store(from_store, **settings)
     elif task is None:
-        raise click.UsageError("Missing option '--task' (or pass --from-store).")
+        raise click.UsageError("Missing option '--task' (or pass --from-store); or --data PATH.")
     else:
-        config = TrainConfig(task=task, task_params=_parse_params(params), init=init, seed=seed, **settings)
+        config = TrainConfig(task=task, task_params=task_params, init=init, seed=seed, **settings)
     if lr_sweep is not None:
         s = sweep(config, parse_lr_sweep(lr_sweep), seeds, progress=not quiet)
         for lr_value, acc in s.mean_val_by_lr.items():
@@ -74,7 +77,8 @@ def plot():
 @click.option("--run", "run_dir", default=None, type=click.Path(),
               help="A finished `reservoir train` folder. Default: the folder `reservoir train` would use for the "
                    "options below, trained first if it holds no finished run.")
-@click.option("--task", default=None, help="Task to train on when --run is not given (e.g. bit-xor).")
+@click.option("--task", default=None, help="Task to train on when --run is not given (e.g. bit-xor); or --data PATH.")
+@data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
 @click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
@@ -87,8 +91,8 @@ def plot():
 @click.option("--split", default="test", show_default=True, help="Split the example comes from.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--out", default=None, help="PNG path. Default: <run>/attention-layer<L>-example<N>.png.")
-def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, seed, layer, example, split, device,
-                   out):
+def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
+                   layer, example, split, device, out):
     """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
     from reservoir.attention import attention, summary
     from reservoir.attention import plot_attention as draw
@@ -101,9 +105,10 @@ def plot_attention(run_dir, task, params, backbone, init, finetune, lr, steps, s
         from reservoir.training import TrainConfig
         from reservoir.training.builders import finished_or_run
 
+        task, task_params = _task_from(task, data, input_column, label_column, params, alternative="--run")
         if task is None:
-            raise click.UsageError("Missing option '--task' (or pass --run).")
-        config = TrainConfig(task=task, task_params=_parse_params(params), backbone=backbone, init=init,
+            raise click.UsageError("Missing option '--task' (or pass --run); or --data PATH.")
+        config = TrainConfig(task=task, task_params=task_params, backbone=backbone, init=init,
                              finetune=finetune, lr=lr, steps=steps, seed=seed, device=device)
         run_dir, trained = finished_or_run(config)
         if trained is None:

@@ -23,6 +23,7 @@ stable id, used as its results folder under the output directory::
         steps: 1000
         lr: 1.0e-3                         # or a list, or lr_sweep: "1e-6:1e-2:9" (seeds = the sweep's seeds)
       - {kind: fit-raw, task: digits}      # the no-backbone baseline
+      - {kind: fit-linear, task: data, task_params: {path: digits.npz}, layers: 2}   # a data file (--data)
     paper:                                 # the paper's numbers, in percent, found by a row's label
       - {match: {task: listops, init: pretrained, layer: 6}, value: 33.0, source: "Lu et al. Table 12 (GPT-2)"}
 
@@ -34,7 +35,9 @@ fit-raw adds ``readout``; bench (cached vs live training cost, as
 ``reservoir bench speedup``) adds ``backbone, init, layers, batch_size,
 split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
 2]``), seeding the backbone init, the projection, the head and the validation
-split; the data's own seed is a task parameter. ``tag`` names a variant (e.g.
+split; the data's own seed is a task parameter. A data file is the task ``data`` with
+``task_params: {path: ...}`` (a relative path is read from the recipe's folder; run ids and report rows
+name it ``data-<file stem>``). ``tag`` names a variant (e.g.
 other task parameters) so that its runs get distinct ids; like the recipe's
 ``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
 ``_`` and ``-`` only (not ``.`` or ``..``). Numbers are held to the bounds

@@ -53,7 +53,7 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ReservoirError(f"recipe {p.name}: expected YAML, found a syntax error{at}: "
                              f"{getattr(err, 'problem', None) or err}") from None
-    recipe = Recipe.from_dict(data, p.name, text)
+    recipe = Recipe.from_dict(data, p.name, text, folder=p.parent)
     recipe.path = p
     return recipe
 

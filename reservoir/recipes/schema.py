@@ -180,6 +180,9 @@ class Cell:
             if bad is not None:
                 raise ReservoirError(f"task_params in {w}: task {t!r} has no parameter {bad!r}; expected one of: "
                                      f"{', '.join(sorted(TASKS[t].defaults))}")
+            if t == "data" and not self.task_params.get("path"):
+                raise ReservoirError(f"task_params in {w}: task 'data' needs path, the data file (relative to the "
+                                     f"recipe's folder); found {self.task_params!r}")
 
     @classmethod
     def from_dict(cls, raw: Any, defaults: dict[str, Any], where: str) -> Cell:
@@ -255,10 +258,12 @@ class Run:
 
     def label(self, **extra: Any) -> dict[str, Any]:
         """The report row this run feeds (everything but the seed)."""
+        from reservoir.tasks.base import task_label
+
         c = self.cell
         layer = self.layers if self.layers is not None or self.kind not in ("train", "bench") else "all"
-        lab = {"kind": self.kind, "task": self.task, "tag": c.tag, "backbone": self.backbone, "init": self.init,
-               "layer": layer, "readout": None, "finetune": self.finetune,
+        lab = {"kind": self.kind, "task": task_label(self.task, c.task_params), "tag": c.tag,
+               "backbone": self.backbone, "init": self.init, "layer": layer, "readout": None, "finetune": self.finetune,
                "lr": "sweep" if c.lr_sweep else self.lr}
         lab.update(extra)
         return lab
@@ -293,7 +298,9 @@ class Recipe:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "<recipe>", text: str = "") -> Recipe:
+    def from_dict(cls, data: Any, source: str = "<recipe>", text: str = "", folder: Path | None = None) -> Recipe:
+        """A validated recipe from parsed YAML; a relative data ``path`` in task_params is taken from ``folder``
+        (the recipe file's folder; default the working directory) and kept absolute."""
         try:
             if not isinstance(data, dict):
                 raise ReservoirError(f"expected a mapping at the top level, found {type(data).__name__}")
@@ -306,6 +313,10 @@ class Recipe:
             if not isinstance(cells_raw, list) or not cells_raw:
                 raise ReservoirError("expected a non-empty list under 'cells'")
             cells = [Cell.from_dict(c, defaults, f"cells[{i}]") for i, c in enumerate(cells_raw)]
+            for cell in cells:  # a data file beside the recipe, wherever it is run from
+                path = cell.task_params.get("path")
+                if "data" in cell.task and isinstance(path, str) and path:
+                    cell.task_params["path"] = str((Path(folder or ".") / Path(path).expanduser()).resolve())
             paper = []
             for i, p in enumerate(data.get("paper") or []):
                 if not isinstance(p, dict):
@@ -350,21 +361,24 @@ class Recipe:
 
 
 def _expand(c: Cell) -> list[Run]:
+    from reservoir.tasks.base import task_label
+
     tag = [c.tag] if c.tag else []
     out = []
+    name = {t: task_label(t, c.task_params) for t in c.task}  # a data file's task: data-<file stem>
     if c.kind == "fit-raw":
         for task, seed in itertools.product(c.task, c.seeds):
-            out.append(Run("__".join(["fit-raw", task, *tag, f"seed{seed}"]), c.kind, c, task, seed))
+            out.append(Run("__".join(["fit-raw", name[task], *tag, f"seed{seed}"]), c.kind, c, task, seed))
         return out
     if c.kind == "bench":
         for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
             d = "dall" if c.layers[0] is None else f"d{c.layers[0]}"
-            rid = "__".join(["bench", task, *tag, slug(bb), init, d, f"seed{seed}"])
+            rid = "__".join(["bench", name[task], *tag, slug(bb), init, d, f"seed{seed}"])
             out.append(Run(rid, c.kind, c, task, seed, bb, init, c.layers[0]))
         return out
     if c.kind == "fit-linear":
         for task, bb, init, seed in itertools.product(c.task, c.backbone, c.init, c.seeds):
-            rid = "__".join(["fit-linear", task, *tag, slug(bb), init, f"d{c.layers[0]}", f"seed{seed}"])
+            rid = "__".join(["fit-linear", name[task], *tag, slug(bb), init, f"d{c.layers[0]}", f"seed{seed}"])
             out.append(Run(rid, c.kind, c, task, seed, bb, init, c.layers[0]))
         return out
     seeds = [c.seeds[0]] if c.lr_sweep else c.seeds
@@ -377,7 +391,7 @@ def _expand(c: Cell) -> list[Run]:
             tail = [f"sweep{float(lo):g}-{float(hi):g}x{int(n)}", f"seeds{seed}-{seed + len(c.seeds) - 1}"]
         else:
             tail = [f"lr{lr:g}", f"seed{seed}"]
-        rid = "__".join(["train", task, *tag, slug(bb), init, d, slug(ft), *tail])
+        rid = "__".join(["train", name[task], *tag, slug(bb), init, d, slug(ft), *tail])
         out.append(Run(rid, c.kind, c, task, seed, bb, init, depth, ft, lr))
     return out
 

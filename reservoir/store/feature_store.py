@@ -73,7 +73,7 @@ class FeatureStore:
     (['train', 'test'], [0, 1, 2], (1000, 3, 1, 32))
     """
 
-    def __init__(self, backend: Backend, fmt: Format, lock: locks.StoreLock | None = None):
+    def __init__(self, backend: Backend, fmt: Format, lock: locks.StoreLock | locks.SharedLock | None = None):
         self._b = backend
         self._lock = lock
         self.format = fmt
@@ -85,7 +85,7 @@ class FeatureStore:
     # -- opening -----------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r", allow_incomplete: bool = False,
-             _lock: locks.StoreLock | None = None) -> "FeatureStore":
+             _lock: locks.StoreLock | locks.SharedLock | None = None) -> "FeatureStore":
         """Open an existing store for reading; refuses anything that is not a whole store of ours.
 
         A store being written, or left unfinished by an interrupted run, is

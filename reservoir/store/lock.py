@@ -141,3 +141,22 @@ class StoreLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class SharedLock:
+    """The write lock of a store as held for a whole sharded job by its rank 0, seen from the job's other ranks.
+
+    Internal to :mod:`reservoir.distributed`: the other ranks open the store
+    for writing (``FeatureStore.open(..., _lock=SharedLock(path))``) only after
+    rank 0 has taken the lock and says so; releasing it here does nothing, the
+    lock goes when rank 0 closes the store.
+    """
+
+    held = True
+
+    def __init__(self, store: str | os.PathLike):
+        self.store = Path(store)
+        self.path = lock_path(store)
+
+    def release(self) -> None:
+        pass

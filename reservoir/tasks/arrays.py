@@ -23,7 +23,7 @@ from reservoir.tasks.base import Split, TaskData
 from reservoir.tasks.files import one_line
 from reservoir.tasks.params import int_param
 
-__all__ = ["encode", "from_arrays", "pack"]
+__all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack"]
 
 #: Integer dtypes the backbone reads as token ids without a conversion (``ReservoirBackbone.project``).
 TOKEN_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
@@ -65,6 +65,57 @@ def from_arrays(name: str, splits: Mapping[str, Any], *, kind: str | None = None
         raise ReservoirError(f"expected a task name, a non-empty string; found {name!r}")
     if name in TASKS:
         raise ReservoirError(f"expected a name that is not a registered task's; found {name!r}, which is one")
+    return checked_task(name, splits, kind=kind, d_in=d_in, n_classes=n_classes, n_out_tokens=n_out_tokens,
+                        vocab=vocab, params=params)
+
+
+def gather_splits(splits: Mapping[str, Any] | None, train: Any = None, val: Any = None, test: Any = None,
+                  lengths: Mapping[str, Any] | None = None) -> Any:
+    """The splits of :meth:`TaskData.from_arrays`'s keyword form (``train=``, ``val=``, ``test=``, ``lengths=``).
+
+    ``splits`` given, it is returned as it is (the keywords must then be
+    absent). Otherwise ``{"train": train, "val": val, "test": test}`` without
+    the ``None`` ones, each ``(inputs, labels)`` pair that ``lengths`` (a
+    mapping from split name to lengths ``(N,)``) names becoming ``(inputs,
+    lengths, labels)``.
+
+    Examples
+    --------
+    >>> x, y = np.zeros((2, 3), dtype=np.int64), np.array([0, 1])
+    >>> parts = gather_splits(None, train=(x, y), test=(x, y), lengths={"test": [1, 3]})
+    >>> list(parts), len(parts["train"]), parts["test"][1]
+    (['train', 'test'], 2, [1, 3])
+    """
+    named = {k: v for k, v in (("train", train), ("val", val), ("test", test)) if v is not None}
+    if splits is not None:
+        extra = [*named, *(["lengths"] if lengths is not None else [])]
+        if extra:
+            raise ReservoirError(f"expected splits as a mapping or as train=/val=/test= keywords, not both; found a "
+                                 f"mapping and {', '.join(f'{k}=' for k in extra)}")
+        return splits
+    if not named:
+        raise ReservoirError("expected splits, a mapping {'train': ..., 'test': ...}, or train= and test= arrays; "
+                             "found neither")
+    if lengths is None:
+        return named
+    if not isinstance(lengths, Mapping) or not set(lengths) <= set(named):
+        found = sorted(map(str, lengths)) if isinstance(lengths, Mapping) else type(lengths).__name__
+        raise ReservoirError(f"expected lengths=, a mapping from split names among {', '.join(map(repr, named))} to "
+                             f"lengths (N,); found {found}")
+    for s, ln in lengths.items():
+        value = named[s]
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            found = f"{len(value)} items" if isinstance(value, (tuple, list)) else type(value).__name__
+            raise ReservoirError(f"split {s!r}: expected (inputs, labels) when lengths= gives its lengths (not both "
+                                 f"places); found {found}")
+        named[s] = (value[0], ln, value[1])
+    return named
+
+
+def checked_task(name: str, splits: Mapping[str, Any], *, kind: str | None = None, d_in: int | None = None,
+                 n_classes: int | None = None, n_out_tokens: int = 1, vocab: Sequence[str] | None = None,
+                 params: Mapping[str, Any] | None = None) -> TaskData:
+    """:func:`from_arrays` without the check that ``name`` is free: what a registered builder (``data``) calls."""
     where = f"task {name!r}"
     params = _json_params(name, params)
     if not isinstance(splits, Mapping) or not {"train", "test"} <= set(splits) or not all(map(_is_str, splits)):

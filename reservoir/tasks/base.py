@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -98,9 +100,13 @@ class TaskData:
     @classmethod
     def from_arrays(
         cls,
-        name: str,
-        splits: Mapping[str, Split | Sequence[Any]],
+        name: str = "arrays",
+        splits: Mapping[str, Split | Sequence[Any]] | None = None,
         *,
+        train: Split | Sequence[Any] | None = None,
+        val: Split | Sequence[Any] | None = None,
+        test: Split | Sequence[Any] | None = None,
+        lengths: Mapping[str, Any] | None = None,
         kind: Literal["tokens", "continuous"] | None = None,
         d_in: int | None = None,
         n_classes: int | None = None,
@@ -113,9 +119,9 @@ class TaskData:
         Parameters
         ----------
         name : str
-            What the task is called in stores and results; not a registered
-            task's name.
-        splits : mapping of str to tuple or Split
+            What the task is called in stores and results (default
+            ``"arrays"``); not a registered task's name.
+        splits : mapping of str to tuple or Split, optional
             ``{"train": (inputs, lengths, labels), "test": ...}`` (``"train"``
             and ``"test"`` required, others such as ``"val"`` allowed, order
             kept). ``(inputs, labels)`` or ``lengths=None`` means every
@@ -124,6 +130,14 @@ class TaskData:
             vectors ``(N, L, d_in)`` of numbers. Lengths are integers ``(N,)``
             in ``n_out_tokens..L``; labels integers ``(N, *label_shape)``
             ``>= 0``, the same ``label_shape`` in every split.
+        train, val, test : tuple or Split, optional
+            The keyword form, instead of ``splits``: ``train=(X, y),
+            test=(X, y)`` (``val`` optional), each as a value of ``splits``;
+            the splits are ordered train, val, test.
+        lengths : mapping of str to array, optional
+            With the keyword form: lengths ``(N,)`` per split name, e.g.
+            ``{"train": ln_train, "test": ln_test}``, for splits given as
+            ``(inputs, labels)``; a split it does not name is full length.
         kind : {"tokens", "continuous"}, optional
             Inferred from the inputs (2-D integers: tokens, 3-D: continuous);
             given, it must agree with them.
@@ -167,9 +181,13 @@ class TaskData:
         >>> ids = np.array([[3, 1, 0], [2, 2, 2]])
         >>> TaskData.from_arrays("toy", {"train": (ids, [2, 3], [0, 1]), "test": (ids, [1, 3], [1, 0])}).d_in
         4
+        >>> toy = TaskData.from_arrays(train=(ids, [0, 1]), test=(ids, [1, 0]), lengths={"train": [2, 3]}, name="toy")
+        >>> toy.splits["train"].lengths.tolist(), toy.splits["test"].lengths.tolist()
+        ([2, 3], [3, 3])
         """
-        from reservoir.tasks.arrays import from_arrays
+        from reservoir.tasks.arrays import from_arrays, gather_splits
 
+        splits = gather_splits(splits, train=train, val=val, test=test, lengths=lengths)
         return from_arrays(name, splits, kind=kind, d_in=d_in, n_classes=n_classes, n_out_tokens=n_out_tokens,
                            vocab=vocab, params=params)
 
@@ -232,6 +250,9 @@ class TaskSpec:
 
 TASKS: dict[str, TaskSpec] = {}
 
+#: Another name for :class:`TaskData` (``reservoir.Task.from_arrays(train=(X, y), test=(X, y))``).
+Task = TaskData
+
 
 def register(spec: TaskSpec) -> TaskSpec:
     """Add ``spec`` to :data:`TASKS`; a name already registered is refused (one line)."""
@@ -273,3 +294,21 @@ def get_task(name: str, **params: Any) -> TaskData:
     """
     full = resolve_params(name, params)  # refuses an unknown name before it is looked up
     return TASKS[name].build(**full)
+
+
+def task_label(name: str, params: Mapping[str, Any] | None = None) -> str:
+    """The task as part of a file or folder name: ``name``, or ``<name>-<file stem>`` for a task read from one file.
+
+    A task with a ``path`` parameter (``data``) would otherwise give every
+    file's store, run folder and recipe run the same name.
+
+    Examples
+    --------
+    >>> task_label("listops", {"n_train": 10}), task_label("data", {"path": "/tmp/my digits.npz"})
+    ('listops', 'data-my_digits')
+    """
+    path = (params or {}).get("path")
+    if not path:
+        return name
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(str(path).rstrip("/\\")).stem).strip("._") or "file"
+    return f"{name}-{stem}"

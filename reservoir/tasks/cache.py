@@ -4,8 +4,9 @@
 arrays to ``<cache>/<name>-<key>/`` (one ``.npy`` file per array, plus
 ``task.json`` with the metadata and the fingerprint). The key hashes the task
 name, every parameter (defaults included), the package version and, for a task
-read from files (a ``data_dir`` parameter), each file's name, size and
-modification time, so edited data is never served from the cache. Later calls
+read from files (a ``data_dir`` parameter, or the ``data`` task's ``path``),
+each file's name, size and modification time, so edited data is never served
+from the cache. Later calls
 memory-map the inputs copy-on-write (a large task is not read into memory until rows are
 used) and check them against the recorded fingerprint; an entry that does not
 match is refused, removed and rebuilt.
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from reservoir import __version__
-from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params
+from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
 from reservoir.tasks.files import read_json
 
 log = logging.getLogger("reservoir")
@@ -49,10 +50,12 @@ def task_cache_dir() -> Path | None:
 def cache_key(name: str, params: dict[str, Any]) -> str:
     """What identifies a built task before building it: name, full params, version, data files."""
     files = []
-    data_dir = params.get("data_dir")
-    if data_dir:
-        root = Path(data_dir)
-        if root.is_dir():
+    for source in (params.get("data_dir"), params.get("path")):  # a folder of files; one file or folder (data)
+        root = Path(source) if source else None
+        if root is not None and root.is_file():
+            st = root.stat()
+            files.append([root.name, st.st_size, st.st_mtime_ns])
+        elif root is not None and root.is_dir():
             for p in sorted(root.rglob("*")):
                 if p.is_file():
                     st = p.stat()
@@ -92,20 +95,21 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
         return get_task(name, **params)
     full = resolve_params(name, params)
     entry = folder / f"{name}-{cache_key(name, full)}"
+    label = task_label(name, full)  # data-<file stem> for a data file
     if entry.is_dir():
         task = _read(entry)
         if task is not None:
-            log.info("task %s: loaded from the task cache %s (fingerprint %s)", name, entry, task.fingerprint[:12])
+            log.info("task %s: loaded from the task cache %s (fingerprint %s)", label, entry, task.fingerprint[:12])
             return task
         log.warning("task %s: the cached copy %s is unreadable or does not match its fingerprint; refused and rebuilt",
-                    name, entry)
+                    label, entry)
         shutil.rmtree(entry, ignore_errors=True)
     task = get_task(name, **params)
     try:
         _write(task, entry)
-        log.info("task %s: built and saved to the task cache %s", name, entry)
+        log.info("task %s: built and saved to the task cache %s", label, entry)
     except OSError as err:  # a read-only or full disk: the task is still good, only not cached
-        log.warning("task %s: not cached (%s)", name, err.strerror or err)
+        log.warning("task %s: not cached (%s)", label, err.strerror or err)
     return task
 
 

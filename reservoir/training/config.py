@@ -119,9 +119,11 @@ class TrainConfig:
 
     def default_out(self) -> str:
         """The run folder when ``out`` is unset: ``results/train/<task>-<backbone>-<init>-<groups>-lr<lr>-seed<s>``."""
-        name = slug(self.backbone)
+        from reservoir.tasks.base import task_label  # a data file's task: data-<file stem>
+
+        name, task = slug(self.backbone), task_label(self.task, self.task_params)
         groups = "+".join(parse_groups(self.finetune))
-        return str(Path("results") / "train" / f"{self.task}-{name}-{self.init}-{groups}-lr{self.lr:g}-seed{self.seed}")
+        return str(Path("results") / "train" / f"{task}-{name}-{self.init}-{groups}-lr{self.lr:g}-seed{self.seed}")
 
     def total_steps(self, n_train: int) -> int:
         """Optimizer steps of the run: ``steps``, else ``epochs`` passes over ``n_train`` rows, else 2000."""

@@ -1,0 +1,264 @@
+"""Columnar data files for the ``data`` task: a ``datasets`` ``save_to_disk`` folder, a Parquet or a CSV file.
+
+All three are read through pyarrow, which the optional extra ``pip install
+'reservoir[datasets]'`` brings (with Hugging Face ``datasets``, needed for the
+folders); nothing here is imported until such a file is read.
+
+Columns
+    The input column holds one sequence per row: a list of integers is token
+    ids, a list of numbers one number per position (vectors of size 1), a
+    list of lists of numbers one vector per position (every vector of one
+    size ``d``). A CSV cell holds the list as JSON (``[3, 1, 4]``,
+    ``[[0.5, 1.0], [0.2, 0.1]]``) or as numbers separated by spaces
+    (``3 1 4``). Rows of different lengths are right-padded with 0 and their
+    lengths kept. The label column holds one integer ``>= 0`` per row.
+Splits
+    A ``DatasetDict`` folder: its splits ``train``, ``test`` and ``val`` (or
+    ``validation``); any other split is skipped, and said so. A single table
+    (a ``Dataset`` folder, a Parquet or a CSV file): the column ``split``
+    says each row's split, ``train``, ``test``, ``val`` or ``validation``.
+
+Every problem is one :class:`ReservoirError` line, ``<file>: <field>:
+expected ...; found ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+from reservoir.tasks.files import one_line
+
+__all__ = ["SPLIT_COLUMN", "label_array", "read_tables", "sequence_arrays"]
+
+log = logging.getLogger("reservoir")
+
+SPLIT_COLUMN = "split"
+#: Split names a file may use, and the task's name for each.
+SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
+INSTALL = "pip install 'reservoir[datasets]'"
+
+
+def _fail(source: Path, field: str, expected: str, found: str) -> ReservoirError:
+    return ReservoirError(f"{source}: {field}: expected {expected}; found {found}")
+
+
+def _pyarrow(source: Path) -> Any:
+    """The ``pyarrow`` module, or one line saying how to install it."""
+    try:
+        import pyarrow
+        import pyarrow.compute  # noqa: F401
+    except ImportError:
+        raise ReservoirError(f"{source}: expected the optional package pyarrow to read Parquet, CSV or datasets "
+                             f"folders; found it not installed ({INSTALL})") from None
+    return pyarrow
+
+
+def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
+    """The file's splits as pyarrow tables of the columns ``inputs`` and ``labels`` (each checked to exist).
+
+    Parameters
+    ----------
+    source : Path
+        A ``save_to_disk`` folder, a ``.parquet`` or a ``.csv`` file.
+    inputs, labels : str
+        The input and label columns.
+
+    Returns
+    -------
+    dict of str to pyarrow.Table
+        Split name (``train``, ``val``, ``test``, in that order) to that
+        split's rows; the file's ``validation`` is ``val``. The caller checks
+        which splits are present.
+    """
+    pa = _pyarrow(source)
+    wanted = {inputs: "--input-column", labels: "--label-column"}
+    single = {**wanted, SPLIT_COLUMN: "a single table names each row's split"}
+    if source.is_dir():
+        loaded = _load_from_disk(source)
+        if isinstance(loaded, dict):  # a DatasetDict
+            return _named_splits(source, loaded, wanted)
+        _has_columns(source, "", loaded.column_names, single)
+        table = loaded.select_columns(list(single)).with_format("arrow")[:]
+    elif source.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            _has_columns(source, "", pq.read_schema(source).names, single)
+            table = pq.read_table(source, columns=list(single))
+        except (OSError, pa.ArrowException) as err:
+            raise ReservoirError(f"{source}: expected a Parquet file; found {one_line(err)}") from None
+    else:
+        import pyarrow.csv as pacsv
+
+        try:
+            table = pacsv.read_csv(source)
+        except (OSError, pa.ArrowException) as err:
+            raise ReservoirError(f"{source}: expected a CSV file with a header row; found {one_line(err)}") from None
+        _has_columns(source, "", table.column_names, single)
+    return _split_column(source, table.select(list(single)))
+
+
+def _load_from_disk(source: Path) -> Any:
+    """What ``datasets.load_from_disk`` reads from the folder (a Dataset or a DatasetDict)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ReservoirError(f"{source}: expected the optional package datasets to read a save_to_disk folder; found "
+                             f"it not installed ({INSTALL})") from None
+    try:
+        return datasets.load_from_disk(str(source))
+    except Exception as err:  # noqa: BLE001 - any library error is a folder it cannot read
+        raise ReservoirError(f"{source}: expected a folder written by datasets' save_to_disk (or a data file: .npz, "
+                             f".parquet, .csv); found {one_line(err)}") from None
+
+
+def _has_columns(source: Path, where: str, names: list[str], wanted: dict[str, str]) -> None:
+    """Refuse a missing column: ``wanted`` maps each name to what the message says about it."""
+    for name, hint in wanted.items():
+        if name not in names:
+            raise _fail(source, f"{where}column {name!r}", f"a column of that name ({hint})",
+                        f"columns {', '.join(names) or '(none)'}")
+
+
+def _named_splits(source: Path, splits: dict[str, Any], wanted: dict[str, str]) -> dict[str, Any]:
+    """A DatasetDict's splits under the task's names (``validation`` -> ``val``) as tables; others skipped."""
+    out: dict[str, Any] = {}
+    for name, ds in splits.items():
+        ours = SPLIT_NAMES.get(name)
+        if ours is None:
+            continue
+        if ours in out:
+            raise _fail(source, "splits", "one validation split", "both 'val' and 'validation'")
+        _has_columns(source, f"split {name!r}, ", ds.column_names, wanted)
+        out[ours] = ds.select_columns(list(wanted)).with_format("arrow")[:]
+    skipped = [name for name in splits if name not in SPLIT_NAMES]
+    if skipped:
+        log.info("data %s: skipped split(s) %s (reading train, val or validation, test)", source, ", ".join(skipped))
+    return {s: out[s] for s in ("train", "val", "test") if s in out}
+
+
+def _split_column(source: Path, table: Any) -> dict[str, Any]:
+    """One table's rows by the value of its ``split`` column."""
+    pa = _pyarrow(source)
+    pc = pa.compute
+    field = f"column {SPLIT_COLUMN!r}"
+    try:
+        col = pc.cast(table[SPLIT_COLUMN], pa.string())
+    except pa.ArrowException:
+        raise _fail(source, field, "split names (text)", str(table.schema.field(SPLIT_COLUMN).type)) from None
+    if col.null_count:
+        row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
+        raise _fail(source, field, "a split name in every row", f"a missing value at row {row}")
+    unknown = [v for v in pc.unique(col).to_pylist() if v not in SPLIT_NAMES]
+    if unknown:
+        raise _fail(source, field, f"split names among {', '.join(SPLIT_NAMES)}",
+                    ", ".join(repr(v) for v in unknown[:5]))
+    table = table.drop_columns([SPLIT_COLUMN])
+    out = {}
+    for ours in ("train", "val", "test"):
+        names = pa.array([k for k, v in SPLIT_NAMES.items() if v == ours])
+        rows = table.filter(pc.is_in(col, value_set=names))
+        if rows.num_rows:
+            out[ours] = rows
+    return out
+
+
+def _plain(pa: Any, column: Any) -> Any:
+    """One contiguous array (chunks combined, an extension type's storage)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+
+
+def _is_list(pa: Any, t: Any) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def sequence_arrays(source: Path, field: str, column: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A column of sequences as right-padded inputs and their lengths.
+
+    Returns
+    -------
+    inputs : np.ndarray
+        int64 ``(N, L)`` token ids for lists of integers; float32 ``(N, L, d)``
+        for lists of numbers (``d = 1``) or of vectors. Padded with 0.
+    lengths : np.ndarray
+        int64 ``(N,)``, each row's number of positions.
+    """
+    pa = _pyarrow(source)
+    arr = _plain(pa, column)
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        arr = _parse_text(source, field, arr)
+    what = "a sequence per row: a list of token ids, of numbers, or of vectors"
+    if not _is_list(pa, arr.type):
+        raise _fail(source, field, what, f"values of type {arr.type}")
+    if arr.null_count:
+        row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+        raise _fail(source, field, what, f"a missing value at row {row}")
+    lengths = pa.compute.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)  # (N,)
+    if len(lengths) and lengths.min() < 1:
+        raise _fail(source, field, "at least one position per row", f"an empty sequence at row {np.argmin(lengths)}")
+    values = _plain(pa, arr.flatten())
+    d = None
+    if _is_list(pa, values.type):  # one vector per position
+        if values.null_count:
+            raise _fail(source, field, "a vector at every position", "a missing one")
+        sizes = pa.compute.list_value_length(values).to_numpy(zero_copy_only=False)
+        if len(sizes) and (sizes.min() != sizes.max() or sizes.min() < 1):
+            raise _fail(source, field, "vectors of one size d >= 1 at every position",
+                        f"sizes {sizes.min()} to {sizes.max()}")
+        d = int(sizes[0]) if len(sizes) else 1
+        values = _plain(pa, values.flatten())
+    t = values.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or values.null_count:
+        found = "a missing value inside a sequence" if values.null_count else f"values of type {t}"
+        raise _fail(source, field, "numbers inside each sequence (integers: token ids)", found)
+    flat = values.to_numpy(zero_copy_only=False)
+    if d is None and pa.types.is_integer(t):
+        return _pad(flat.astype(np.int64, copy=False), lengths), lengths
+    return _pad(flat.astype(np.float32, copy=False).reshape(-1, d or 1), lengths), lengths
+
+
+def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated rows ``(sum(lengths), ...)`` -> right-padded ``(N, max(lengths), ...)``, padded with 0."""
+    width = int(lengths.max()) if len(lengths) else 0
+    out = np.zeros((len(lengths), width, *flat.shape[1:]), dtype=flat.dtype)
+    out[np.arange(width)[None, :] < lengths[:, None]] = flat  # row by row, in order
+    return out
+
+
+def _parse_text(source: Path, field: str, arr: Any) -> Any:
+    """CSV text cells (a JSON list, or numbers separated by spaces) as a pyarrow list array."""
+    pa = _pyarrow(source)
+    rows: list[Any] = []
+    for i, text in enumerate(arr.to_pylist()):
+        if text is None:
+            rows.append(None)
+            continue
+        try:
+            t = text.strip()
+            rows.append(json.loads(t) if t.startswith("[") else [json.loads(v) for v in t.split()])
+        except (ValueError, RecursionError):
+            raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
+                        f"{text[:40]!r} at row {i}") from None
+    try:
+        return pa.array(rows)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
+        raise _fail(source, field, "lists of numbers (or of vectors of numbers)", one_line(err)) from None
+
+
+def label_array(source: Path, field: str, column: Any) -> np.ndarray:
+    """A column of integer labels as int64 ``(N,)``."""
+    pa = _pyarrow(source)
+    arr = _plain(pa, column)
+    if not (pa.types.is_integer(arr.type) or pa.types.is_boolean(arr.type)):
+        raise _fail(source, field, "integer labels (class ids >= 0)", f"values of type {arr.type}")
+    if arr.null_count:
+        row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+        raise _fail(source, field, "a label in every row", f"a missing value at row {row}")
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64)

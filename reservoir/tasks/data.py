@@ -1,0 +1,269 @@
+"""Labelled arrays in a file as a task: the ``data`` task (``reservoir extract --data PATH``).
+
+What ``path`` is decides how it is read:
+
+``.npz`` (``numpy.savez``)
+    Fields ``{split}_inputs``, ``{split}_labels`` and optional
+    ``{split}_lengths`` for the splits ``train`` and ``test`` (required) and
+    ``val`` (optional), and an optional integer ``vocab_size``. Integer inputs
+    ``(N, L)`` are token ids (vocabulary ``vocab_size``, else the largest id
+    + 1); numeric inputs ``(N, L, d)`` are vectors. Ragged sequences are
+    right-padded, with lengths ``(N,)`` in ``1..L`` (default ``L``). Labels are
+    integers ``(N, ...)`` ``>= 0``. A field named ``train_``/``val_``/
+    ``validation_``/``test_`` + anything else is refused (a typo would
+    otherwise be ignored); other fields are ignored.
+a ``datasets`` ``save_to_disk`` folder, a ``.parquet`` or ``.csv`` file
+    An input and a label column (``input_column``, ``label_column``); see
+    :mod:`reservoir.tasks.columns` for the layout and the splits.
+
+The task is built by :func:`~reservoir.tasks.arrays.checked_task`, so it is
+checked and fingerprinted like a built-in one (from its name ``data``, its
+parameters, the file's absolute path among them, and its arrays). The task
+cache keys it by the file's size and modification time. Every problem is one
+line naming the file and the field: ``<file>: train_labels: expected ...;
+found ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+from reservoir.tasks.arrays import checked_task
+from reservoir.tasks.base import TaskData, TaskSpec, register
+from reservoir.tasks.files import one_line
+
+__all__ = ["build_data", "check_split", "read_npz"]
+
+NAME = "data"
+SPLITS = ("train", "val", "test")
+PARTS = ("inputs", "labels", "lengths")
+COLUMNAR = (".parquet", ".pq", ".csv")
+_OURS = re.compile(r"(train|val|validation|test)_(.*)")
+
+
+def build_data(path: str | None = None, input_column: str = "inputs", label_column: str = "label") -> TaskData:
+    """Build the ``data`` task from the file or folder at ``path`` (see the module docstring).
+
+    Parameters
+    ----------
+    path : str
+        An ``.npz``, ``.parquet`` or ``.csv`` file, or a ``save_to_disk`` folder.
+    input_column, label_column : str
+        The columns of a columnar file (unused for ``.npz``).
+
+    Returns
+    -------
+    TaskData
+        Named ``data``; ``params`` holds the absolute path (and the columns
+        for a columnar file). Splits in the order train, val, test.
+    """
+    if path is None or not str(path).strip():
+        raise ReservoirError(f"task {NAME!r}: expected path, the data file (--data PATH, or -p path=PATH); found none")
+    source = Path(os.path.expanduser(os.fspath(path))).resolve()
+    kind = _kind_of(source)
+    if kind == "npz":
+        splits, vocab_size = read_npz(source)
+        params: dict[str, Any] = {"path": str(source)}
+    else:
+        for name, value in (("input_column", input_column), ("label_column", label_column)):
+            if not isinstance(value, str) or not value:
+                raise ReservoirError(f"task {NAME!r}: expected {name} a column name; found {value!r}")
+        splits, vocab_size = _read_columnar(source, input_column, label_column), None
+        params = {"path": str(source), "input_column": input_column, "label_column": label_column}
+    try:
+        return checked_task(NAME, splits, d_in=vocab_size, params=params)
+    except ReservoirError as err:  # what only the whole task shows (one class, kinds or sizes that differ by split)
+        raise ReservoirError(f"{source}: {err}") from None
+
+
+def _kind_of(source: Path) -> str:
+    """``"npz"``, ``"columns"`` (a Parquet or CSV file, a folder); anything else is refused in one line."""
+    expected = "an .npz, .parquet or .csv file, or a folder written by datasets' save_to_disk"
+    if source.is_dir():
+        return "columns"
+    if not source.is_file():
+        found = "no such file or folder" if not source.exists() else "neither a file nor a folder"
+        raise ReservoirError(f"{source}: expected {expected}; found {found}")
+    suffix = source.suffix.lower()
+    if suffix == ".npz":
+        return "npz"
+    if suffix in COLUMNAR:
+        return "columns"
+    raise ReservoirError(f"{source}: expected {expected}; found a file ending in {suffix or '(no suffix)'!r}")
+
+
+def read_npz(source: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray | None, np.ndarray]], int | None]:
+    """The splits of an ``.npz`` file, each checked, and its ``vocab_size``.
+
+    Returns
+    -------
+    splits : dict of str to tuple
+        ``{"train": (inputs, lengths or None, labels), ...}`` in the order
+        train, val, test, as :func:`check_split` returns them.
+    vocab_size : int or None
+    """
+    fields = _npz_fields(source)
+    found = ", ".join(fields) or "(none)"
+    splits = {}
+    for split in SPLITS:
+        have = [p for p in PARTS if f"{split}_{p}" in fields]
+        if not have and split == "val":
+            continue
+        for part in ("inputs", "labels"):
+            if part not in have:
+                why = f"split {split!r} is required" if split != "val" else f"beside val_{have[0]}"
+                raise ReservoirError(f"{source}: {split}_{part}: expected this field ({why}); found fields {found}")
+        names = {p: f"{split}_{p}" for p in PARTS}
+        inputs, lengths, labels = (fields.get(f"{split}_{p}") for p in ("inputs", "lengths", "labels"))
+        splits[split] = check_split(source, names, inputs, lengths, labels)
+    return splits, _vocab_size(source, fields.get("vocab_size"), splits)
+
+
+def _npz_fields(source: Path) -> dict[str, np.ndarray]:
+    """The fields of an ``.npz`` the task reads (``{split}_{part}``, ``vocab_size``), loaded; no pickles."""
+    expected = "an .npz archive written by numpy.savez"
+    if not zipfile.is_zipfile(source):
+        with open(source, "rb") as f:
+            head = f.read(8)
+        raise ReservoirError(f"{source}: expected {expected}; found a file that is not a zip archive (starting "
+                             f"{head!r})")
+    try:
+        archive = np.load(source, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ReservoirError(f"{source}: expected {expected}; found {one_line(err)}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ReservoirError(f"{source}: expected {expected}; found a single array (.npy content)")
+    out = {}
+    with archive:
+        for name in archive.files:
+            m = _OURS.fullmatch(name)
+            if m and (m.group(1) not in SPLITS or m.group(2) not in PARTS):
+                split = "val" if m.group(1) == "validation" else m.group(1)
+                raise ReservoirError(f"{source}: {name}: expected {split}_inputs, {split}_labels or {split}_lengths "
+                                     f"(the fields of split {split!r}); found {name!r}")
+            if not m and name != "vocab_size":
+                continue
+            try:
+                out[name] = archive[name]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+                raise ReservoirError(f"{source}: {name}: expected a numeric array; found {one_line(err)}") from None
+    return out
+
+
+def check_split(source: Path, names: dict[str, str], inputs: Any, lengths: Any, labels: Any
+                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """One split's arrays checked against each other, every problem one line naming the file and the field.
+
+    Parameters
+    ----------
+    source : Path
+        The file, named in errors.
+    names : dict
+        What each array is called in errors: ``{"inputs": "train_inputs", "labels": ..., "lengths": ...}``.
+    inputs : array
+        Integer token ids ``(N, L)`` or numeric vectors ``(N, L, d)``, finite.
+    lengths : array or None
+        Integers ``(N,)`` in ``1..L``; ``None``: every row is full length.
+    labels : array
+        Integers ``(N, ...)`` ``>= 0``.
+
+    Returns
+    -------
+    tuple
+        ``(inputs, lengths, labels)`` as arrays (float inputs as float32).
+    """
+    def fail(part: str, expected: str, found: str) -> ReservoirError:
+        return ReservoirError(f"{source}: {names[part]}: expected {expected}; found {found}")
+
+    inputs, labels = np.asarray(inputs), np.asarray(labels)
+    kinds = "integer token ids (N, L) or numeric vectors (N, L, d)"
+    if inputs.dtype.kind not in "biuf" or inputs.ndim not in (2, 3) or (inputs.ndim == 2 and inputs.dtype.kind == "f"):
+        hint = " (one number per position is (N, L, 1))" if inputs.ndim == 2 and inputs.dtype.kind == "f" else ""
+        raise fail("inputs", kinds, f"{inputs.dtype} of shape {inputs.shape}{hint}")
+    if 0 in inputs.shape:
+        raise fail("inputs", "at least one row, one position (and one number per vector)", f"shape {inputs.shape}")
+    if inputs.dtype.kind == "f":
+        inputs = inputs.astype(np.float32, copy=False)
+        finite = np.isfinite(inputs).reshape(len(inputs), -1).all(axis=1)  # (N,)
+        if not finite.all():
+            row = int(np.argmin(finite))
+            what = "NaN" if np.isnan(inputs[row]).any() else "infinity"
+            raise fail("inputs", "finite numbers (as float32)", f"{what} at row {row}")
+    n, L = inputs.shape[:2]
+    if labels.dtype.kind not in "biu":
+        raise fail("labels", "integer labels (class ids >= 0)", f"{labels.dtype}")
+    if labels.ndim < 1 or len(labels) != n:
+        found = f"{len(labels)} rows" if labels.ndim else "a single number"
+        raise fail("labels", f"{n} rows, one per row of {names['inputs']}", found)
+    if labels.size and labels.min() < 0:
+        row = int(np.argmin(labels.reshape(n, -1).min(axis=1)))
+        raise fail("labels", "labels >= 0", f"{labels.min()} at row {row}")
+    if lengths is not None:
+        lengths = np.asarray(lengths)
+        if lengths.dtype.kind not in "iu" or lengths.shape != (n,):
+            raise fail("lengths", f"integers of shape ({n},), one per row of {names['inputs']}",
+                       f"{lengths.dtype} of shape {lengths.shape}")
+        bad = (lengths < 1) | (lengths > L)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise fail("lengths", f"lengths in 1..{L} ({names['inputs']} has {L} positions)",
+                       f"{lengths[row]} at row {row}")
+    return inputs, lengths, labels
+
+
+def _vocab_size(source: Path, value: Any, splits: dict[str, tuple]) -> int | None:
+    """The file's ``vocab_size``, checked against the token ids (and refused for vector inputs)."""
+    if value is None:
+        return None
+    if value.ndim != 0 or value.dtype.kind not in "iu":
+        raise ReservoirError(f"{source}: vocab_size: expected one integer; found {value.dtype} of shape {value.shape}")
+    size = int(value)
+    if any(x.ndim != 2 for x, _, _ in splits.values()):
+        raise ReservoirError(f"{source}: vocab_size: expected it only with token ids (integer inputs (N, L)); found "
+                             "vector inputs (N, L, d)")
+    largest = max(int(x.max()) for x, _, _ in splits.values())
+    lowest = min(int(x.min()) for x, _, _ in splits.values())
+    if size < 1 or largest >= size or lowest < 0:
+        raise ReservoirError(f"{source}: vocab_size: expected a size above every token id (ids in {lowest}.."
+                             f"{largest}, all >= 0); found {size}")
+    return size
+
+
+def _read_columnar(source: Path, input_column: str, label_column: str) -> dict[str, tuple]:
+    """The splits of a Parquet or CSV file or a ``save_to_disk`` folder, each checked."""
+    from reservoir.tasks.columns import label_array, read_tables, sequence_arrays
+
+    tables = read_tables(source, input_column, label_column)
+    if not {"train", "test"} <= set(tables):
+        raise ReservoirError(f"{source}: splits: expected 'train' and 'test' (and optionally 'val'); found "
+                             f"{', '.join(map(repr, tables)) or 'no rows'}")
+    out = {}
+    for split, table in tables.items():
+        names = {"inputs": f"split {split!r}, column {input_column!r}",
+                 "labels": f"split {split!r}, column {label_column!r}"}
+        names["lengths"] = names["inputs"]
+        inputs, lengths = sequence_arrays(source, names["inputs"], table[input_column])
+        labels = label_array(source, names["labels"], table[label_column])
+        out[split] = check_split(source, names, inputs, lengths, labels)
+    return out
+
+
+register(
+    TaskSpec(
+        name=NAME,
+        build=build_data,
+        summary="your labelled arrays from a file: .npz, a datasets save_to_disk folder, .parquet or .csv",
+        source="the file at path (reservoir extract --data PATH); see README 'Tasks and data'",
+        tokens="the file's L",
+        d_in="vocab_size or largest id + 1 (tokens), d (vectors)",
+        classes="largest label + 1",
+        splits="train, test (val optional)",
+    )
+)

@@ -1,0 +1,371 @@
+"""Labelled arrays in a file as a task (``--data PATH``): every format end to end, the task equal to the arrays
+written, its fingerprint following the file, and one line (exit 2, no store) for every bad file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from reservoir import Task, TaskData
+from reservoir.cli import main
+from reservoir.errors import ReservoirError
+from reservoir.extraction import ExtractConfig
+from reservoir.store import FeatureStore
+from reservoir.tasks import get_task, load_task
+
+TINY = ["--backbone", "tiny-bert", "--layers", "2", "--quiet"]
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def assert_ok(result):
+    assert result.exit_code == 0, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+
+
+def assert_one_line(result, *fragments) -> str:
+    """Exit 2, exactly one line on stderr, holding every fragment."""
+    assert result.exit_code == 2, f"exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), lines
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+    return lines[0]
+
+
+def vector_arrays(seed=0, n=(60, 12, 20), L=6, d=3):
+    """Float vectors (N, L, d) whose label is the sign of the last position's first entry; train, val, test."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, rows in zip(("train", "val", "test"), n):
+        x = rng.normal(size=(rows, L, d)).astype(np.float32)
+        out[split] = (x, (x[:, -1, 0] > 0).astype(np.int64))
+    return out
+
+
+def token_rows(seed=0, n=(60, 20)):
+    """Ragged token id lists (ids 1..8) and labels (the first id mod 3) for train and test."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, rows in zip(("train", "test"), n):
+        seqs = [rng.integers(1, 9, size=rng.integers(2, 7)).tolist() for _ in range(rows)]
+        out[split] = (seqs, [s[0] % 3 for s in seqs])
+    return out
+
+
+def padded(seqs):
+    lengths = np.array([len(s) for s in seqs])
+    x = np.zeros((len(seqs), lengths.max()), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        x[i, : len(s)] = s
+    return x, lengths
+
+
+def write_columnar(path: Path, rows, fmt: str) -> Path:
+    """``rows`` ({split: (sequences, labels)}) as one table with a ``split`` column, or a DatasetDict folder."""
+    if fmt == "save_to_disk":
+        datasets = pytest.importorskip("datasets")
+        tables = {s: datasets.Dataset.from_dict({"inputs": x, "label": y}) for s, (x, y) in rows.items()}
+        datasets.disable_progress_bars()
+        try:
+            datasets.DatasetDict(tables).save_to_disk(str(path))
+        finally:
+            datasets.enable_progress_bars()
+        return path
+    table = {"inputs": [], "label": [], "split": []}
+    for s, (x, y) in rows.items():
+        table["inputs"] += x
+        table["label"] += y
+        table["split"] += [s] * len(x)
+    if fmt == "parquet":
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(table), path)
+    else:  # CSV: JSON lists and space-separated numbers, both read
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["inputs", "label", "split"])
+            for i, row in enumerate(zip(*table.values())):
+                seq = json.dumps(row[0]) if i % 2 else " ".join(map(str, row[0]))
+                w.writerow([seq, row[1], row[2]])
+    return path
+
+
+# ----------------------------------------------------------- end to end, by format
+
+
+def test_npz_extract_and_fit_linear_through_the_cli(tmp_path):
+    raw = vector_arrays()
+    data = tmp_path / "signs.npz"
+    np.savez(data, **{f"{s}_{k}": v for s, (x, y) in raw.items() for k, v in (("inputs", x), ("labels", y))})
+    store = tmp_path / "signs.zarr"
+    result = invoke("extract", "--data", data, *TINY, "--out", store)
+    assert_ok(result)
+    with FeatureStore.open(store) as st:
+        assert st.splits == ["train", "val", "test"]
+        assert st.attrs["task"]["name"] == "data" and st.attrs["task"]["params"] == {"path": str(data.resolve())}
+        assert st.attrs["task"]["fingerprint"] == get_task("data", path=str(data)).fingerprint
+    result = invoke("fit-linear", store, "--layer", "all", "--results", tmp_path / "results")
+    assert_ok(result)
+    assert "majority-class test accuracy" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "results" / "signs").iterdir()) == [
+        f"logistic-layer{k}.json" for k in range(3)]
+
+
+@pytest.mark.parametrize("fmt", ["save_to_disk", "parquet", "csv"])
+def test_columnar_formats_extract_and_fit_linear_through_the_cli(tmp_path, fmt):
+    rows = token_rows()
+    data = write_columnar(tmp_path / {"save_to_disk": "tokens", "parquet": "tokens.parquet", "csv": "tokens.csv"}[fmt],
+                          rows, fmt)
+    store = tmp_path / "tokens.zarr"
+    assert_ok(invoke("extract", "--data", data, *TINY, "--out", store))
+    result = invoke("fit-linear", store, "--layer", "all", "--results", tmp_path / "results")
+    assert_ok(result)
+    task = get_task("data", path=str(data))
+    assert (task.kind, task.d_in, task.n_classes) == ("tokens", 9, 3)
+    for split, (seqs, labels) in rows.items():  # the file's rows, right-padded, with their lengths
+        x, lengths = padded(seqs)
+        s = task.splits[split]
+        np.testing.assert_array_equal(s.inputs, x)
+        np.testing.assert_array_equal(s.lengths, lengths)
+        np.testing.assert_array_equal(s.labels, labels)
+
+
+def test_train_and_fit_raw_take_data(tmp_path):
+    raw = vector_arrays()
+    data = tmp_path / "signs.npz"
+    np.savez(data, **{f"{s}_{k}": v for s, (x, y) in raw.items() for k, v in (("inputs", x), ("labels", y))})
+    result = invoke("fit-raw", "--data", data)
+    assert_ok(result)
+    assert "\ndata-signs raw inputs (18 features)" in result.stdout  # after the task cache's line
+    out = tmp_path / "run"
+    result = invoke("train", "--data", data, "--backbone", "tiny-bert", "--layers", "1", "--steps", "4",
+                    "--eval-every", "4", "--quiet", "--out", out)
+    assert_ok(result)
+    assert json.loads((out / "results.json").read_text())["task"]["name"] == "data"
+
+
+# ------------------------------------------------------------- the task and its arrays
+
+
+def test_npz_task_equals_the_arrays_written(tmp_path):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 7, size=(30, 9)).astype(np.int32)
+    lengths = rng.integers(1, 10, size=30)
+    labels = rng.integers(0, 4, size=30)
+    data = tmp_path / "ids.npz"
+    np.savez(data, train_inputs=ids[:20], train_lengths=lengths[:20], train_labels=labels[:20],
+             test_inputs=ids[20:], test_lengths=lengths[20:], test_labels=labels[20:], vocab_size=np.int64(12))
+    task = get_task("data", path=str(data))
+    expected = Task.from_arrays(train=(ids[:20], labels[:20]), test=(ids[20:], labels[20:]), vocab=None, d_in=12,
+                                lengths={"train": lengths[:20], "test": lengths[20:]}, name="ids")
+    assert (task.name, task.kind, task.d_in, task.n_classes) == ("data", "tokens", 12, expected.n_classes)
+    assert list(task.splits) == list(expected.splits) == ["train", "test"]
+    for split in expected.splits:
+        for part in ("inputs", "lengths", "labels"):
+            np.testing.assert_array_equal(getattr(task.splits[split], part), getattr(expected.splits[split], part))
+    assert task.splits["train"].inputs.dtype == np.int32  # a dtype the backbone reads is kept
+
+
+def test_fingerprint_and_task_cache_follow_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESERVOIR_TASK_CACHE", str(tmp_path / "tasks"))
+    raw = vector_arrays(n=(30, 0, 10))
+    data = tmp_path / "d.npz"
+
+    def write(labels_flipped: bool):
+        (x, y), (xt, yt) = raw["train"], raw["test"]
+        np.savez(data, train_inputs=x, train_labels=1 - y if labels_flipped else y, test_inputs=xt, test_labels=yt)
+
+    write(False)
+    first = load_task("data", {"path": str(data)})
+    again = load_task("data", {"path": str(data)})  # from the task cache
+    assert again.fingerprint == first.fingerprint
+    write(True)  # same size; the modification time moves on (set it, in case the clock is coarse)
+    st = os.stat(data)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    changed = load_task("data", {"path": str(data)})
+    assert changed.fingerprint != first.fingerprint
+    np.testing.assert_array_equal(changed.splits["train"].labels, 1 - raw["train"][1])
+    assert len(list((tmp_path / "tasks").iterdir())) == 2
+
+
+def test_default_store_and_run_paths_name_the_file():
+    config = ExtractConfig(task="data", backbone="tiny-bert", task_params={"path": "/data/my digits.npz"})
+    assert config.default_out() == os.path.join("cache", "data-my_digits-tiny-bert-pretrained.zarr")
+    assert ExtractConfig(task="digits", backbone="tiny-bert").default_out() == os.path.join(
+        "cache", "digits-tiny-bert-pretrained.zarr")
+    from reservoir.training import TrainConfig
+
+    out = TrainConfig(task="data", backbone="tiny-bert", task_params={"path": "/x/signs.parquet"}).default_out()
+    assert Path(out).name.startswith("data-signs-tiny-bert-pretrained-")
+
+
+def test_recipe_cell_reads_a_data_file_beside_the_recipe(tmp_path, monkeypatch):
+    from reservoir.recipes import load_recipe, run_recipe
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    raw = vector_arrays(n=(40, 0, 12))
+    np.savez(folder / "signs.npz", train_inputs=raw["train"][0], train_labels=raw["train"][1],
+             test_inputs=raw["test"][0], test_labels=raw["test"][1])
+    (folder / "mine.yaml").write_text("cells:\n  - {kind: fit-linear, task: data, task_params: {path: signs.npz}, "
+                                      "backbone: tiny-bert, layers: 1, fit_layers: [1]}\n")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the path is the recipe folder's
+    recipe = load_recipe(folder / "mine.yaml")
+    assert recipe.cells[0].task_params["path"] == str((folder / "signs.npz").resolve())
+    (run,) = recipe.runs()
+    assert run.id.startswith("fit-linear__data-signs__tiny-bert") and run.label()["task"] == "data-signs"
+    done = run_recipe(recipe, out=tmp_path / "out", progress=False, cache_dir=tmp_path / "stores", device="cpu")
+    assert done["ran"] == [run.id]
+    assert (tmp_path / "out" / run.id / "logistic-layer1.json").is_file()
+    with pytest.raises(ReservoirError, match="task 'data' needs path"):
+        from reservoir.recipes import Recipe
+
+        Recipe.from_dict({"cells": [{"kind": "fit-raw", "task": "data"}]})
+
+
+# ------------------------------------------------------------ Python: the keyword form
+
+
+def test_from_arrays_keyword_form_equals_the_mapping_form():
+    raw = vector_arrays()
+    lengths = {"train": np.full(60, 4), "test": np.arange(20) % 6 + 1}
+    kw = TaskData.from_arrays(train=raw["train"], val=raw["val"], test=raw["test"], lengths=lengths, name="signs")
+    mapping = TaskData.from_arrays("signs", {"train": (raw["train"][0], lengths["train"], raw["train"][1]),
+                                             "val": raw["val"], "test": (raw["test"][0], lengths["test"],
+                                                                         raw["test"][1])})
+    assert kw.fingerprint == mapping.fingerprint and list(kw.splits) == ["train", "val", "test"]
+    assert Task is TaskData and TaskData.from_arrays(train=raw["train"], test=raw["test"]).name == "arrays"
+    for bad, match in (
+        (dict(splits={"train": raw["train"], "test": raw["test"]}, train=raw["train"]), "not both"),
+        (dict(train=(raw["train"][0], lengths["train"], raw["train"][1]), test=raw["test"], lengths=lengths),
+         "not both places"),
+        (dict(train=raw["train"], test=raw["test"], lengths={"val": lengths["train"]}), "lengths="),
+        (dict(), "found neither"),
+    ):
+        with pytest.raises(ReservoirError, match=match) as err:
+            TaskData.from_arrays(**bad)
+        assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------- bad files
+
+
+def _npz(path, **fields):
+    np.savez(path, **fields)
+    return path
+
+
+def _bad_npz_cases(tmp_path):
+    """``(file, fragments the one line must hold)`` for each bad .npz."""
+    raw = vector_arrays(n=(20, 0, 8))
+    (x, y), (xt, yt) = raw["train"], raw["test"]
+    nan, inf = xt.copy(), x.copy()
+    nan[3, 2, 1], inf[5, 0, 0] = np.nan, np.inf
+    ok = dict(train_inputs=x, train_labels=y, test_inputs=xt, test_labels=yt)
+    return {
+        "missing split": (_npz(tmp_path / "nosplit.npz", train_inputs=x, train_labels=y),
+                          ["test_inputs", "expected this field", "split 'test' is required"]),
+        "labels not integers": (_npz(tmp_path / "floats.npz", **{**ok, "train_labels": y.astype(np.float64)}),
+                                ["train_labels", "expected integer labels", "found float64"]),
+        "lengths beyond L": (_npz(tmp_path / "long.npz", **ok, train_lengths=np.full(20, 7)),
+                             ["train_lengths", "expected lengths in 1..6", "found 7 at row 0"]),
+        "NaN in inputs": (_npz(tmp_path / "nan.npz", **{**ok, "test_inputs": nan}),
+                          ["test_inputs", "expected finite numbers", "found NaN at row 3"]),
+        "inf in inputs": (_npz(tmp_path / "inf.npz", **{**ok, "train_inputs": inf}),
+                          ["train_inputs", "expected finite numbers", "found infinity at row 5"]),
+        "mismatched row counts": (_npz(tmp_path / "rows.npz", **{**ok, "test_labels": yt[:-1]}),
+                                  ["test_labels", "expected 8 rows, one per row of test_inputs", "found 7 rows"]),
+        "a misspelt field": (_npz(tmp_path / "typo.npz", **ok, train_length=np.full(20, 6)),
+                             ["train_length", "expected train_inputs, train_labels or train_lengths"]),
+    }
+
+
+BAD_NPZ = ["missing split", "labels not integers", "lengths beyond L", "NaN in inputs", "inf in inputs",
+           "mismatched row counts", "a misspelt field"]
+
+
+@pytest.mark.parametrize("case", BAD_NPZ)
+def test_bad_npz_is_one_line_exit_2_and_no_store(tmp_path, case):
+    path, fragments = _bad_npz_cases(tmp_path)[case]
+    store = tmp_path / "out.zarr"
+    assert_one_line(invoke("extract", "--data", path, *TINY, "--out", store), str(path), *fragments)
+    assert not store.exists()
+
+
+def test_unreadable_and_unknown_files_are_one_line(tmp_path):
+    store = tmp_path / "out.zarr"
+    cases = {
+        tmp_path / "junk.npz": ["expected an .npz archive", "not a zip archive"],
+        tmp_path / "notes.txt": ["expected an .npz, .parquet or .csv file", "'.txt'"],
+        tmp_path / "absent.npz": ["no such file or folder"],
+        tmp_path / "empty_folder": ["expected a folder written by datasets' save_to_disk"],
+    }
+    (tmp_path / "junk.npz").write_text("hello")
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "empty_folder").mkdir()
+    for path, fragments in cases.items():
+        if path.name == "empty_folder":
+            pytest.importorskip("datasets")
+        assert_one_line(invoke("extract", "--data", path, *TINY, "--out", store), str(path), *fragments)
+        assert not store.exists()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_bad_columnar_files_are_one_line(tmp_path, fmt):
+    pytest.importorskip("pyarrow")
+    rows = token_rows(n=(10, 4))
+    path = write_columnar(tmp_path / f"t.{fmt}", rows, fmt)
+    store = tmp_path / "out.zarr"
+    assert_one_line(invoke("extract", "--data", path, "--label-column", "target", *TINY, "--out", store),
+                    str(path), "column 'target'", "expected a column of that name (--label-column)",
+                    "found columns inputs, label, split")
+    train_only = write_columnar(tmp_path / f"train-only.{fmt}", {"train": rows["train"]}, fmt)
+    assert_one_line(invoke("extract", "--data", train_only, *TINY, "--out", store), str(train_only),
+                    "splits: expected 'train' and 'test'", "found 'train'")
+    import pyarrow as pa
+
+    floats = {"inputs": [[1, 2], [3]] * 2, "label": [0.0, 1.5] * 2, "split": ["train", "train", "test", "test"]}
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(floats), tmp_path / "f.parquet")
+    else:
+        (tmp_path / "f.csv").write_text("inputs,label,split\n1 2,0.0,train\n3,1.5,train\n1 2,0.0,test\n3,1.5,test\n")
+    assert_one_line(invoke("extract", "--data", tmp_path / f"f.{fmt}", *TINY, "--out", store),
+                    f"f.{fmt}", "split 'train', column 'label': expected integer labels", "found values of type double")
+    assert not store.exists()
+
+
+def test_missing_optional_package_says_how_to_install(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    parquet = write_columnar(tmp_path / "t.parquet", token_rows(n=(4, 2)), "parquet")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(ReservoirError, match=r"datasets to read a save_to_disk .*pip install 'reservoir\[datasets\]'"):
+        get_task("data", path=str(folder))
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ReservoirError, match=r"pyarrow to read Parquet.*pip install 'reservoir\[datasets\]'"):
+        get_task("data", path=str(parquet))
+
+
+def test_task_and_data_together_or_neither_are_usage_errors(tmp_path):
+    assert_one_line(invoke("extract", "--task", "bit-xor", "--data", tmp_path / "x.npz"), "expected --task or --data, "
+                    "not both")
+    assert_one_line(invoke("bench", "speedup", "--task", "bit-xor", "--data", tmp_path / "x.npz"), "not both")
+    assert_one_line(invoke("extract", "--quiet"), "Missing option '--task' (or pass --data PATH)")
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "x.npz", "-p", "path=y.npz"), "found -p path=...")
+    assert_one_line(invoke("extract", "--task", "data"), "task 'data': expected path")

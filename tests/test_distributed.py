@@ -1,0 +1,209 @@
+"""Sharded extraction under torchrun: 2 gloo processes on the CPU give the single-process store, bit for bit.
+
+Every run here is the real launcher (``python -m torch.distributed.run
+--standalone``, a free port each) starting ``-m reservoir extract`` or, for
+the faults, a small wrapper that makes rank 1 die or stall after its first
+chunk is written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reservoir import distributed
+from reservoir.errors import ReservoirError
+from reservoir.store import FeatureStore
+from reservoir.store.lock import StoreLock, holder, lock_path
+from test_cli import assert_ok, invoke
+
+# float32 tiny-gpt2: 2731 rows a chunk -> train 5 chunks (rank 0: 0, 2, 4; rank 1: 1, 3), test 1 chunk (rank 0)
+ARGS = ["extract", "--task", "bit-xor", "-p", "n_train=12000", "-p", "n_test=500", "--backbone", "tiny-gpt2",
+        "--layers", "2", "--dtype", "float32", "--device", "cpu", "--quiet"]  # fmt: skip
+# varying lengths (tiny-bert float32: 2731 rows a chunk, one window a split): the ranks split the windows
+LISTOPS = ["extract", "--task", "listops", "-p", "n_train=3000", "-p", "n_test=500", "-p", "max_length=120",
+           "--backbone", "tiny-bert", "--layers", "2", "--dtype", "float32", "--device", "cpu", "--quiet"]  # fmt: skip
+ROW_ARRAYS = ("features", "labels", "lengths", "checksums", "done")
+
+# rank 1 dies (SIGKILL) or stalls right after its first chunk is written and marked done
+FAULTS = """
+import os, signal, sys, time
+from reservoir.store import FeatureStore
+
+rank, fault, write = int(os.environ["RANK"]), os.environ.get("FAULT", ""), FeatureStore.write_chunk
+open(os.path.join(os.environ["PID_DIR"], f"rank{rank}.pid"), "w").write(str(os.getpid()))
+
+def write_chunk(self, *args, **kwargs):
+    write(self, *args, **kwargs)
+    if rank == 1 and fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1 and fault == "stall":
+        time.sleep(120)
+
+FeatureStore.write_chunk = write_chunk
+from reservoir.cli import main
+sys.exit(main())
+"""
+
+
+def torchrun(*args, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 120):
+    """``torchrun --standalone --nproc_per_node nproc ARGS`` (a free port of its own); the finished process."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           *map(str, args)]
+    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+
+def arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every row array of a store, read raw, plus its projection."""
+    with FeatureStore.open(path) as st:
+        out = {f"{s}/{k}": np.asarray(st._b.array(f"{s}/{k}")[...]) for s in st.splits for k in ROW_ARRAYS}
+        out["projection/weight"] = st.projection_weight()
+    return out
+
+
+def assert_identical(path: Path, reference: Path) -> None:
+    a, b = arrays(path), arrays(reference)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert np.array_equal(a[key], b[key]), key
+
+
+def single(args: list[str], folder: Path) -> Path:
+    """The store of one process (in-process CLI, one torch thread)."""
+    path = folder / "one.zarr"
+    assert_ok(invoke(*args, "--out", path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    return single(ARGS, tmp_path_factory.mktemp("one"))
+
+
+@pytest.mark.parametrize("args, rows", [(ARGS, 12500), (LISTOPS, 3500)], ids=["equal-lengths", "varying-lengths"])
+def test_two_ranks_write_the_single_process_store(tmp_path, reference, args, rows):
+    """The done-when run: `torchrun --nproc_per_node 2 -m reservoir extract ...` equals one process, bit for bit
+    (on 1 torch thread a rank, against 1 thread in one process)."""
+    out = tmp_path / "two.zarr"
+    run = torchrun("-m", "reservoir", *args, "--out", out)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stdout.count(f"wrote {out} (zarr)") == 1  # rank 0 reports, once
+    assert f"2 processes wrote {rows} rows in" in run.stdout
+    assert not lock_path(out).exists()  # rank 0 released the job's lock
+    reference = reference if args is ARGS else single(args, tmp_path)
+    a, b = arrays(out), arrays(reference)
+    for split in ("train", "test"):
+        for name in ("features", "labels", "lengths"):
+            assert np.array_equal(a[f"{split}/{name}"], b[f"{split}/{name}"]), (split, name)
+    assert_identical(out, reference)  # checksums, done flags and projection too
+
+
+def test_killed_rank_leaves_a_store_one_process_resumes(tmp_path, reference):
+    """Rank 1 dies after its first chunk: its chunk stays done, nothing is marked complete; one process finishes it."""
+    out, script = tmp_path / "killed.zarr", tmp_path / "faults.py"
+    script.write_text(FAULTS)
+    run = torchrun(script, *ARGS, "--out", out, env={"FAULT": "kill", "PID_DIR": str(tmp_path)})
+    assert run.returncode != 0
+    with FeatureStore.open(out, allow_incomplete=True) as st:
+        assert not st.complete
+        done = st.done("train")
+        assert done[1] and not done[3], done  # rank 1's first chunk kept, its second never written
+    resumed = invoke(*ARGS, "--out", out)
+    assert_ok(resumed)
+    assert_identical(out, reference)
+
+
+def test_stalled_rank_times_out_in_one_line_naming_it(tmp_path):
+    """A collective that times out ends the run (no hang) with one line naming the missing rank; rank 0 held
+    the store's lock for the job."""
+    out, script = tmp_path / "stalled.zarr", tmp_path / "faults.py"
+    script.write_text(FAULTS)
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+           *ARGS, "--out", str(out)]
+    env = {**os.environ, "FAULT": "stall", "PID_DIR": str(tmp_path), "RESERVOIR_DIST_TIMEOUT": "4"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = None
+    while not writer and proc.poll() is None:
+        writer = holder(out)
+        time.sleep(0.05)
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 60
+    assert writer and writer["pid"] == int((tmp_path / "rank0.pid").read_text())
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("Error:")]
+    assert lines == ["Error: rank 0 of 2: timed out after 4 s (RESERVOIR_DIST_TIMEOUT) waiting for rank(s) 1 at "
+                     "written; finished chunks are kept: rerun the same command to resume"], stderr
+    with FeatureStore.open(out, allow_incomplete=True) as st:
+        assert not st.complete
+
+
+def test_second_job_on_a_locked_store_is_refused(tmp_path):
+    out = tmp_path / "locked.zarr"
+    with StoreLock(out):
+        run = torchrun("-m", "reservoir", *ARGS, "--out", out)
+    assert run.returncode != 0
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("Error:")]
+    assert any(f"is being written by pid {os.getpid()} on " in ln for ln in lines), run.stderr
+    assert "Error: rank 1: stopped at create: rank 0 failed (see its error)" in lines
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ without a launcher
+def test_python_dash_m_reservoir():
+    run = subprocess.run([sys.executable, "-m", "reservoir", "--version"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("reservoir, version"), run.stderr
+
+
+def test_sharded_hdf5_or_url_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ReservoirError, match=r"expected a Zarr store for a sharded run \(2 processes"):
+        with distributed.launch(tmp_path / "x.h5", None, "cpu"):
+            pass
+    with pytest.raises(ReservoirError, match="expected a Zarr store"):
+        with distributed.launch(tmp_path / "x.zarr", "hdf5", "cpu"):
+            pass
+    assert not (tmp_path / "x.h5").exists()
+    with pytest.raises(ReservoirError, match="expected a store path on a filesystem every node mounts, found the URL"):
+        with distributed.launch(Path("s3://bucket/x.zarr"), None, "cpu"):
+            pass
+
+
+def test_rank_devices_and_timeout_setting(monkeypatch):
+    assert distributed.rank_device("cpu", 3) == "cpu"
+    if not __import__("torch").cuda.is_available():
+        assert distributed.rank_device("auto", 1) == "cpu"
+    assert distributed.rank_device("cuda", 3) == "cuda:3"
+    with pytest.raises(ReservoirError, match="expected --device cuda, auto or cpu in a sharded run"):
+        distributed.rank_device("cuda:1", 0)
+    for bad in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv(distributed.ENV_TIMEOUT, bad)
+        with pytest.raises(ReservoirError, match="RESERVOIR_DIST_TIMEOUT: expected seconds above 0"):
+            distributed._timeout()
+    monkeypatch.setenv(distributed.ENV_TIMEOUT, "2.5")
+    assert distributed._timeout() == 2.5
+
+
+def test_chunks_or_windows_are_dealt_round_robin_over_the_splits():
+    """Equal lengths: chunks dealt (continuing over the splits); varying lengths: the single-process windows dealt."""
+    from reservoir.batching import plan_windows
+
+    def plan(chunks):  # 10 rows a chunk, 2 chunks a window
+        return plan_windows(np.asarray(chunks, dtype=int), 10, 75, 1, budget=20, max_rows=20)
+
+    todo = np.array([1, 2, 4, 5, 6, 7])  # chunks 0 and 3 done
+    same, varying = np.full(75, 7), np.arange(75) % 9 + 1
+    jobs = [distributed.Job(r, 3, r, "cpu", 10.0) for r in range(3)]
+    chunks = [[c for w in j.deal(todo, plan, same) for c in w.chunks] for j in jobs]
+    assert chunks == [[1, 5], [2, 6], [4, 7]]
+    windows = [[w.chunks for w in j.deal(todo, plan, varying)] for j in jobs]
+    assert windows == [[[1, 2]], [[4, 5]], [[6, 7]]] and sum(windows, []) == [w.chunks for w in plan(todo)]
+    more = [[w.chunks for w in j.deal(np.array([0, 1, 2]), plan, varying)] for j in jobs]
+    assert more == [[[0, 1]], [[2]], []]  # after 6 chunks and 3 windows: rank 0 deals first again
