@@ -30,10 +30,16 @@ WINDOW_ROWS = 8192
 
 @dataclass(frozen=True)
 class Window:
-    """Chunks processed together; ``rows`` are the split's row indices in chunk order."""
+    """Chunks processed together; ``rows`` are the split's row indices in chunk order.
+
+    ``done`` lists chunks of the window already written: their rows are run
+    again (so every row is batched as in an uninterrupted run) but not
+    written.
+    """
 
     chunks: list[int]
     rows: np.ndarray  # (n,)
+    done: tuple[int, ...] = ()
 
 
 def check_batching(batch_size: int | None, max_tokens: int | None) -> None:
@@ -100,18 +106,32 @@ def plan_batches(lengths: np.ndarray, batch_size: int | None = None, max_tokens:
 
 
 def plan_windows(todo: np.ndarray, chunk_rows: int, n_rows: int, row_bytes: int,
-                 budget: int | None = None, max_rows: int | None = None) -> list[Window]:
+                 budget: int | None = None, max_rows: int | None = None, stable: bool = False) -> list[Window]:
     """Group unfinished chunks (in order) into windows of at most ``budget`` bytes and ``max_rows`` rows.
 
     Defaults: :data:`WINDOW_BYTES` and :data:`WINDOW_ROWS`. A window holds at
-    least one chunk, whatever its size.
+    least one chunk, whatever its size. ``stable``: the windows of a fresh
+    store (every chunk), keeping those with an unfinished chunk and marking
+    their finished ones ``done``, so that a resumed run pads and batches every
+    row as an uninterrupted one does (rows of varying lengths are batched by
+    length within their window, so another window would change a row's batch,
+    its padding and its float rounding).
+
+    Examples
+    --------
+    >>> [(w.chunks, w.done) for w in plan_windows(np.array([1, 2]), 10, 40, 4, max_rows=20, stable=True)]
+    [([0, 1], (0,)), ([2, 3], (3,))]
     """
     budget = WINDOW_BYTES if budget is None else budget
     max_rows = WINDOW_ROWS if max_rows is None else max_rows
     per_window = max(1, min(budget // max(1, row_bytes * chunk_rows), max_rows // chunk_rows))
+    plan = np.arange(-(-n_rows // chunk_rows)) if stable else todo
+    unfinished = {int(c) for c in todo}
     windows = []
-    for i in range(0, len(todo), per_window):
-        chunks = [int(c) for c in todo[i : i + per_window]]
+    for i in range(0, len(plan), per_window):
+        chunks = [int(c) for c in plan[i : i + per_window]]
+        if not unfinished.intersection(chunks):
+            continue
         rows = np.concatenate([np.arange(c * chunk_rows, min((c + 1) * chunk_rows, n_rows)) for c in chunks])
-        windows.append(Window(chunks, rows))
+        windows.append(Window(chunks, rows, tuple(c for c in chunks if c not in unfinished)))
     return windows

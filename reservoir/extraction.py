@@ -364,6 +364,9 @@ def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.L
         r, at = store.chunk_rows(name), 0
         for c in window.chunks:
             lo, hi = c * r, min((c + 1) * r, len(split))
+            if c in window.done:  # run again only to batch its window's rows as before
+                at += hi - lo
+                continue
             store.write_chunk(name, c, feats[at : at + hi - lo], split.labels[lo:hi], lengths=split.lengths[lo:hi],
                               states=None if states is None else states[at : at + hi - lo])
             at += hi - lo
@@ -379,15 +382,20 @@ def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool
     """Yield ``(split name, split, window, (order, bounds), progress bar)`` for every unfinished window.
 
     The one plan both the pass and ``bench extract``'s bare forward follow
-    (the latter with ``every_chunk``: the windows of a fresh store). ``job``
+    (the latter with ``every_chunk``: the windows of a fresh store). A split
+    of varying lengths runs the windows of a fresh store that hold an
+    unfinished chunk, so a resumed store equals an uninterrupted one bit for
+    bit (:func:`~reservoir.batching.plan_windows` with ``stable``). ``job``
     deals the unfinished chunks (a rank of a sharded run gets its share of
     the windows) and gives the progress bar.
     """
     cfg = prep.config
     for name, split in prep.task.splits.items():
         todo = np.arange(len(store.done(name))) if every_chunk else job.todo(store, name)
+        varying = len(split) > 0 and int(split.lengths.min()) != int(split.lengths.max())
         windows = job.deal(todo, lambda chunks: plan_windows(chunks, store.chunk_rows(name), len(split),
-                                                             _row_bytes(store, name, split)), split.lengths)
+                                                             _row_bytes(store, name, split), stable=varying),
+                           split.lengths)
         with job.bar(name, sum(len(w.rows) for w in windows), progress) as bar:
             for w in windows:
                 yield name, split, w, plan_order(split.lengths[w.rows], cfg.batch_size, cfg.max_tokens), bar
