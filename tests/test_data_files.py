@@ -290,11 +290,23 @@ def _bad_npz_cases(tmp_path):
                                   ["test_labels", "expected 8 rows, one per row of test_inputs", "found 7 rows"]),
         "a misspelt field": (_npz(tmp_path / "typo.npz", **ok, train_length=np.full(20, 6)),
                              ["train_length", "expected train_inputs, train_labels or train_lengths"]),
+        "beyond float32": (_npz(tmp_path / "big.npz", **{**ok, "train_inputs": np.full(x.shape, 1e300)}),
+                           ["train_inputs", "expected finite numbers (as float32)", "found infinity at row 0"]),
+        "a huge token id": (_npz(tmp_path / "huge_id.npz", **{**ok, "train_inputs": np.full((20, 6), 10**9),
+                                                               "test_inputs": np.zeros((8, 6), np.int64)}),
+                            ["expected token ids below 1,048,576", "found id 1,000,000,000"]),
+        "a uint64 id beyond int64": (_npz(tmp_path / "u64.npz", **{**ok, "train_inputs": np.full((20, 6), 2**63,
+                                                                                                 np.uint64),
+                                                                    "test_inputs": np.zeros((8, 6), np.uint64)}),
+                                     ["expected token ids below 1,048,576", "found id 9,223,372,036,854,775,808"]),
+        "a huge label": (_npz(tmp_path / "huge_label.npz", **{**ok, "train_labels": np.full(20, 10**8)}),
+                         ["expected labels below 100,000", "found 100,000,000"]),
     }
 
 
 BAD_NPZ = ["missing split", "labels not integers", "lengths beyond L", "NaN in inputs", "inf in inputs",
-           "mismatched row counts", "a misspelt field"]
+           "mismatched row counts", "a misspelt field", "beyond float32", "a huge token id", "a uint64 id beyond int64",
+           "a huge label"]
 
 
 @pytest.mark.parametrize("case", BAD_NPZ)
@@ -314,6 +326,10 @@ def test_unreadable_and_unknown_files_are_one_line(tmp_path):
         tmp_path / "empty_folder": ["expected a folder written by datasets' save_to_disk"],
     }
     (tmp_path / "junk.npz").write_text("hello")
+    good = _npz(tmp_path / "good.npz", train_inputs=np.zeros((4, 3), np.int64), train_labels=np.arange(4) % 2,
+                test_inputs=np.zeros((2, 3), np.int64), test_labels=np.arange(2))
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:100])
+    cases[tmp_path / "cut.npz"] = ["expected an .npz archive", "a damaged or truncated zip archive"]
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "empty_folder").mkdir()
     for path, fragments in cases.items():
@@ -360,6 +376,11 @@ def test_missing_optional_package_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(ReservoirError, match=r"pyarrow to read Parquet.*pip install 'reservoir\[datasets\]'"):
         get_task("data", path=str(parquet))
+
+
+def test_empty_data_path_is_refused():
+    result = invoke("extract", "--data", "", *TINY)
+    assert result.exit_code == 2 and "expected a data file or folder; found an empty path" in result.stderr
 
 
 def test_task_and_data_together_or_neither_are_usage_errors(tmp_path):

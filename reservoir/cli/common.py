@@ -108,5 +108,7 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
     if taken:
         raise click.UsageError(f"expected the data file's path and columns from --data, --input-column and "
                                f"--label-column; found -p {taken[0]}=...")
+    if not data.strip():
+        raise click.BadParameter("expected a data file or folder; found an empty path", param_hint="--data")
     path = str(Path(data).expanduser().resolve())
     return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}

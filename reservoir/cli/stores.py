@@ -17,7 +17,8 @@ from reservoir.errors import ReservoirError
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
               help="Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).")
 @click.option("--backbone", default="minilm", show_default=True,
-              help="minilm, tiny-gpt2, tiny-bert, a hub id (gpt2, gpt2-medium) or a local model folder.")
+              help="minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny-vit, ...), a hub id (gpt2, "
+                   "EleutherAI/pythia-410m) or a local model folder.")
 @click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
               help="Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std redraw.")
 @click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")

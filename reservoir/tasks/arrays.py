@@ -27,6 +27,10 @@ __all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack"]
 
 #: Integer dtypes the backbone reads as token ids without a conversion (``ReservoirBackbone.project``).
 TOKEN_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
+#: Largest vocabulary a token task may have: ids reach the backbone one-hot, through a (vocabulary x n_dim) projection.
+MAX_VOCAB = 1 << 20
+#: Most classes per head: the head is a (n_dim x classes) layer trained on every row.
+MAX_CLASSES = 100_000
 KINDS = ("tokens", "continuous")
 
 
@@ -169,6 +173,10 @@ def _split(where: str, value: Any, kind: str | None, n_out_tokens: int) -> tuple
         raise ReservoirError(f"{where}: expected inputs with at least one row and one position; found shape "
                              f"{inputs.shape}")
     if found_kind == "tokens":
+        largest = int(inputs.max())  # in the inputs' own dtype: a uint64 id must not wrap
+        if largest >= MAX_VOCAB:
+            raise ReservoirError(f"{where}: expected token ids below {MAX_VOCAB:,} (a one-hot vocabulary); found id "
+                                 f"{largest:,}: number the tokens 0..V-1, or give vectors (N, L, d)")
         inputs = inputs if inputs.dtype in TOKEN_DTYPES else inputs.astype(np.int64)
     else:
         inputs = np.asarray(inputs, dtype=np.float32)
@@ -233,6 +241,9 @@ def _labels(where: str, labels: Any, n: int, n_out_tokens: int) -> np.ndarray:
     if n_out_tokens > 1 and (labels.ndim < 2 or labels.shape[1] != n_out_tokens):
         raise ReservoirError(f"{where}: expected labels of shape ({n}, {n_out_tokens}, ...), one per output token; "
                              f"found {labels.shape}")
+    if labels.size and int(labels.max()) >= MAX_CLASSES:  # in the labels' own dtype: a uint64 must not wrap
+        raise ReservoirError(f"{where}: expected labels below {MAX_CLASSES:,} (one output per class); found "
+                             f"{int(labels.max()):,}: number the classes 0..K-1")
     labels = labels.astype(np.int64, copy=False)
     if labels.size and labels.min() < 0:
         raise ReservoirError(f"{where}: expected labels >= 0; found {labels.min()}")
@@ -254,6 +265,8 @@ def _token_d_in(name: str, splits: dict[str, Split], d_in: int | None, vocab: Se
             raise ReservoirError(f"{where}: expected d_in equal to len(vocab)={len(vocab)}; found d_in={d_in!r}")
         d_in = len(vocab)
     d_in = largest + 1 if d_in is None else int_param(name, "d_in", d_in, 1)
+    if d_in > MAX_VOCAB:
+        raise ReservoirError(f"{where}: expected a vocabulary of at most {MAX_VOCAB:,} tokens; found d_in={d_in:,}")
     if largest >= d_in:
         raise ReservoirError(f"{where}: expected token ids below the vocabulary size d_in={d_in}; found id {largest}")
     return d_in
@@ -289,6 +302,8 @@ def _n_classes(name: str, splits: dict[str, Split], n_classes: int | None) -> in
                                  f"label {largest}")
         return largest + 1
     n_classes = int_param(name, "n_classes", n_classes, 2)
+    if n_classes > MAX_CLASSES:
+        raise ReservoirError(f"{where}: expected at most {MAX_CLASSES:,} classes; found n_classes={n_classes:,}")
     if largest >= n_classes:
         raise ReservoirError(f"{where}: expected labels below n_classes={n_classes}; found {largest}")
     return n_classes

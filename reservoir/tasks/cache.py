@@ -47,19 +47,26 @@ def task_cache_dir() -> Path | None:
     return Path(value) if value else DEFAULT_DIR
 
 
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _data_stamp(st: os.stat_result) -> list[int]:
+    """A user's data file: also its inode and change time, which a copy or an edit sets and ``os.utime`` cannot."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
 def cache_key(name: str, params: dict[str, Any]) -> str:
     """What identifies a built task before building it: name, full params, version, data files."""
     files = []
-    for source in (params.get("data_dir"), params.get("path")):  # a folder of files; one file or folder (data)
-        root = Path(source) if source else None
+    for source, stamp in ((params.get("data_dir"), _stamp), (params.get("path"), _data_stamp)):
+        root = Path(source) if source else None  # a folder of files; the data task's file or folder
         if root is not None and root.is_file():
-            st = root.stat()
-            files.append([root.name, st.st_size, st.st_mtime_ns])
+            files.append([root.name, *stamp(root.stat())])
         elif root is not None and root.is_dir():
             for p in sorted(root.rglob("*")):
                 if p.is_file():
-                    st = p.stat()
-                    files.append([str(p.relative_to(root)), st.st_size, st.st_mtime_ns])
+                    files.append([str(p.relative_to(root)), *stamp(p.stat())])
     key = {"name": name, "params": params, "version": __version__, "files": files}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -132,8 +132,9 @@ def _npz_fields(source: Path) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(source):
         with open(source, "rb") as f:
             head = f.read(8)
-        raise ReservoirError(f"{source}: expected {expected}; found a file that is not a zip archive (starting "
-                             f"{head!r})")
+        found = ("a damaged or truncated zip archive" if head.startswith(b"PK") else
+                 f"a file that is not a zip archive (starting {head!r})")
+        raise ReservoirError(f"{source}: expected {expected}; found {found}")
     try:
         archive = np.load(source, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -190,7 +191,8 @@ def check_split(source: Path, names: dict[str, str], inputs: Any, lengths: Any, 
     if 0 in inputs.shape:
         raise fail("inputs", "at least one row, one position (and one number per vector)", f"shape {inputs.shape}")
     if inputs.dtype.kind == "f":
-        inputs = inputs.astype(np.float32, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: infinity, refused just below
+            inputs = inputs.astype(np.float32, copy=False)
         finite = np.isfinite(inputs).reshape(len(inputs), -1).all(axis=1)  # (N,)
         if not finite.all():
             row = int(np.argmin(finite))
