@@ -159,7 +159,7 @@ class Job(Local):
         failed = [r for r, t in enumerate(got) if int(t.item())]
         if failed:
             raise ReservoirError(f"rank {self.rank}: stopped at {phase}: rank(s) {_names(failed)} failed (see their "
-                                 "errors); rerun the same command to resume")
+                                 f"errors){_after(phase)}")
 
     def share(self, phase: str, make, error: BaseException | None = None):
         """Rank 0's ``make()`` (small, picklable) on every rank; rank 0's failure stops every rank."""
@@ -198,11 +198,11 @@ class Job(Local):
         missing = [r for r, k in keys.items() if self._store_call(lambda s, k=k: not s.check([k])) is True]
         who = f"rank(s) {_names(missing)}" if missing else "a peer rank"
         if "timed out" in str(err).lower():
-            what = f"timed out after {self.timeout:g} s ({ENV_TIMEOUT}) waiting for {who}"
+            after = f"after {self.timeout:g} s ({ENV_TIMEOUT}) " if self.timeout is not None else ""
+            what = f"timed out {after}waiting for {who}"
         else:
             what = f"lost {who} ({_gloo_cause(err)})"
-        return _Lost(f"rank {self.rank} of {self.world}: {what} at {phase}; finished chunks are kept: rerun the same "
-                     "command to resume")
+        return _Lost(f"rank {self.rank} of {self.world}: {what} at {phase}{_after(phase)}")
 
     def _store_call(self, fn):
         """``fn(store)`` on the process group's key-value store; ``None`` when there is none or it fails."""
@@ -255,6 +255,17 @@ def _attempt(fn):
         return None, err
 
 
+#: Phases after which the store exists and holds finished chunks: a failure there leaves something to resume.
+_STORE_PHASES = ("open", "written", "complete", "closed")
+
+
+def _after(phase: str) -> str:
+    """What a failure at ``phase`` leaves: finished chunks to resume from, or nothing written yet."""
+    if phase in _STORE_PHASES:
+        return "; finished chunks are kept: rerun the same command to resume"
+    return "; nothing was written"
+
+
 def _names(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
@@ -267,16 +278,22 @@ def _gloo_cause(err: BaseException) -> str:
 
 # -- launching ----------------------------------------------------------------
 @contextlib.contextmanager
-def launch(out: Path, fmt: str | None, device: str):
+def launch(out: Path, fmt: str | None, device: str, sharded: bool | None = None):
     """The job this process is part of: :data:`LOCAL` outside torchrun, else a :class:`Job` in a process group.
 
-    A sharded run is checked before the group forms: a Zarr store on a
-    filesystem (HDF5 takes one writer without MPI), a device each rank can
+    ``sharded``: ``None`` shards when launched by torchrun with several
+    processes (the CLI), ``False`` never (one process extracts alone, as in a
+    DDP script where only rank 0 extracts), ``True`` requires a torchrun
+    launch. A sharded run is checked before the group forms: a Zarr store on
+    a filesystem (HDF5 takes one writer without MPI), a device each rank can
     own. A group the caller formed is used, else one is formed here and ended
     on the way out.
     """
     world = world_size()
-    if world <= 1:
+    if sharded and world <= 1:
+        raise ReservoirError(f"expected a torchrun launch of several processes for sharded=True; found WORLD_SIZE="
+                             f"{os.environ.get('WORLD_SIZE', 'unset')}")
+    if world <= 1 or sharded is False:
         yield LOCAL
         return
     import torch.distributed as dist
@@ -292,9 +309,13 @@ def launch(out: Path, fmt: str | None, device: str):
     group = None  # a caller's group without gloo (NCCL only) gets a gloo group beside it for the CPU messages
     if "gloo" not in str(dist.get_backend()):
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    # a caller's own group keeps the timeout it was formed with
+    known = timeout if own or group is not None else None
     try:
-        yield Job(dist.get_rank(), dist.get_world_size(), local_rank, device, timeout, group)
+        yield Job(dist.get_rank(), dist.get_world_size(), local_rank, device, known, group)
     finally:
+        if group is not None:
+            dist.destroy_process_group(group)
         if own:
             dist.destroy_process_group()
 
@@ -388,7 +409,12 @@ def write_sharded(job: Job, prep, out: Path, progress: bool, create, write) -> N
             job.sync("written", error, poll=job.progress.poll if job.rank == 0 else None)
             job.progress.close()
             error = _attempt(store.mark_complete)[1] if job.rank == 0 else None
-            job.sync("complete", error)
+            try:
+                job.sync("complete", error)
+            except _Lost:
+                if not store.complete:
+                    raise
+                log.warning("rank %d: the store is complete; a peer rank was lost as the job ended", job.rank)
     except BaseException as err:
         if job.progress is not None:
             job.progress.close()
@@ -400,6 +426,8 @@ def write_sharded(job: Job, prep, out: Path, progress: bool, create, write) -> N
                     store.close()
         raise
     store.close()
+    with contextlib.suppress(_Lost):  # every rank returns after rank 0 let the lock go: the store is open to readers
+        job.sync("closed")
     prep.timings["pass_s"] = elapsed = time.perf_counter() - t0
     if job.rank == 0 and total:
         log.info("%d processes wrote %d rows in %.1f s (%.0f rows/s)", job.world, total, elapsed, total / elapsed)

@@ -210,7 +210,8 @@ def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) 
 def extract(task, backbone, out, *, layers: list[int] | int | None = None,
             dtype: str = "float16", batch_size: int | None = None, max_tokens: int | None = None,
             device: str = "auto", amp: str = "auto", format: str | None = None, full_seq_layer: int | None = None,
-            truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None):
+            truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None,
+            sharded: bool = False):
     """Run a task through a frozen backbone once and write (or resume) a feature store at ``out``.
 
     Parameters
@@ -233,9 +234,10 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None,
     timings : dict, optional
         Receives ``pass_s``, the seconds of the pass with its store writes.
 
-    Under ``torchrun`` with several processes, every rank calls it with the
-    same arguments and writes its share of one Zarr store
-    (:mod:`reservoir.distributed`).
+    With ``sharded=True``, under ``torchrun`` with several processes, every
+    rank calls it with the same arguments and writes its share of one Zarr
+    store (:mod:`reservoir.distributed`); by default the calling process
+    extracts alone, whatever job it is part of.
 
     Returns
     -------
@@ -261,7 +263,7 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
                            full_seq_layer=full_seq_layer, truncate=truncate)
     _check_out(Path(out), format)
-    with distributed.launch(Path(out), format, device) as job:  # one process, or a rank of a torchrun job
+    with distributed.launch(Path(out), format, device, sharded) as job:  # one process, or a rank of a torchrun job
         prep = job.prepare(lambda cfg, t: _prepared(cfg, t, backbone, {}), config, task)
         _write_store(prep, Path(out), progress, job)
     if timings is not None:

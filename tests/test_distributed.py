@@ -207,3 +207,45 @@ def test_chunks_or_windows_are_dealt_round_robin_over_the_splits():
     assert windows == [[[1, 2]], [[4, 5]], [[6, 7]]] and sum(windows, []) == [w.chunks for w in plan(todo)]
     more = [[w.chunks for w in j.deal(np.array([0, 1, 2]), plan, varying)] for j in jobs]
     assert more == [[[0, 1]], [[2]], []]  # after 6 chunks and 3 windows: rank 0 deals first again
+
+
+# the Python API: extract(..., sharded=True) on every rank, or rank 0 alone extracting (the default) in a DDP job
+API = """
+import os, sys
+import torch.distributed as dist
+from reservoir import extract, get_task, load_backbone
+
+mode, out = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+task = get_task("bit-xor", n_train=12000, n_test=500)
+if mode == "sharded" or dist.get_rank() == 0:
+    bb = load_backbone("tiny-gpt2", d_in=task.d_in, depth=2)
+    with extract(task, bb, out, layers=[0, 1, 2], dtype="float32", device="cpu", progress=False,
+                 sharded=mode == "sharded") as store:
+        assert store.complete
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", ["sharded", "rank0-alone"])
+def test_python_api_under_torchrun(tmp_path, reference, mode):
+    """Every rank calling extract(sharded=True) writes the single-process store; by default a rank extracts alone."""
+    script = tmp_path / "api.py"
+    script.write_text(API)
+    out = tmp_path / "api.zarr"
+    done = torchrun(script, mode, out, env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_identical(out, reference)
+
+
+def test_ranks_stop_writing_when_rank_0s_lock_is_gone(tmp_path):
+    """A rank writes only while rank 0 holds the lock: once rank 0 has ended, another writer may take the store."""
+    from reservoir.store.lock import SharedLock
+
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    SharedLock(path).check()  # rank 0 holds it: writing goes on
+    lock.release()
+    with pytest.raises(ReservoirError, match="found it released \\(rank 0 has ended\\)"):
+        SharedLock(path).check()

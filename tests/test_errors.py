@@ -446,3 +446,16 @@ def test_feature_loader_and_bench_readout_refuse_non_finite_features(store, over
         X, _ = load_layer(st, "test", 1, final_norm=False)
         assert np.isfinite(X).all()
     one_line_error(invoke("bench", "readout", store, "--layer", "0"), "NaN or inf", "layer 0")
+
+
+def test_empty_layer_item_and_empty_out_are_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from reservoir.cli import main
+
+    base = ["extract", "--task", "bit-xor", "-p", "n_train=8", "-p", "n_test=4", "--backbone", "tiny-gpt2"]
+    r = CliRunner().invoke(main, [*base, "--layers", "0,,1", "--out", str(tmp_path / "s.zarr")])
+    assert r.exit_code == 2 and "expected a depth K, a list like 0,3,6 or 'all', found '0,,1'" in r.stderr
+    r = CliRunner().invoke(main, [*base, "--layers", "1", "--out", ""])
+    assert r.exit_code == 2 and "found an empty path" in r.stderr
+    assert not (tmp_path / "s.zarr").exists() and not list(tmp_path.iterdir())

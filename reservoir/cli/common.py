@@ -76,7 +76,7 @@ def _parse_layers(value: str | None) -> int | list[int] | None:
         return None
     try:
         if "," in value:
-            return [int(v) for v in value.split(",") if v.strip()]
+            return [int(v) for v in value.split(",")]  # an empty item ("0,,3") is refused too
         return int(value)
     except ValueError:
         raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}") from None

@@ -52,6 +52,9 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
     from reservoir.store import FeatureStore
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
+    if out is not None and not out.strip():
+        raise click.BadParameter("expected a store path (.zarr or .h5), or no --out for the default; found an empty "
+                                 "path", param_hint="--out")
     if download:
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,

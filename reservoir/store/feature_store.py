@@ -327,6 +327,8 @@ class FeatureStore:
         """
         if self._lock is None:
             raise ReservoirError(f"{self.path}: opened for reading; write through FeatureStore.create")
+        if isinstance(self._lock, locks.SharedLock):
+            self._lock.check()
         r = self.chunk_rows(split)
         lo = chunk * r
         hi = lo + len(features)

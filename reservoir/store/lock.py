@@ -158,5 +158,12 @@ class SharedLock:
         self.store = Path(store)
         self.path = lock_path(store)
 
+    def check(self) -> None:
+        """Refuse to write when rank 0's lock is gone (rank 0 died): another writer may take the store now."""
+        if holder(self.store) is None:
+            raise ReservoirError(f"{self.store}: expected rank 0 of this job to hold the store's write lock while "
+                                 "the other ranks write; found it released (rank 0 has ended): stopping, rerun the "
+                                 "same command to resume")
+
     def release(self) -> None:
         pass
