@@ -186,9 +186,9 @@ def test_rank_devices_and_timeout_setting(monkeypatch):
     for bad in ("0", "-1", "soon", "inf"):
         monkeypatch.setenv(distributed.ENV_TIMEOUT, bad)
         with pytest.raises(ReservoirError, match="RESERVOIR_DIST_TIMEOUT: expected seconds above 0"):
-            distributed._timeout()
+            distributed.group._timeout()
     monkeypatch.setenv(distributed.ENV_TIMEOUT, "2.5")
-    assert distributed._timeout() == 2.5
+    assert distributed.group._timeout() == 2.5
 
 
 def test_chunks_or_windows_are_dealt_round_robin_over_the_splits():

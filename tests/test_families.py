@@ -142,7 +142,7 @@ def test_stored_final_norm_equals_the_module(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_eager_attention_weights_reach_the_hook(name):
-    """``plot attention`` hooks the module ARCHS names; under eager attention it returns (B, H, L, L) rows summing to 1."""
+    """The module ARCHS names for ``plot attention`` returns, under eager attention, (B, H, L, L) rows summing to 1."""
     bb = load_backbone(name, d_in=3, attn_implementation="eager")
     seen = []
     module = get_module(bb.blocks[0], bb.arch.attention_weights)

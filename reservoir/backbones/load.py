@@ -14,7 +14,7 @@ Names:
 * anything else — a local folder with ``config.json`` and weights, or a Hugging
   Face hub id (``gpt2``, ``gpt2-medium``). A hub id loads from the local cache
   alone when ``HF_HUB_OFFLINE`` is set or the hub does not answer within
-  :data:`HUB_TIMEOUT_S`, and is refused at once (one line) when it is not
+  :data:`~reservoir.backbones.hub.HUB_TIMEOUT_S`, and is refused at once (one line) when it is not
   cached there.
 
 Inits (Lu et al. Table 2 and 9):
@@ -40,17 +40,15 @@ import torch
 from torch import nn
 
 from reservoir.backbones.arch import arch_for, get_module
+from reservoir.backbones.hub import from_pretrained, hub_offline, load_error
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
 from reservoir.errors import ReservoirError
 from reservoir.runtime import check_seed
-from reservoir.tasks.files import one_line
 
 log = logging.getLogger("reservoir")
 
 INITS = ("pretrained", "random", "stats")
-#: Seconds the hub may take to answer before a hub id not in the local cache is refused as unreachable.
-HUB_TIMEOUT_S = 3.0
 
 _TINY = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=16)
 _TINY_DECODER = dict(_TINY, num_key_value_heads=1, max_position_embeddings=1024)
@@ -149,7 +147,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
                              "found no such folder")
     if not is_folder and revision is None:
         revision = "main"
-    hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=_hub_offline(name, revision))
+    hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=hub_offline(name, revision))
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
         kwargs = _attention_for(name, config, kwargs)
@@ -157,11 +155,11 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
             # parameters the checkpoint lacks (a pooler the task head replaced) get a fixed draw: same hash every load
-            model = _seeded_init(lambda: _from_pretrained(name, source, **hub_kwargs, **kwargs), MISSING_WEIGHTS_SEED)
+            model = _seeded_init(lambda: from_pretrained(name, source, **hub_kwargs, **kwargs), MISSING_WEIGHTS_SEED)
     except ReservoirError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
-        raise _load_error(name, source, is_folder, err) from None
+        raise load_error(name, source, is_folder, err) from None
     return model, model_id, revision
 
 
@@ -182,94 +180,6 @@ def _attention_for(name: str, config: Any, kwargs: dict[str, Any]) -> dict[str, 
         log.info("backbone %s: %s runs eager attention only; using it", name, arch.family)
         return {**kwargs, "attn_implementation": "eager"}
     return kwargs
-
-
-def _hub_offline(name: str, revision: str) -> bool:
-    """Whether hub id ``name`` must load from the local Hugging Face cache alone (no network).
-
-    True under ``HF_HUB_OFFLINE`` or when the hub does not answer within
-    :data:`HUB_TIMEOUT_S`; then, unless the id's ``config.json`` is cached at
-    ``revision``, a ReservoirError says so in one line at once (instead of
-    the hub client's retries). A name that is no valid hub id is refused first.
-    """
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    expected = f"expected a built-in name ({', '.join(backbone_names())}), a model folder, or a hub id"
-    try:
-        validate_repo_id(name)
-    except HFValidationError as err:
-        raise ReservoirError(f"backbone {name!r}: {expected}; found not a built-in name, not a folder, and not a "
-                             f"valid hub id ({one_line(err)})") from None
-    if not constants.HF_HUB_OFFLINE and _hub_reachable(constants.ENDPOINT):
-        return False
-    if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
-        return True
-    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the hub {constants.ENDPOINT} is unreachable"
-    raise ReservoirError(f"backbone {name!r}: {expected} that is cached or downloadable; found not a built-in name, "
-                         f"not a folder, not in the Hugging Face cache, and {why}")
-
-
-@functools.lru_cache(maxsize=None)
-def _hub_reachable(endpoint: str) -> bool:
-    """Whether ``endpoint`` answers a HEAD request within :data:`HUB_TIMEOUT_S` (any status; proxies apply)."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_TIMEOUT_S).close()
-    except urllib.error.HTTPError:
-        return True  # the server answered
-    except (OSError, ValueError, http.client.HTTPException):  # no route, no DNS, refused, timed out, bad URL
-        return False
-    return True
-
-
-def _from_pretrained(name: str, source: str, **kwargs):
-    """``AutoModel.from_pretrained`` with transformers' load report replaced by one line.
-
-    Weights whose shapes differ from what ``config.json`` gives are refused;
-    parameters the checkpoint lacks (left at their random init) are named in
-    one warning line.
-    """
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        model, loading = AutoModel.from_pretrained(source, output_loading_info=True, ignore_mismatched_sizes=True,
-                                                   **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    mismatched = sorted(loading["mismatched_keys"])
-    if mismatched:
-        key, found, expected = mismatched[0]
-        raise ReservoirError(f"backbone {name!r}: expected weights of the shapes its config.json gives; found "
-                             f"{len(mismatched)} that differ, e.g. {key} {tuple(found)} where the config gives "
-                             f"{tuple(expected)}")
-    arch = arch_for(model.config.model_type)
-    used = [p for p in (arch.blocks, arch.positions, arch.token_type, arch.embed_norm, arch.final_norm) if p]
-    # a pooler or an embedding reservoir never runs is no concern of the user's
-    missing = sorted(k for k in loading["missing_keys"] if any(k == p or k.startswith(p + ".") for p in used))
-    if missing:
-        log.warning("backbone %s: %d parameter(s) not in the checkpoint keep their random init (%s)", name,
-                    len(missing), ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else ""))
-    return model
-
-
-def _load_error(name: str, source: str, is_folder: bool, err: Exception) -> ReservoirError:
-    """One line for a backbone that transformers could not load, naming the folder (and weights file) or hub id."""
-    from safetensors import SafetensorError
-
-    found = one_line(err)[:300]
-    if is_folder and isinstance(err, SafetensorError):
-        weights = sorted(p.name for p in Path(source).glob("*.safetensors"))
-        found = f"unreadable weights {', '.join(weights)} ({found})"
-    where = "folder" if is_folder else "hub id"
-    return ReservoirError(f"could not load backbone {name!r} as a {where}: expected a Hugging Face model "
-                          f"(config.json and weights), found: {found}")
 
 
 def _stats_init(model: nn.Module, seed: int) -> None:
