@@ -146,10 +146,8 @@ def test_arch_table_paths_exist(name):
 
     hf, _, _ = _load_hf(name, "pretrained", 0, None, "sdpa")
     facts = ARCHS[hf.config.model_type]
-    for path in (facts.blocks, facts.positions, facts.embed_dropout, facts.token_type, facts.embed_norm,
-                 facts.final_norm, facts.rotary):
-        if path is not None:
-            assert get_module(hf, path) is not None
+    for path in facts.kept:
+        assert get_module(hf, path) is not None
     block = get_module(hf, facts.blocks)[0]
     for sub in facts.attention + facts.feedforward:
         assert isinstance(get_module(block, sub), torch.nn.Module)

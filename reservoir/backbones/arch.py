@@ -58,9 +58,9 @@ def _roberta_refusal(config: Any) -> str | None:
 
 def _opt_refusal(config: Any) -> str | None:
     if getattr(config, "word_embed_proj_dim", config.hidden_size) != config.hidden_size:
-        return (f"expected word_embed_proj_dim equal to hidden_size (the input projection replaces the token embedding); "
-                f"found {config.word_embed_proj_dim} and {config.hidden_size} (project_in/project_out, as in opt-350m, "
-                "are not supported)")
+        return ("expected word_embed_proj_dim equal to hidden_size (the input projection replaces the token "
+                f"embedding); found {config.word_embed_proj_dim} and {config.hidden_size} (project_in/project_out, "
+                "as in opt-350m, are not supported)")
     return None
 
 
@@ -122,6 +122,13 @@ class ArchFacts:
     sliding: bool = False
     eager: bool = False
     refuse: Callable[[Any], str | None] = lambda config: None
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """Paths of the modules a reservoir keeps (the rest, a pooler or the token embedding, never runs)."""
+        paths = (self.blocks, self.positions, self.token_type, self.embed_norm, self.embed_dropout, self.final_norm,
+                 self.rotary)
+        return tuple(p for p in paths if p is not None)
 
 
 def _llama_style(family: str, norm: str, **overrides: Any) -> ArchFacts:

@@ -91,9 +91,8 @@ def from_pretrained(name: str, source: str, **kwargs):
                              f"{len(mismatched)} that differ, e.g. {key} {tuple(found)} where the config gives "
                              f"{tuple(expected)}")
     arch = arch_for(model.config.model_type)
-    used = [p for p in (arch.blocks, arch.positions, arch.token_type, arch.embed_norm, arch.final_norm) if p]
     # a pooler or an embedding reservoir never runs is no concern of the user's
-    missing = sorted(k for k in loading["missing_keys"] if any(k == p or k.startswith(p + ".") for p in used))
+    missing = sorted(k for k in loading["missing_keys"] if any(k == p or k.startswith(p + ".") for p in arch.kept))
     if missing:
         log.warning("backbone %s: %d parameter(s) not in the checkpoint keep their random init (%s)", name,
                     len(missing), ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else ""))

@@ -91,6 +91,8 @@ class ReservoirBackbone(nn.Module):
     """
 
     projection_info: dict | None = None
+    #: Added to the final norm's weight to give the scale it applies (Gemma's ``1 + w``).
+    norm_offset: float = 0.0
 
     @property
     def depth(self) -> int:
@@ -101,7 +103,7 @@ class ReservoirBackbone(nn.Module):
         return self.info.n_dim
 
     def cast(self, dtype: torch.dtype) -> ReservoirBackbone:
-        """Cast weights and buffers to the compute ``dtype`` (what :func:`~reservoir.runtime.cast_for_inference` calls)."""
+        """Weights and buffers cast to the compute ``dtype`` (:func:`~reservoir.runtime.cast_for_inference`)."""
         return self.to(dtype=dtype)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
@@ -186,7 +188,7 @@ class ReservoirBackbone(nn.Module):
             return None
         weight = getattr(norm, "weight", None)  # None without an elementwise affine
         weight = torch.ones(self.n_dim) if weight is None else weight.detach().cpu().float()
-        weight = weight + float(getattr(self, "norm_offset", 0.0))
+        weight = weight + self.norm_offset
         bias = getattr(norm, "bias", None)
         bias = torch.zeros_like(weight) if bias is None else bias.detach().cpu().float()
         return {"weight": weight.numpy(), "bias": bias.numpy()}
@@ -250,7 +252,7 @@ class Backbone(ReservoirBackbone):
         return self
 
     def position_table(self) -> torch.Tensor | None:
-        """The learned position rows, ``(rows, n_dim)``, row ``position_offset`` for position 0; ``None`` when rotary."""
+        """The learned position rows ``(rows, n_dim)`` (position 0 at row ``position_offset``); ``None`` if rotary."""
         if self.positions is None:
             return None
         if isinstance(self.positions, nn.Embedding):
@@ -287,18 +289,20 @@ class Backbone(ReservoirBackbone):
         no sequence is padded. ``padded`` (any length below ``L``) is computed
         from ``lengths`` when not given, which waits for the device.
         """
+        windows = {w for w in self.windows if w is not None and w < L}
+        if padded is None and (windows or not (self.arch.causal and self.attn_implementation == "sdpa")):
+            padded = bool((lengths < L).any())  # asked once, not per window
         masks = {None: self._mask(lengths, L, dtype, padded, None)}
-        for w in {w for w in self.windows if w is not None and w < L}:
+        for w in windows:
             masks[w] = self._mask(lengths, L, dtype, padded, w)
         return masks
 
     def _mask(self, lengths: torch.Tensor, L: int, dtype: torch.dtype, padded: bool | None,
               window: int | None) -> torch.Tensor | None:
+        """One mask (see :meth:`attention_mask`); ``padded`` is known unless causal SDPA needs no mask."""
         sdpa = self.attn_implementation == "sdpa"
         if self.arch.causal and sdpa and window is None:
             return None
-        if padded is None:
-            padded = bool((lengths < L).any())
         if not padded and window is None and (not self.arch.causal or sdpa):
             return None
         keep = torch.arange(L, device=lengths.device)[None, :] < lengths[:, None]  # (B, L) keys
