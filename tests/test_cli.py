@@ -187,7 +187,7 @@ def test_fit_linear_all_layers_writes_one_result_per_layer(xor_store, tmp_path):
     assert_ok(result)
     rows = {}
     for line in result.stdout.splitlines():
-        m = re.match(r"^\s*(\d+)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)%", line)
+        m = re.match(r"^\s*(\d+)\s+([\d.]+)%\s+([\d.]+)% \[[\d., ]+\]\s+([\d.]+)% \[[\d., ]+\]", line)
         if m:
             rows[int(m.group(1))] = [float(m.group(i)) / 100 for i in (2, 3, 4)]  # train, val, test
     assert sorted(rows) == [0, 1, 2], result.stdout

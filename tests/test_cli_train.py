@@ -109,10 +109,11 @@ def test_bench_readout_cli(tmp_path):
     r = run("bench", "readout", store, "--layer", 1, "--out", tmp_path / "b.json")
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "b.json").read_text())
-    assert (saved["layer"], saved["n_train"], saved["n_features"]) == (1, 120, 32)
-    assert saved["time_ratio"] == pytest.approx(saved["sklearn"]["fit_s"] / saved["reservoir"]["fit_s"])
+    assert (saved["layers"], saved["n_train"], saved["n_features"]) == ([1], 120, 32)
+    assert saved["time_ratio"] == pytest.approx(saved["sklearn_s"] / saved["reservoir_s"])
     for name in ("reservoir", "sklearn"):  # what is printed is what is saved
-        assert f"test {saved[name]['test_accuracy']:.2%}" in r.stdout
+        assert f"{100 * saved['per_layer'][0][name]['test_accuracy']:6.2f}%" in r.stdout
+    assert f"scikit-learn / reservoir wall time: {saved['time_ratio']:.1f}x" in r.stdout
     assert "wall time" in r.stdout
     xor = tmp_path / "x.zarr"
     assert run("extract", *XOR, "--backbone", "tiny-gpt2", "--out", xor, "--quiet").exit_code == 0

@@ -126,7 +126,7 @@ def test_ridge_streamed_equals_whole(multi):
     np.testing.assert_allclose(streamed.intercept_, whole.intercept_, rtol=1e-6, atol=1e-8)
     assert whole.coef_.shape == ((3, 2, 12) if multi else (1, 3, 12))
     assert whole.decision_function(X).shape == (700, 3)  # 3 binary heads, or 3 classes
-    assert len(whole.val_scores_) == 9 and whole.val_scores_[whole.alpha_] == max(whole.val_scores_.values())
+    assert len(whole.val_scores_) == 13 and whole.val_scores_[whole.alpha_] == max(whole.val_scores_.values())
     # a carved split is by row index, so it is the same however the rows are chunked
     carved, carved_chunks = RidgeReadout().fit(X, y), RidgeReadout().fit_chunks(_chunks(X, y, [0, 300, 301, 700]))
     assert carved.alpha_ == pytest.approx(carved_chunks.alpha_, rel=1e-9)
@@ -258,7 +258,7 @@ BAD_PARAMS = [
     *((LogisticReadout, "val_fraction", v) for v in (2.0, -0.5, 0, 1.0, "0.1", float("nan"))),
     *((LogisticReadout, "alphas", v) for v in ([], [1.0, -1.0], 1.0)),
     (LogisticReadout, "max_iter", 0), (LogisticReadout, "max_iter", 2.5), (LogisticReadout, "tol", -1e-3),
-    (LogisticReadout, "patience", 0), (LogisticReadout, "penalty", "l1"), (LogisticReadout, "whiten", "yes"),
+    (LogisticReadout, "path_rows", 1), (LogisticReadout, "penalty", "l1"), (LogisticReadout, "whiten", "yes"),
     (LogisticReadout, "random_state", -1),
     (RidgeReadout, "alphas", [0.0]), (RidgeReadout, "alphas", [float("inf")]), (RidgeReadout, "val_fraction", 1.5),
     (RidgeReadout, "val_fraction", -0.5), (RidgeReadout, "random_state", 1.5),

@@ -11,9 +11,10 @@ from reservoir.errors import ReservoirError
 from reservoir.readouts import FitResult, fit_linear, fit_raw
 from reservoir.store import FeatureStore
 
-FIT_LINEAR_KEYS = ["kind", "config", "store", "metrics", "timings", "environment", "written"]
-CONFIG_KEYS = ["store", "layer", "readout", "seed", "final_norm", "alphas", "validation", "stream"]
-METRIC_KEYS = ["train_accuracy", "val_accuracy", "test_accuracy", "alpha", "val_scores", "n_train", "n_test", "chance"]
+FIT_LINEAR_KEYS = ["kind", "config", "store", "metrics", "timings", "rows", "environment", "written"]
+CONFIG_KEYS = ["store", "layer", "readout", "seed", "final_norm", "alphas", "validation", "stream", "train_sizes"]
+METRIC_KEYS = ["train_accuracy", "val_accuracy", "val_interval", "test_accuracy", "test_interval", "alpha",
+               "val_scores", "n_train", "n_test", "chance", "interval"]
 
 # A fit-linear result as a recipe run wrote it before FitResult existed (store fingerprint shortened).
 OLD_FIT_LINEAR = {
@@ -57,7 +58,7 @@ def test_fit_linear_writes_nothing_without_results_dir(xor_store, tmp_path, monk
     assert list(tmp_path.iterdir()) == []
     assert [type(r) for r in results] == [FitResult, FitResult] and seen == [None, *results]
     assert [r.config["layer"] for r in results] == [1, 2] and results[0].kind == "fit-linear"
-    assert list(results[0].to_dict()) == FIT_LINEAR_KEYS[:5]
+    assert list(results[0].to_dict()) == FIT_LINEAR_KEYS[:6]
     assert list(results[0].config) == CONFIG_KEYS and list(results[0].metrics) == METRIC_KEYS
 
 
@@ -109,7 +110,7 @@ def test_fit_raw_takes_a_task_object_and_the_cli_writes_its_result(tmp_path):
     r = CliRunner().invoke(main, ["fit-raw", "--task", "digits", "--out", str(out)])
     assert r.exit_code == 0, r.output
     raw = json.loads(out.read_text())
-    assert list(raw) == ["kind", "config", "task", "metrics", "timings", "environment", "written"]
+    assert list(raw) == ["kind", "config", "task", "metrics", "timings", "rows", "environment", "written"]
     by_name = FitResult.read(out)
     assert f"test {by_name.metrics['test_accuracy']:.2%}" in r.output
     task = get_task("digits")
@@ -131,19 +132,24 @@ def test_bench_readout_result(tmp_path, monkeypatch):
     store = run_extract(ExtractConfig(task="digits", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "d.zarr"),
                                   task_params={"patch": 4}), progress=False)
     with FeatureStore.open(store) as st:
-        r = readout_vs_sklearn(st, 1, max_iter=100)
-    assert isinstance(r, ReadoutBenchResult) and (r.n_train, r.n_features, r.layer) == (1437, 32, 1)
-    assert r.reservoir["alpha"] in DEFAULT_ALPHAS
-    # C = 1 / (alpha * n_fit) over the readout's grid, fitted on the readout's 1437 - 144 rows
-    assert any(r.sklearn["C"] == pytest.approx(1 / (a * 1293)) for a in DEFAULT_ALPHAS)
-    for side in (r.reservoir, r.sklearn):  # ten digit classes: chance is about 0.1
-        assert side["test_accuracy"] > 0.5
+        r = readout_vs_sklearn(st, max_iter=100)  # every layer: 0 and 1
+    assert isinstance(r, ReadoutBenchResult) and (r.n_train, r.n_features, r.layers) == (1437, 32, [0, 1])
+    for p in r.per_layer:
+        assert p["reservoir"]["alpha"] in DEFAULT_ALPHAS
+        # C = 1 / (alpha * n_fit) over the readout's grid, fitted on the readout's 1437 - 144 rows
+        assert any(p["sklearn"]["C"] == pytest.approx(1 / (a * 1293)) for a in DEFAULT_ALPHAS)
+    for side in (r.per_layer[1]["reservoir"], r.per_layer[1]["sklearn"]):  # ten digit classes: chance is about 0.1
+        assert side["test_interval"][0] <= side["test_accuracy"] > 0.5
+    assert r.time_ratio == pytest.approx(r.sklearn_s / r.reservoir_s)
+    assert r.sklearn_s == pytest.approx(sum(p["sklearn"]["fit_s"] for p in r.per_layer))
+    assert r.max_accuracy_gap == pytest.approx(max(abs(p["reservoir"]["test_accuracy"] - p["sklearn"]["test_accuracy"])
+                                                   for p in r.per_layer))
     monkeypatch.setattr(reservoir.bench, "readout_vs_sklearn", lambda *args, **kwargs: r)  # the CLI prints and writes
     out = tmp_path / "bench.json"
-    cli = CliRunner().invoke(main, ["bench", "readout", str(store), "--layer", "1", "--out", str(out)])
+    cli = CliRunner().invoke(main, ["bench", "readout", str(store), "--out", str(out)])
     assert cli.exit_code == 0, cli.output
     raw = json.loads(out.read_text())
-    assert list(raw) == ["kind", "store", "layer", "n_train", "n_features", "reservoir", "sklearn", "time_ratio",
-                         "torch_threads", "environment", "written"]
+    assert list(raw) == ["kind", "store", "layers", "n_train", "n_features", "per_layer", "reservoir_s", "sklearn_s",
+                         "time_ratio", "max_accuracy_gap", "torch_threads", "environment", "written"]
     assert raw["kind"] == "bench-readout" and ReadoutBenchResult.read(out).to_dict() == raw
     assert f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x" in cli.output

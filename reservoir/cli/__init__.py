@@ -5,7 +5,7 @@ torch, transformers and zarr are imported inside the commands, so
 with status 2; nothing that claims to be complete is left behind.
 
 One module per concept: ``stores`` (extract, info, tasks), ``readouts``
-(fit-linear, fit-raw), ``training`` (train, plot attention), ``benchmarks``
+(fit-linear, predict, fit-raw), ``training`` (train, plot attention), ``benchmarks``
 (bench), ``recipes`` (recipe, report); ``common`` holds what they share.
 """
 
@@ -34,6 +34,6 @@ def main() -> None:
         log.setLevel(logging.INFO)
 
 
-for _command in (stores.extract, stores.info, readouts.fit_linear, training.train, readouts.fit_raw, benchmarks.bench,
+for _command in (stores.extract, stores.info, readouts.fit_linear, readouts.predict, training.train, readouts.fit_raw, benchmarks.bench,
                  recipes.recipe, recipes.report, training.plot, stores.tasks):
     main.add_command(_command)

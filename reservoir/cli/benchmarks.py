@@ -84,18 +84,29 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 
 @bench.command("readout")
 @click.argument("store", type=click.Path())
-@click.option("--layer", required=True, type=int, help="Stored layer to fit.")
+@click.option("--layer", default="all", show_default=True, help="Stored layer K, a list like 0,3,6, or 'all'.")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_readout(store, layer, seed, out):
-    """fit-linear's logistic readout vs scikit-learn's LogisticRegression: wall time and accuracy."""
+    """fit-linear's logistic readout vs scikit-learn's LogisticRegression over the layers: wall time, accuracy."""
     from reservoir.bench import readout_vs_sklearn
 
     _check_out(out)
-    r = readout_vs_sklearn(store, layer, seed=seed)
-    click.echo(f"layer {layer}, {r.n_train} train rows x {r.n_features} features, {r.torch_threads} threads")
-    for name, side in (("reservoir", r.reservoir), ("sklearn", r.sklearn)):
-        click.echo(f"{name:<10} fit {side['fit_s']:7.2f} s   test {side['test_accuracy']:.2%}")
-    click.echo(f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x")
+    layers = "all" if layer == "all" else _parse_layers(layer)
+    r = readout_vs_sklearn(store, layers, seed=seed)
+    click.echo(f"{len(r.layers)} layer(s), {r.n_train:,} train rows x {r.n_features} features, "
+               f"{r.torch_threads} threads; the same validation rows and L2 grid on both sides")
+    click.echo(f"{'layer':>5}  {'reservoir s':>11}  {'test [95% CI]':<22}  {'sklearn s':>9}  {'test [95% CI]':<22}")
+    for p in r.per_layer:
+        ours, sk = p["reservoir"], p["sklearn"]
+        click.echo(f"{p['layer']:>5}  {ours['fit_s']:11.2f}  {_acc(ours)}  {sk['fit_s']:9.2f}  {_acc(sk)}")
+    click.echo(f"all-layer sweep: reservoir {r.reservoir_s:.2f} s, scikit-learn {r.sklearn_s:.2f} s; "
+               f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x; largest test accuracy gap "
+               f"{100 * r.max_accuracy_gap:.2f} points")
     if out:
         r.write(out)
+
+
+def _acc(side) -> str:
+    lo, hi = side["test_interval"]
+    return f"{100 * side['test_accuracy']:6.2f}% [{100 * lo:5.2f}, {100 * hi:5.2f}]"

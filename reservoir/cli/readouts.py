@@ -2,41 +2,147 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, data_options
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:6.2f}%"
+
+
+def _ci(interval) -> str:
+    lo, hi = interval
+    return f"[{100 * lo:5.2f}, {100 * hi:5.2f}]"
+
+
+def _parse_sizes(value: str | None) -> list[int | None] | None:
+    """``--train-sizes 100,1000,all`` -> ``[100, 1000, None]``."""
+    if value is None:
+        return None
+    sizes: list[int | None] = []
+    for item in value.split(","):
+        item = item.strip()
+        if item == "all":
+            sizes.append(None)
+            continue
+        try:
+            sizes.append(int(item))
+        except ValueError:
+            raise click.BadParameter(f"expected row counts like 100,1000,all; found {item!r}",
+                                     param_hint="--train-sizes") from None
+        if sizes[-1] < 2:
+            raise click.BadParameter(f"expected row counts of at least 2; found {item}", param_hint="--train-sizes")
+    if len(set(sizes)) != len(sizes):
+        raise click.BadParameter(f"expected distinct row counts; found {value!r}", param_hint="--train-sizes")
+    return sizes
 
 
 @click.command("fit-linear")
 @click.argument("store", type=click.Path())
 @click.option("--layer", default="all", show_default=True, help="Layer K, a list like 0,3,6, or 'all' (a depth sweep).")
 @click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]),
-              help="Multinomial logistic (L-BFGS, whitened) or closed-form ridge (one-vs-rest, streamed statistics).")
+              help="Multinomial logistic (its L2 path batched, whitened) or closed-form ridge (one eigendecomposition "
+                   "per layer).")
+@click.option("--train-sizes", default=None, metavar="N,N,...,all",
+              help="Also fit on nested, seeded subsets of the training rows (a learning curve): a table and "
+                   "<readout>-learning-curve.png.")
+@click.option("--save", is_flag=True, help="Keep each fitted readout as a probe beside its results file "
+                                          "(.safetensors + .probe.json) for `reservoir predict`.")
 @click.option("--stream", default="off", show_default=True, type=click.Choice(["off", "on", "auto"]),
               help="Fit from store chunks instead of loading the layer; auto streams above 2 GiB of float32 features.")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Seed of the validation split, the path's subsample, the learning curve and the bootstrap.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device for the fit.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
-def fit_linear(store, layer, readout, stream, seed, results_dir, device, no_final_norm):
-    """Fit a linear readout on stored features; print train/val/test accuracy per layer."""
+def fit_linear(store, layer, readout, train_sizes, save, stream, seed, results_dir, device, no_final_norm):
+    """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
     from reservoir.readouts.run import fit_linear as run_fit
 
     layers = "all" if layer == "all" else _parse_layers(layer)
+    sizes = _parse_sizes(train_sizes)
 
     def show(r):
         if r is None:
-            click.echo(f"{'layer':>5}  {'train':>7}  {'val':>7}  {'test':>7}  {'alpha':>7}  {'fit s':>6}")
+            click.echo(f"{'layer':>5}  {'train':>7}  {'val [95% CI]':<22}  {'test [95% CI]':<22}  {'alpha':>7}  "
+                       f"{'fit s':>6}")
             return
         m = r.metrics
-        click.echo(f"{r.config['layer']:>5}  {m['train_accuracy']:7.2%}  {m['val_accuracy']:7.2%}  "
-                   f"{m['test_accuracy']:7.2%}  {m['alpha']:7.0e}  {r.timings['fit_s']:6.1f}")
+        click.echo(f"{r.config['layer']:>5}  {_pct(m['train_accuracy'])}  {_pct(m['val_accuracy'])} "
+                   f"{_ci(m['val_interval'])}  {_pct(m['test_accuracy'])} {_ci(m['test_interval'])}  "
+                   f"{m['alpha']:7.0e}  {r.timings['fit_s']:6.1f}")
 
     results = run_fit(store, layers, readout, seed=seed, device=device, final_norm=not no_final_norm,
-                      stream={"off": False, "on": True, "auto": "auto"}[stream], results_dir=results_dir,
-                      on_result=show)
+                      stream={"off": False, "on": True, "auto": "auto"}[stream], train_sizes=sizes,
+                      results_dir=results_dir, save=save, on_result=show)
     click.echo(f"majority-class test accuracy: {results[-1].metrics['chance']:.2%}")
+    fit_s, load_s = sum(r.timings["fit_s"] for r in results), sum(r.timings["load_s"] for r in results)
+    strengths = len(results[-1].metrics["val_scores"]) or 1
+    click.echo(f"fits: {fit_s:.1f} s for {len(results)} layer(s), {strengths} L2 strength(s) each; "
+               f"store read {load_s:.1f} s")
+    folder = Path(results_dir) / Path(results[0].config["store"]).name.split(".")[0]
+    if sizes:
+        _show_curves(results, readout, folder)
+    if save:
+        click.echo(f"probes: {folder}/{readout}-layer<K>.safetensors (+ .probe.json); apply with `reservoir predict`")
     click.echo(f"results in {results_dir}/")
+
+
+def _show_curves(results, readout: str, folder: Path) -> None:
+    """The learning curves as a table (layers by training rows) and a PNG beside the results."""
+    from reservoir.readouts.curves import plot_learning_curves
+
+    sizes = [p["n_train"] for p in results[0].metrics["learning_curve"]]
+    click.echo("learning curve: test accuracy [95% CI] by training rows")
+    click.echo(f"{'layer':>5}  " + "  ".join(f"{f'{s:,} rows':<22}" for s in sizes))
+    for r in results:
+        cells = [f"{_pct(p['test_accuracy'])} {_ci(p['test_interval'])}" for p in r.metrics["learning_curve"]]
+        click.echo(f"{r.config['layer']:>5}  " + "  ".join(cells))
+    png = plot_learning_curves(results, folder / f"{readout}-learning-curve.png",
+                               title=f"{folder.name}: {readout} readout")
+    click.echo(f"learning curve plot: {png}")
+
+
+@click.command("predict")
+@click.argument("probe", type=click.Path())
+@click.argument("store", type=click.Path())
+@click.option("--split", "splits", multiple=True, help="Split(s) to predict; default every split of the store.")
+@click.option("--out", default=None, help="Write the predictions here (.npz, one array per split); default "
+                                          "<probe>-<store name>.predictions.npz beside the probe.")
+def predict(probe, store, splits, out):
+    """Apply a saved probe (fit-linear --save) to a store of the same backbone and projection."""
+
+    from reservoir.readouts.probes import predict_store
+
+    base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
+    target = Path(out) if out else Path(f"{base}-{Path(store).name.split('.')[0]}.predictions.npz")
+    _check_out(str(target))
+    found = predict_store(base, store, list(splits) or None)
+    for split, res in found.items():
+        click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {_ci(res['interval'])}")
+    _write_npz(target, {f"{split}_predictions": res["predictions"] for split, res in found.items()})
+    click.echo(f"predictions in {target}")
+
+
+def _write_npz(path: Path, arrays: dict) -> None:
+    """An .npz written under a temporary name and renamed into place (nothing half-written at ``path``)."""
+    import os
+
+    import numpy as np
+
+    from reservoir.errors import ReservoirError
+    from reservoir.tasks.files import publish
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+    try:
+        np.savez(tmp, **arrays)
+        publish(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ReservoirError(f"{path}: could not write the predictions ({err.strerror or err})") from None
 
 
 @click.command("fit-raw")
@@ -57,6 +163,7 @@ def fit_raw(task, data, input_column, label_column, params, readout, seed, out):
     m = r.metrics
     click.echo(f"{task_label(task, task_params)} raw inputs ({m['n_features']} features), {readout}: "
                f"train {m['train_accuracy']:.2%}, "
-               f"test {m['test_accuracy']:.2%} (alpha {m['alpha']:.0e}, fit {r.timings['fit_s']:.1f} s)")
+               f"test {m['test_accuracy']:.2%} {_ci(m['test_interval'])} (alpha {m['alpha']:.0e}, fit "
+               f"{r.timings['fit_s']:.1f} s)")
     if out:
         r.write(out)

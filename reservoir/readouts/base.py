@@ -63,6 +63,12 @@ def grid(low: float, open_low: bool) -> Check:
     return ok, f"None or a non-empty list of numbers {words.removeprefix('a number ')}"
 
 
+def optional(check: Check) -> Check:
+    """``None`` or what ``check`` accepts."""
+    ok, words = check
+    return (lambda v: v is None or ok(v)), f"None or {words}"
+
+
 FLAG: Check = (lambda v: isinstance(v, (bool, np.bool_)), "True or False")
 RANDOM_STATE: Check = (lambda v: v is None or (_is_int(v) and v >= 0), "None or an integer >= 0")
 #: The share of training rows held out to choose the L2 strength.
@@ -124,6 +130,33 @@ class LinearReadout(ClassifierMixin, BaseEstimator):
         y = np.asarray(y)
         correct = (self.predict(X) == y).reshape(len(y), -1).mean(1)  # (n,) share of heads right
         return float(np.average(correct, weights=sample_weight))
+
+    def save(self, path, **meta):
+        """Keep the fitted readout as a probe: ``<path>.safetensors`` + ``<path>.probe.json``
+        (:mod:`reservoir.readouts.probes`); ``meta`` (JSON-ready) is recorded beside it. Returns the JSON's path.
+
+        Examples
+        --------
+        >>> est.save("probes/xor-layer2", note="bit XOR, layer 2")  # doctest: +SKIP
+        """
+        from reservoir.readouts.probes import save
+
+        return save(self, path, meta)
+
+    @classmethod
+    def load(cls, path):
+        """The fitted readout saved at ``path`` (see :meth:`save`); one line if it is another kind of readout.
+
+        Examples
+        --------
+        >>> est = LogisticReadout.load("probes/xor-layer2")  # doctest: +SKIP
+        """
+        from reservoir.readouts.probes import load
+
+        est, _ = load(path)
+        if not isinstance(est, cls):
+            raise ReservoirError(f"{path}: expected a saved {cls.__name__}; found a {type(est).__name__}")
+        return est
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

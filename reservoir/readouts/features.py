@@ -102,6 +102,60 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
         yield X.reshape(r * n_out, -1), y
 
 
+#: Stored bytes read per call of :func:`read_layers` (whole store chunks; the store reads them concurrently).
+READ_BYTES = 64 * 1024**2
+
+
+def read_layers(store: FeatureStore, split: str, layers: list[int], final_norm: bool = True,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Features of several layers of one split and their labels, reading each store chunk once.
+
+    What :func:`load_layer` gives for each layer, stacked: a depth sweep reads
+    the store once instead of once per layer (a chunk holds every layer of its
+    rows). Non-finite features raise a ReservoirError naming the store, split
+    and layer.
+
+    Returns
+    -------
+    X : ndarray, float32, ``(len(layers), N * n_out_tokens, n_dim)``
+    y : ndarray, int64, ``(N * n_out_tokens, *head_shape)``
+
+    Examples
+    --------
+    >>> X, y = read_layers(FeatureStore.open("cache/xor.zarr"), "train", [0, 2])  # doctest: +SKIP
+    >>> X.shape                                                                  # doctest: +SKIP
+    (2, 4000, 32)
+    """
+    idx = [store.layer_index(k) for k in layers]
+    feats = store.features(split)
+    n, _, n_out, d = feats.shape
+    norm = store.final_norm() if final_norm else None
+    X = np.empty((len(layers), n * n_out, d), np.float32)
+    chunk = store.chunk_rows(split)
+    step = chunk * max(1, READ_BYTES // max(chunk * int(np.prod(feats.shape[1:])) * 2, 1))  # whole chunks per read
+    for lo in range(0, n, step):
+        block = np.asarray(feats[lo: lo + step])  # (r, n_stored_layers, n_out, d): many chunks, read once
+        r = len(block)
+        for i, (k, j) in enumerate(zip(layers, idx)):
+            out = X[i, lo * n_out: (lo + r) * n_out]  # (r * n_out, d), filled in place
+            out[...] = block[:, j].reshape(r * n_out, d)  # the cast to float32 in the same pass
+            if norm is not None:
+                out[...] = apply_final_norm(out, norm, store.attrs["backbone"])
+            if not np.isfinite(out).all():
+                where = f"split {split!r}, layer {k}" + (" after the final norm" if norm is not None else "")
+                raise ReservoirError(f"{store.path}: expected finite features; found NaN or inf in {where} (rows "
+                                     f"from {lo}); extract again with --dtype float32 or a smaller --gain")
+    labels = store.labels(split)  # (N, *label_shape)
+    if n_out > 1:
+        labels = labels.reshape(n * n_out, *labels.shape[2:])  # labels (N, n_out, bits) -> rows
+    return X, labels
+
+
+def layers_bytes(store: FeatureStore, split: str, n_layers: int) -> int:
+    """Bytes of ``n_layers`` layers of ``split`` as :func:`read_layers` holds them (reads no data)."""
+    return n_layers * layer_bytes(store, split)
+
+
 def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
                chunk_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of one split at one layer (all of :func:`iter_layer`, concatenated).

@@ -1,4 +1,4 @@
-"""Multinomial logistic regression fitted with torch L-BFGS, L2 strength chosen on validation.
+"""Multinomial logistic regression with its whole L2 path fitted as one batched problem.
 
 One estimator covers single-label tasks (``y`` of shape ``(n,)``) and several
 heads over the same features (``y`` of shape ``(n, n_heads)``: bit XOR's 5
@@ -9,33 +9,47 @@ Features are whitened first (centred and rotated onto the principal axes of
 the training covariance, each axis scaled to unit variance; directions with
 variance below ``1e-10`` of the largest are dropped). Hidden states of
 transformers are badly conditioned (condition numbers of 1e6 and more are
-common), and L-BFGS on whitened inputs converges in tens of iterations where
+common), and on whitened inputs L-BFGS converges in tens of iterations where
 it otherwise needs thousands. The objective is
-``mean cross-entropy + alpha/2 * ||V||^2`` with ``V`` the weights on the
-whitened features; ``coef_`` maps the original features directly.
+``mean cross-entropy * n_heads + alpha/2 * ||V||^2`` with ``V`` the weights
+on the whitened features; ``coef_`` maps the original features directly. The
+whitening is folded into the weights (``logits = Xc @ (P V) + b``), so the
+rows are only centred, never rotated: a pass costs ``n*d*n_heads*C`` flops.
 
-``fit`` holds the whitened rows in memory; ``fit_chunks`` fits the same model
-from chunks that are read again at every pass (one pass for the whitening
-statistics, then one per L-BFGS function evaluation, summing each chunk's loss
-and gradient), so the data never has to fit in memory. Both run one alpha path
-and L-BFGS loop over "sources" of chunks: ``fit``'s is a single cached chunk of
-whitened float32 rows (results identical to fitting without chunks);
-``fit_chunks`` folds the whitening into the weights and computes the logits in
-float64 on centred rows, so a pass costs ``n*d*n_heads*C`` flops, not ``n*d*d``.
+How the L2 path is fitted (the levers that make a sweep take seconds):
+
+* **Every strength at once.** The candidate strengths are the rows of one
+  parameter matrix and one objective call evaluates them all against a single
+  read of the rows (one wide matrix product each way); each strength keeps its
+  own L-BFGS state (:func:`~reservoir.readouts.lbfgs.lbfgs`).
+* **The strength is chosen on a subsample.** With more than ``path_rows``
+  rows to fit, the path runs on a seeded subsample of them, each strength
+  scaled to keep its prior precision (``alpha * n``: a strength ``alpha`` of
+  the full fit is ``alpha * n / m`` on ``m`` rows). The chosen strength is
+  then fitted once on all training rows, warm-started from its subsample
+  solution.
+* **A tolerance matched to what validation can resolve**: a fit stops when an
+  iteration lowers the objective by less than ``tol`` of it, long after its
+  predictions have stopped changing.
+
+``fit`` holds the centred rows in memory (float32; the covariance and its
+eigendecomposition in float64); ``fit_chunks`` fits the same model from chunks
+read again at every pass (one pass for the statistics, one to draw the path's
+subsample, then one per objective call of the final fit), so the data never has
+to fit in memory.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import ClassVar
 
 import numpy as np
 import torch
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
-from torch.nn import functional as F
 
 from reservoir.readouts import base
+from reservoir.readouts.lbfgs import lbfgs
 from reservoir.readouts.stats import (
     MIN_CARVE_ROWS,
     Moments,
@@ -51,6 +65,80 @@ from reservoir.readouts.stats import (
 from reservoir.runtime import resolve_device
 
 DEFAULT_ALPHAS = (10.0, 1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+#: Rows the L2 path is fitted on by default (a seeded subsample when there are more).
+PATH_ROWS = 16384
+
+
+class Multinomial:
+    """The objective of ``k`` logistic readouts over the same rows: one per L2 strength, evaluated together.
+
+    ``f_i(V, b) = sum_h mean_rows CE(softmax(Xc P V_h + b_h), y_h) + alpha_i/2 * ||M V||^2`` for
+    ``theta_i = [vec V (r, n_heads*C), b (n_heads*C)]``; ``M`` is the identity (the penalty on the whitened
+    weights) unless ``MtM = MᵀM`` is given. ``blocks()`` yields centred float32 rows ``(m, d)`` and their class
+    indices ``(m, n_heads)`` on the device; the rows may come in any number of blocks (one in memory, store
+    chunks when streaming), and every call reads them once for all ``k`` problems.
+    """
+
+    def __init__(self, blocks, n: int, P: torch.Tensor, n_heads: int, n_classes: int, alphas: torch.Tensor,
+                 MtM: torch.Tensor | None = None):
+        self.blocks, self.n, self.P, self.MtM = blocks, n, P, MtM  # P (d, r)
+        self.H, self.C = n_heads, n_classes
+        self.alphas = alphas  # (problems,)
+        self.r = P.shape[1]
+        self.size = self.r * n_heads * n_classes + n_heads * n_classes  # D
+
+    def unpack(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``V (k, r, HC)`` and ``b (k, HC)`` of ``theta (k, D)`` (views)."""
+        HC = self.H * self.C
+        return theta[:, : self.r * HC].view(len(theta), self.r, HC), theta[:, self.r * HC:]
+
+    def weights(self, theta: torch.Tensor) -> torch.Tensor:
+        """``U = P V`` as one matrix ``(d, k * HC)``: the weights on centred features of every problem."""
+        V, _ = self.unpack(theta)
+        U = torch.matmul(self.P, V)  # (k, d, HC)
+        return U.permute(1, 0, 2).reshape(self.P.shape[0], -1)
+
+    def logits_t(self, Xc: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Logits ``(k, n_heads, C, m)``: rows last, so the softmax runs along contiguous memory."""
+        k, m = len(theta), len(Xc)
+        U = self.weights(theta)  # (d, k*HC)
+        if U.shape[1] >= 32:  # a wide product straight into the transposed layout
+            Lt = U.t() @ Xc.t()  # (k*HC, m)
+        else:  # a narrow one is faster row-major, then transposed
+            Lt = (Xc @ U).t().contiguous()
+        _, b = self.unpack(theta)
+        return Lt.view(k, self.H, self.C, m).add_(b.reshape(k, self.H, self.C, 1))
+
+    def __call__(self, theta: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Objective ``(k,)`` float64 and gradient ``(k, D)`` of the problems ``idx`` at ``theta``."""
+        k, H, C = len(theta), self.H, self.C
+        loss = torch.zeros(k, dtype=torch.float64, device=theta.device)
+        gX = torch.zeros(k * H * C, self.P.shape[0], device=theta.device)  # (k*HC, d)
+        gb = torch.zeros(k, H * C, device=theta.device)
+        for Xc, Y in self.blocks():
+            m = len(Xc)
+            logp = torch.log_softmax(self.logits_t(Xc, theta), 2)  # (k, H, C, m)
+            at = Y.t().reshape(1, H, 1, m).expand(k, H, 1, m)
+            loss -= torch.gather(logp, 2, at).sum((1, 2, 3), dtype=torch.float64)
+            G = logp.exp_()  # softmax
+            G.scatter_add_(2, at, torch.full((), -1.0, device=G.device).expand(k, H, 1, m))  # - one-hot
+            gb += G.sum(3).reshape(k, H * C)
+            gX.addmm_(G.view(k * H * C, m), Xc)
+        V, _ = self.unpack(theta)
+        gV = torch.matmul(self.P.t(), gX.view(k, H * C, -1).transpose(1, 2)) / self.n  # (k, r, HC)
+        MV = V if self.MtM is None else torch.matmul(self.MtM, V)
+        a = self.alphas[idx]
+        loss = loss / self.n + 0.5 * a.double() * (V * MV).sum((1, 2), dtype=torch.float64)
+        gV += a.view(k, 1, 1) * MV
+        return loss, torch.cat([gV.reshape(k, -1), gb / self.n], 1)
+
+    def correct(self, blocks, theta: torch.Tensor) -> np.ndarray:
+        """Correct heads of every row over ``blocks()`` for each problem: ``(k, rows)`` counts."""
+        parts = []
+        for Xc, Y in blocks():
+            pred = self.logits_t(Xc, theta).argmax(2)  # (k, H, m)
+            parts.append((pred == Y.t()[None]).sum(1).cpu().numpy())  # (k, m)
+        return np.concatenate(parts, 1) if parts else np.zeros((len(theta), 0), np.int64)
 
 
 class LogisticReadout(base.LinearReadout):
@@ -59,13 +147,9 @@ class LogisticReadout(base.LinearReadout):
     Parameters
     ----------
     alphas : sequence of float, optional
-        Candidate L2 strengths (on the mean loss, each ``>= 0``), tried
-        from strongest to weakest with warm starts; the path stops once
-        validation accuracy has been below its best for ``patience``
-        candidates in a row (weak penalties cost the most iterations). One
-        value skips validation.
-    patience : int
-        See ``alphas`` (``>= 1``).
+        Candidate L2 strengths (on the mean loss, each ``>= 0``), all fitted
+        together (see the module's notes); the best validation accuracy wins,
+        the strongest of ties. One value skips validation.
     val_fraction : float
         Share of the training rows, in ``(0, 1)``, held out to choose
         ``alpha`` when no validation data is given: a seeded random
@@ -82,11 +166,18 @@ class LogisticReadout(base.LinearReadout):
         Whiten the features (train statistics) before the fit; otherwise
         only centre and scale each feature to unit variance.
     max_iter : int
-        L-BFGS iterations per candidate (``>= 1``).
+        L-BFGS iterations per fit (``>= 1``).
     tol : float
-        L-BFGS gradient tolerance (``>= 0``).
+        Stop a fit once an iteration lowers its objective by less than
+        ``tol * max(1, objective)``, or its largest gradient entry is below
+        ``tol`` (``>= 0``).
+    path_rows : int or None
+        Rows the L2 path is fitted on: with more rows to fit, a seeded
+        subsample of them (strengths scaled to keep ``alpha * n``), and the
+        chosen strength is then refitted on all rows; ``None`` fits the path
+        on every row.
     random_state : int or None
-        Seed of the validation split.
+        Seed of the validation split and of the path's subsample.
     device : str
         Torch device for the fit: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``
         (checked by :func:`reservoir.runtime.resolve_device`).
@@ -104,9 +195,15 @@ class LogisticReadout(base.LinearReadout):
         The chosen L2 strength.
     val_scores_ : dict of float to float
         Validation accuracy of each candidate.
+    val_correct_ : ndarray of shape (n_val,) or None
+        Correct heads of each validation row at the chosen strength (what
+        an interval of the validation accuracy resamples); None without
+        validation.
     n_features_in_ : int
     n_iter_ : int
         L-BFGS iterations of the final fit.
+    path_rows_ : int
+        Rows the path was fitted on (0 without a path).
 
     Examples
     --------
@@ -119,26 +216,22 @@ class LogisticReadout(base.LinearReadout):
     _parameter_checks: ClassVar[dict[str, base.Check]] = {
         "alphas": base.grid(0, open_low=False), "val_fraction": base.VAL_FRACTION, "whiten": base.FLAG,
         "penalty": base.one_of("whitened", "standardized"), "max_iter": base.integer(1), "tol": base.number(0),
-        "patience": base.integer(1), "random_state": base.RANDOM_STATE,
+        "path_rows": base.optional(base.integer(2)), "random_state": base.RANDOM_STATE,
     }
 
     def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,
-                 patience=2, random_state=0, device="cpu"):
+                 path_rows=PATH_ROWS, random_state=0, device="cpu"):
         self.alphas = alphas
         self.penalty = penalty
-        self.patience = patience
         self.val_fraction = val_fraction
         self.whiten = whiten
         self.max_iter = max_iter
         self.tol = tol
+        self.path_rows = path_rows
         self.random_state = random_state
         self.device = device
 
     # -- fitting -------------------------------------------------------------
-    # A source is ``(chunks, n, P)``: ``chunks()`` yields ``(X, Y (m, *heads))`` tensors, X either whitened
-    # float32 ``(m, r)`` (P None: ``fit``) or centred float64 ``(m, d)`` with the whitening ``P (d, r)`` folded
-    # into the weights (``fit_chunks``: ``m*d*n_heads*C`` flops per chunk and pass instead of ``m*d*r``; float64
-    # keeps the gradient on low-variance directions exact, where ``P`` is large).
     def _start_fit(self) -> list[float]:
         """Check the parameters and the device; the candidate alphas, strongest first."""
         self._check_params()
@@ -151,28 +244,33 @@ class LogisticReadout(base.LinearReadout):
         X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32, y_numeric=False)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
-        Y = np.searchsorted(self.classes_, y)
-        if validation_data is not None:
-            Xv = validate_data(self, validation_data[0], reset=False, dtype=np.float32)
-            Yv = encode_labels(self.classes_, validation_data[1])
-            Xt, Yt = X, Y
-        elif len(alphas) > 1 and len(X) >= MIN_CARVE_ROWS:
-            fit_rows, val_rows = carve_rows(len(X), self.val_fraction, self.random_state)
-            Xv, Yv, Xt, Yt = X[val_rows], Y[val_rows], X[fit_rows], Y[fit_rows]
-        else:
-            Xv = Yv = None
-            Xt, Yt = X, Y
+        Y = np.searchsorted(self.classes_, y).reshape(len(y), -1)  # (n, n_heads)
         moments = Moments(full=self.whiten)
         moments.update(X)
         self._set_whitening(moments)
-
-        def cached(A, B):  # one whitened chunk, computed on first use
-            return functools.cache(lambda: [(self._tensor(A), torch.as_tensor(B, device=self._device))]), len(A), None
-
-        train = cached(Xt, Yt)
-        val = cached(Xv, Yv) if Xv is not None else None
-        n_heads = 1 if Y.ndim == 1 else Y.shape[1]
-        return self._fit_path(alphas, train, val, train if Xt is X else cached(X, Y), n_heads, Y.ndim > 1)
+        dev = self._device
+        Xc = torch.as_tensor(X, device=dev) - torch.as_tensor(self.mean_, device=dev)  # (n, d) centred
+        Yt = torch.as_tensor(Y, device=dev)
+        val = fit_rows = None
+        if validation_data is not None:
+            Xv = validate_data(self, validation_data[0], reset=False, dtype=np.float32)
+            Yv = encode_labels(self.classes_, validation_data[1]).reshape(len(Xv), -1)
+            if Yv.shape[1] != Y.shape[1]:
+                raise ValueError(f"validation y must have {Y.shape[1]} head(s) like the training y; got shape "
+                                 f"{np.shape(validation_data[1])}")
+            Xvc = torch.as_tensor(Xv, device=dev) - torch.as_tensor(self.mean_, device=dev)
+            val, fit_rows = (Xvc, torch.as_tensor(Yv, device=dev)), np.arange(len(X))
+        elif len(alphas) > 1 and len(X) >= MIN_CARVE_ROWS:
+            fit_rows, val_rows = carve_rows(len(X), self.val_fraction, self.random_state)
+            v = torch.as_tensor(val_rows, device=dev)
+            val = (Xc[v], Yt[v])
+        path = None
+        if val is not None:
+            rows = self._path_rows(fit_rows)
+            r = torch.as_tensor(rows, device=dev)
+            path = ((Xc[r], Yt[r]), len(rows), len(fit_rows))
+        return self._fit(alphas, lambda: ((Xc, Yt),), len(X), Y.shape[1], y.ndim > 1, path,
+                         None if val is None else (lambda: (val,)))
 
     def fit_chunks(self, train_chunks, val_chunks=None):
         """Fit from chunks read again at every pass, never holding all rows (see :class:`base.LinearReadout`).
@@ -196,65 +294,92 @@ class LogisticReadout(base.LinearReadout):
             raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
         self.classes_ = np.unique(np.concatenate(classes))
         self._set_whitening(moments)
-        mean = torch.as_tensor(self.mean_, dtype=torch.float64, device=self._device)  # (d,)
-        P = torch.as_tensor(self._P, dtype=torch.float64, device=self._device)  # (d, r)
+        dev = self._device
+        mean = torch.as_tensor(self.mean_, device=dev)
+        n_heads = int(np.prod(y_shape))
 
-        def stream(source, n, val=False):  # centred float64 tensors; train chunks were validated in pass 1
-            def chunks():
+        def stream(source, val=False):  # centred float32 tensors; train chunks were validated in pass 1
+            def blocks():
                 for X, y in source():
                     X = validate_data(self, X, reset=False, dtype=np.float32) if val else np.asarray(X, np.float32)
                     Y = encode_labels(self.classes_, y, "validation labels" if val else "labels")
+                    Y = Y.reshape(len(X), -1)
+                    if Y.shape[1] != n_heads:
+                        raise ValueError(f"validation y must have {n_heads} head(s) like the training y; got shape "
+                                         f"{np.shape(y)}")
                     if len(X):
-                        Xc = torch.as_tensor(X, dtype=torch.float64, device=self._device) - mean  # (m, d)
-                        yield Xc, torch.as_tensor(Y, device=self._device)
-            return chunks, n, P
+                        yield torch.as_tensor(X, device=dev) - mean, torch.as_tensor(Y, device=dev)
+            return blocks
 
-        full = stream(train_chunks, moments.n)
+        full = stream(train_chunks)
+        fit_source, n_fit, val = train_chunks, moments.n, None
         if val_chunks is not None:
-            val, train = stream(chunk_source(val_chunks, "val_chunks"), None, val=True), full
+            val = stream(chunk_source(val_chunks, "val_chunks"), val=True)
         elif carve and can_carve(moments.n, n_val):
-            val = stream(held_out(train_chunks, self.val_fraction, seed), n_val)
-            train = stream(held_out(train_chunks, self.val_fraction, seed, keep=False), moments.n - n_val)
-        else:
-            val, train = None, full
-        return self._fit_path(alphas, train, val, full, int(np.prod(y_shape)), len(y_shape) > 0)
+            val = stream(held_out(train_chunks, self.val_fraction, seed))
+            fit_source, n_fit = held_out(train_chunks, self.val_fraction, seed, keep=False), moments.n - n_val
+        path = None
+        if val is not None:  # pass 2: the path's rows, a seeded share of the rows to fit, held in memory
+            share = 1.0 if self.path_rows is None else min(1.0, self.path_rows / n_fit)
+            sub = stream(held_out(fit_source, share, split_seed([self.random_state or 0, 1])) if share < 1
+                         else fit_source)
+            parts = list(sub())
+            if parts:
+                path = ((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])),
+                        sum(len(p[0]) for p in parts), n_fit)
+        return self._fit(alphas, full, moments.n, n_heads, len(y_shape) > 0, path, val)
 
-    def _fit_path(self, alphas, train, val, full, n_heads, multi):
-        """The alpha path on ``train`` scored on ``val``, then the refit on ``full`` from the best solution."""
-        C = len(self.classes_)
-        if val is None:
-            alphas = alphas[-1:]
-        W = torch.zeros(self._P.shape[1], n_heads * C, device=self._device)  # (r, n_heads * C)
-        b = torch.zeros(n_heads * C, device=self._device)
-        self.val_scores_ = {}
-        best = (-1.0, alphas[0])
-        worse = 0
-        if val is not None:
-            for alpha in alphas:
-                W, b = self._lbfgs(train, alpha, W, b, n_heads)
-                acc = self._accuracy(val, W, b, n_heads)
-                self.val_scores_[float(alpha)] = acc
-                if acc > best[0]:
-                    best = (acc, alpha)
-                    best_W, best_b = W, b
-                    worse = 0
-                else:
-                    worse += 1
-                    if worse >= self.patience:
-                        break
-        self.alpha_ = float(best[1])
-        if val is not None:  # refit on all rows, warm-started from the chosen solution
-            W, b = best_W, best_b
-        W, b = self._lbfgs(full, self.alpha_, W, b, n_heads)
-        coef = torch.as_tensor(self._P, device=W.device) @ W  # (d, n_heads * C) on centred features
-        self.coef_ = coef.t().reshape(n_heads, C, -1).cpu().numpy()  # (n_heads, C, d)
-        self.intercept_ = b.reshape(n_heads, C).cpu().numpy()
-        del self._P
+    def _path_rows(self, fit_rows: np.ndarray) -> np.ndarray:
+        """The rows of ``fit_rows`` the path is fitted on: all, or a seeded subsample of ``path_rows``."""
+        if self.path_rows is None or len(fit_rows) <= self.path_rows:
+            return fit_rows
+        rng = np.random.default_rng([self.random_state or 0, 1])
+        return np.sort(rng.choice(fit_rows, self.path_rows, replace=False))
+
+    def _fit(self, alphas, full, n, n_heads, multi, path, val):
+        """The path (when there is validation) on ``path = ((Xc, Y), m, n_fit)``, scored on ``val``; then the
+        chosen strength on every row of ``full`` (``n`` rows), warm-started from its path solution."""
+        dev, C = self._device, len(self.classes_)
+        P = torch.as_tensor(self._P, device=dev)
+        MtM = None if self._M is None else self._M.t() @ self._M
+
+        def problem(blocks, rows, strengths):
+            return Multinomial(blocks, rows, P, n_heads, C, torch.tensor(strengths, device=dev), MtM)
+
+        self.val_scores_, self.path_rows_, self.n_iter_, self.val_correct_ = {}, 0, 0, None
+        start = None
+        if val is not None and path is not None:
+            (Xp, Yp), m, n_fit = path
+            on_path = problem(lambda: ((Xp, Yp),), m, [a * n_fit / m for a in alphas])
+            solved, _ = self._solve(on_path, torch.zeros(len(alphas), on_path.size, device=dev))
+            per_row = on_path.correct(val, solved)  # (alphas, val rows)
+            accs = (per_row.sum(1) / max(per_row.shape[1] * n_heads, 1)).tolist()
+            self.val_scores_ = {float(a): acc for a, acc in zip(alphas, accs)}
+            best = int(np.argmax(accs))  # the first maximum: the strongest of ties
+            self.alpha_, self.path_rows_, self.val_correct_ = float(alphas[best]), m, per_row[best]
+            start = solved[best: best + 1]
+        else:
+            self.alpha_ = float(alphas[-1])
+        final = problem(full, n, [self.alpha_])
+        theta, self.n_iter_ = self._solve(final, torch.zeros(1, final.size, device=dev) if start is None else start)
+        V, b = final.unpack(theta)
+        coef = (P @ V[0]).double()  # (d, n_heads * C) on centred features
+        self.coef_ = coef.t().reshape(n_heads, C, -1).cpu().numpy().astype(np.float32)
+        self.intercept_ = b[0].reshape(n_heads, C).cpu().numpy()
+        del self._P, self._M
         self.n_heads_ = n_heads if multi else 0
         return self
 
+    def _solve(self, problem: Multinomial, theta: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Every problem's minimum from ``theta`` and the most iterations one took; with one class there is
+        nothing to fit (the weights stay)."""
+        if problem.C < 2:
+            return theta, 0
+        out = lbfgs(problem, theta, max_iter=self.max_iter, ftol=self.tol, gtol=self.tol)
+        return out.theta, int(out.n_iter.max())
+
     def _set_whitening(self, moments: Moments):
-        """``mean_`` and ``_P`` with ``(X - mean_) @ _P`` white (or standardized when ``whiten=False``)."""
+        """``mean_``, and ``_P`` with ``(X - mean_) @ _P`` white (or standardized when ``whiten=False``)."""
         self.mean_ = moments.mean.astype(np.float32)
         var = moments.scatter() / max(moments.n, 1)  # (d, d), or (d,) when not whitening
         sd = np.sqrt(np.maximum(np.diag(var) if var.ndim == 2 else var, 0.0))  # (d,)
@@ -272,54 +397,6 @@ class LogisticReadout(base.LinearReadout):
         if self.penalty == "standardized":  # the weights on standardized features are diag(sd) @ P @ V
             self._M = torch.as_tensor(sd[:, None] * self._P, dtype=torch.float32, device=self._device)  # (d, r)
 
-    def _tensor(self, X):
-        return torch.as_tensor((X - self.mean_) @ self._P, dtype=torch.float32, device=self._device)  # (m, r)
-
-    @staticmethod
-    def _logits(X, W, b, n_heads, P=None):
-        if P is not None:  # centred float64 rows: fold the whitening into the weights
-            W, b = P @ W.double(), b.double()  # (d, n_heads * C), (n_heads * C,)
-        return (X @ W + b).view(len(X), n_heads, -1)  # (m, n_heads, C)
-
-    def _accuracy(self, source, W, b, n_heads):
-        """Share of correct (row, head) predictions over the chunks of a source."""
-        chunks, _, P = source
-        correct = total = 0
-        with torch.no_grad():
-            for X, Y in chunks():
-                pred = self._logits(X, W, b, n_heads, P).argmax(-1).cpu().numpy()  # (m, n_heads)
-                hit = pred == Y.cpu().numpy().reshape(len(X), -1)
-                correct, total = correct + int(hit.sum()), total + hit.size
-        return correct / max(total, 1)
-
-    def _lbfgs(self, source, alpha, W0, b0, n_heads):
-        """Minimize ``mean CE * n_heads + alpha/2 ||W||^2`` over the source's chunks (gradients summed)."""
-        chunks, n, P = source
-        W = W0.detach().clone().requires_grad_(True)
-        b = b0.detach().clone().requires_grad_(True)
-        C = len(self.classes_)
-        opt = torch.optim.LBFGS([W, b], lr=1.0, max_iter=self.max_iter, tolerance_grad=self.tol,
-                                tolerance_change=1e-10, history_size=20, line_search_fn="strong_wolfe")
-
-        def closure():
-            opt.zero_grad()
-            total = 0.0
-            for X, Y in chunks():
-                logits = self._logits(X, W, b, n_heads, P)  # (m, n_heads, C)
-                target = Y.reshape(-1).long()  # (m * n_heads,)
-                loss = F.cross_entropy(logits.reshape(-1, C), target) * (n_heads * len(X) / n)
-                loss.backward()
-                total = total + loss.detach()
-            MW = W if self._M is None else self._M.to(W.dtype) @ W  # (d, n_heads * C)
-            reg = 0.5 * alpha * (MW * MW).sum()
-            reg.backward()
-            return total + reg.detach()
-
-        if C > 1:
-            opt.step(closure)
-        self.n_iter_ = int(opt.state[opt._params[0]].get("n_iter", 0))
-        return W.detach(), b.detach()
-
     # -- predicting ----------------------------------------------------------
     def predict_proba(self, X):
         """Class probabilities ``(n, n_classes)``; with several heads a list of those, one per head."""
@@ -329,7 +406,8 @@ class LogisticReadout(base.LinearReadout):
     def _class_scores(self, X):
         """Class probabilities per head ``(n, n_heads, C)`` (what ``predict`` takes the argmax of)."""
         X = self._validated(X)
-        logits = np.einsum("nd,hcd->nhc", X - self.mean_, self.coef_) + self.intercept_  # (n, n_heads, C)
+        H, C, d = self.coef_.shape
+        logits = ((X - self.mean_) @ self.coef_.reshape(H * C, d).T).reshape(len(X), H, C) + self.intercept_
         logits -= logits.max(-1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(-1, keepdims=True)

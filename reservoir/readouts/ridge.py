@@ -13,8 +13,8 @@ is solved for every candidate alpha from ONE eigendecomposition
 So a grid of alphas costs one ``eigh`` plus one pass over the validation rows.
 The store is never loaded whole.
 
-The default grid is scale-aware: ``alpha = r * trace(XcᵀXc) / d`` for ``r`` in
-``10**arange(-6, 3)`` (``1e-6 .. 1e2``), i.e. ``r`` times ``n`` times the
+The default grid is scale-aware: ``alpha = r * trace(XcᵀXc) / d`` for 13
+``r`` from ``1e-6`` to ``1e2`` (two thirds of a decade apart), i.e. ``r`` times ``n`` times the
 mean feature variance, so it means the same on raw hidden states (variances of
 1e3) and on normalized ones. The chosen ``alpha_`` is kept as an absolute value
 when refitting on all rows (like a prior's precision, it does not scale with
@@ -31,6 +31,7 @@ from sklearn.utils.validation import validate_data
 
 from reservoir.readouts import base
 from reservoir.readouts.stats import (
+    MOMENT_BLOCK_ROWS,
     Moments,
     can_carve,
     checked_chunks,
@@ -41,7 +42,7 @@ from reservoir.readouts.stats import (
     split_seed,
 )
 
-DEFAULT_RATIOS = tuple(10.0 ** np.arange(-6, 3))  # times trace(XcᵀXc) / d
+DEFAULT_RATIOS = tuple(np.logspace(-6, 2, 13))  # times trace(XcᵀXc) / d: 13 strengths, 2/3 of a decade apart
 
 
 class _Stats:
@@ -54,10 +55,12 @@ class _Stats:
     def update(self, X: np.ndarray, Y: np.ndarray) -> None:  # X (m, d), Y (m, H)
         if not len(X):
             return
-        Xs = self.x.update(X)  # (m, d) shifted, float64
-        for c in np.unique(Y):
-            O = (Y == c).astype(np.float64)  # (m, H) one-hot of label c per head
-            s, k = Xs.T @ O, O.sum(0)  # (d, H), (H,)
+        present = np.unique(Y)  # (k,)
+        O = (Y[:, :, None] == present).reshape(len(Y), -1)  # (m, H*k): label c of head h in column h*k + c
+        sums = self.x.update(X, O).reshape(-1, Y.shape[1], len(present))  # (d, H, k) shifted, float64
+        counts = O.sum(0).reshape(Y.shape[1], len(present))  # (H, k)
+        for i, c in enumerate(present):
+            s, k = sums[:, :, i], counts[:, i].astype(np.float64)  # (d, H), (H,)
             old = self.by_class.get(c)
             self.by_class[c] = (s, k) if old is None else (old[0] + s, old[1] + k)
 
@@ -89,8 +92,8 @@ class RidgeReadout(base.LinearReadout):
     ----------
     alphas : sequence of float, optional
         Candidate L2 strengths (absolute, on the summed squared error, each
-        ``> 0``); default ``r * trace(XcᵀXc) / d`` for ``r`` in
-        ``10**arange(-6, 3)``. Ties in validation accuracy go to the
+        ``> 0``); default ``r * trace(XcᵀXc) / d`` for 13 ``r`` from
+        ``1e-6`` to ``1e2``, log-spaced. Ties in validation accuracy go to the
         stronger alpha. One value needs no carved validation split (given
         validation data still scores it).
     val_fraction : float
@@ -113,6 +116,8 @@ class RidgeReadout(base.LinearReadout):
     alpha_ : float
     val_scores_ : dict of float to float
         Validation accuracy of each candidate alpha (empty without validation).
+    val_correct_ : ndarray of shape (n_val,) or None
+        Correct heads of each validation row at the chosen alpha.
     n_features_in_ : int
 
     Examples
@@ -165,7 +170,7 @@ class RidgeReadout(base.LinearReadout):
         scale = np.trace(S) / d if np.trace(S) > 0 else 1.0
         grid = sorted(self.alphas if self.alphas is not None else [r * scale for r in DEFAULT_RATIOS], reverse=True)
 
-        self.val_scores_ = {}
+        self.val_scores_, self.val_correct_ = {}, None
         solution = (mean_x, V, lam, Q, mean_y)
         if carve:
             self._select_alpha(grid, solution, held_out(train_chunks, self.val_fraction, seed), H, validated=True)
@@ -194,7 +199,7 @@ class RidgeReadout(base.LinearReadout):
         for X, y in checked_chunks(self, train_chunks, first=True, dtype=self._dtype):
             Y = y.reshape(len(y), -1)  # (m, H)
             if fit_s is None:
-                shift = X.astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
+                shift = X[:MOMENT_BLOCK_ROWS].astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
                 fit_s, held = _Stats(shift), _Stats(shift)
             m = holdout_mask(start, len(X), self.val_fraction, seed) if seed is not None else np.zeros(len(X), bool)
             fit_s.update(X[~m], Y[~m])
@@ -212,7 +217,8 @@ class RidgeReadout(base.LinearReadout):
         held-out training rows, already checked in pass 1.
         """
         mean_x, V, lam, Q, mean_y = solution
-        correct, total = np.zeros(len(grid)), 0
+        weights = np.concatenate([Q / (lam + a)[:, None] for a in grid], 1)  # (d, grid * H*C) in the eigenbasis
+        parts = []
         for X, y in val_rows():
             if not validated:
                 X = validate_data(self, X, reset=False, dtype=self._dtype)
@@ -222,19 +228,20 @@ class RidgeReadout(base.LinearReadout):
                 raise ValueError(f"validation y must have {n_heads} head(s) like the training y; "
                                  f"got shape {np.shape(y)}")
             Z = (X.astype(np.float64) - mean_x) @ V  # (m, d) in the eigenbasis
-            for i, a in enumerate(grid):
-                scores = ((Z / (lam + a)) @ Q + mean_y).reshape(len(X), n_heads, -1)  # (m, H, C)
-                correct[i] += (scores.argmax(-1) == Yv).sum()
-            total += Yv.size
-        accs = correct / max(total, 1)
+            scores = (Z @ weights).reshape(len(X), len(grid), n_heads, -1) + mean_y.reshape(n_heads, -1)
+            parts.append((scores.argmax(-1) == Yv[:, None, :]).sum(2))  # (m, grid) correct heads per row
+        per_row = np.concatenate(parts) if parts else np.zeros((0, len(grid)), np.int64)
+        accs = per_row.sum(0) / max(per_row.size // len(grid) * n_heads, 1)
         self.val_scores_ = {float(a): float(acc) for a, acc in zip(grid, accs)}
-        self.alpha_ = float(grid[int(np.argmax(accs))])  # first maximum: the strongest of ties
+        best = int(np.argmax(accs))  # first maximum: the strongest of ties
+        self.alpha_, self.val_correct_ = float(grid[best]), per_row[:, best]
 
     # -- predicting ----------------------------------------------------------
     def _class_scores(self, X):
         """Ridge scores per head ``(n, H, C)`` on the original features."""
         X = self._validated(X)
-        return np.einsum("nd,hcd->nhc", X.astype(np.float64), self.coef_) + self.intercept_  # (n, H, C)
+        H, C, d = self.coef_.shape
+        return (X.astype(np.float64) @ self.coef_.reshape(H * C, d).T).reshape(len(X), H, C) + self.intercept_
 
     def decision_function(self, X):
         """Ridge scores, per head in scikit-learn's convention.

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.readouts.features import iter_layer, layer_bytes, load_layer, opened
-from reservoir.readouts.logistic import LogisticReadout
-from reservoir.readouts.ridge import RidgeReadout
+from reservoir.readouts.features import layer_bytes, opened
+from reservoir.readouts.intervals import encode_rows
+from reservoir.readouts.sweep import correct_rows, interval_metrics, make_readout, validation_metrics
 from reservoir.results import Result, writable_folder
 from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
@@ -33,8 +33,6 @@ READOUTS = ("logistic", "ridge")
 KINDS = ("fit-linear", "fit-raw")
 #: ``stream="auto"`` streams a layer whose train features exceed this many bytes as float32.
 STREAM_AUTO_BYTES = 2 * 1024**3
-#: Bytes (float32) of features per chunk when streaming, rounded to whole store chunks.
-STREAM_CHUNK_BYTES = 64 * 1024**2
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -58,11 +56,19 @@ class FitResult(Result):
         fit-raw: the task's ``name`` and ``fingerprint``.
     metrics : dict
         ``train_accuracy``, ``test_accuracy`` (full test split; each bit
-        counts once), ``alpha``, ``n_train``, ``n_test``; fit-linear adds
-        ``val_accuracy``, ``val_scores`` and ``chance`` (majority-class test
-        accuracy), fit-raw ``n_features``.
+        counts once) and ``test_interval`` (its 95% interval over the test
+        rows, ``[low, high]``), ``alpha``, ``n_train``, ``n_test``; fit-linear
+        adds ``val_accuracy`` and ``val_interval``, ``val_scores``, ``chance``
+        (majority-class test accuracy) and, with ``train_sizes``,
+        ``learning_curve`` (a list of ``{n_train, test_accuracy,
+        test_interval, alpha, fit_s}``); fit-raw adds ``n_features``.
     timings : dict
-        Seconds: ``fit_s``, and fit-linear's ``load_s``.
+        Seconds: ``fit_s``, and fit-linear's ``load_s`` (its share of the
+        store read).
+    rows : dict or None
+        ``{"test": ...}``: which test rows were right
+        (:func:`~reservoir.readouts.intervals.encode_rows`), what a paired
+        comparison of two results on the same rows needs.
 
     Examples
     --------
@@ -78,6 +84,7 @@ class FitResult(Result):
     task: dict[str, Any] | None = None
     metrics: dict[str, Any]
     timings: dict[str, float]
+    rows: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -89,27 +96,6 @@ def _check_readout(readout: str) -> None:
     """Refuse a readout name other than those of :data:`READOUTS` (one line)."""
     if readout not in READOUTS:
         raise ReservoirError(f"unknown readout {readout!r}; expected one of: {', '.join(READOUTS)}")
-
-
-def _make_readout(kind: str, seed: int, device: str, **kwargs):
-    """The ``kind`` readout, seeded; ``device`` and ``kwargs`` go to the logistic one (ridge runs in numpy)."""
-    if kind == "logistic":
-        return LogisticReadout(random_state=seed, device=device, **kwargs)
-    return RidgeReadout(random_state=seed)
-
-
-def _stream_eval(est, chunks, majority=None):
-    """Accuracy, rows, label counts and the share of labels equal to ``majority``, one pass over the chunks."""
-    hits = same = entries = 0.0
-    rows, counts = 0, np.zeros(0, np.int64)
-    for X, y in chunks():
-        hits += est.score(X, y) * len(X)
-        rows += len(X)
-        c = np.bincount(y.ravel())
-        counts = np.pad(counts, (0, max(0, len(c) - len(counts)))) + np.pad(c, (0, max(0, len(counts) - len(c))))
-        if majority is not None:
-            same, entries = same + float((y == majority).sum()), entries + y.size
-    return hits / max(rows, 1), rows, counts, same / max(entries, 1)
 
 
 def _wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[int]:
@@ -134,15 +120,21 @@ def fit_linear(
     device: str = "cpu",
     final_norm: bool = True,
     stream: bool | Literal["auto"] = False,
+    train_sizes: list[int | None] | None = None,
     results_dir: str | os.PathLike | None = None,
+    save: bool = False,
     on_result: Callable[[FitResult | None], None] | None = None,
 ) -> list[FitResult]:
     """Fit a linear readout on each asked layer of a store; one :class:`FitResult` per layer.
 
-    The L2 strength is chosen on the store's ``val`` split when it has one,
-    else on a validation split carved from train (``val_fraction`` of it,
-    seeded). Accuracy is on the full test split (each bit counts once for bit
-    tasks).
+    The layers are read from the store together, each chunk once, and each
+    is fitted over its whole L2 path (:mod:`reservoir.readouts.sweep`). The
+    L2 strength is chosen on the store's ``val`` split when it has one, else
+    on a validation split carved from train (``val_fraction`` of it, seeded).
+    Accuracy is on the full test split (each bit counts once for bit tasks),
+    with a 95% interval over the test rows (:mod:`reservoir.readouts.intervals`);
+    each result keeps which test rows were right (``rows``), so two results on
+    the same rows can be compared with a paired interval.
 
     Parameters
     ----------
@@ -155,40 +147,57 @@ def fit_linear(
         :class:`~reservoir.readouts.LogisticReadout` or
         :class:`~reservoir.readouts.RidgeReadout`.
     seed : int
-        Seed of the carved validation split.
+        Seed of the carved validation split, the path's subsample, the
+        learning curve's subsets and the bootstrap.
     device : str
         Torch device of the logistic fit (``cpu``, ``cuda``, ``cuda:N``, ``auto``).
     final_norm : bool
         Read each layer through the backbone's final norm (a depth-K readout).
     stream : bool or "auto"
-        ``True`` fits from :func:`iter_layer` chunks (about 64 MB each) with
-        ``fit_chunks`` and scores chunk by chunk, so no split is ever held
-        whole; ``"auto"`` streams when a layer's train features exceed
-        :data:`STREAM_AUTO_BYTES` (2 GiB) as float32. Streaming carves its
-        validation rows by a hash of the row index, not the permutation
+        ``True`` fits each layer from :func:`iter_layer` chunks (about 64 MB
+        each) with ``fit_chunks`` and scores chunk by chunk, so no split is
+        ever held whole; ``"auto"`` streams when a layer's train features
+        exceed :data:`STREAM_AUTO_BYTES` (2 GiB) as float32. Streaming carves
+        its validation rows by a hash of the row index, not the permutation
         ``fit`` uses, so a carved split (and the result) differs slightly from
         an in-memory fit; ``timings.load_s`` is then the time spent reading
         chunks over all passes, inside and outside ``fit_s``.
+    train_sizes : list of int or None, optional
+        A learning curve: the readout is also fitted on the first ``s`` rows
+        of one seeded permutation of the training rows for each ``s`` (nested
+        subsets; ``None`` means every row), each scored on the full test
+        split, in ``metrics["learning_curve"]``. Not with ``stream``.
     results_dir : path, optional
         When given, each result is also written to
         ``results_dir/<store name>/<readout>-layer<K>.json`` (the folder is
         proved writable before any fit). Nothing is written without it.
+    save : bool
+        Also keep each fitted readout as a probe beside its results file
+        (``<readout>-layer<K>.safetensors`` and ``.probe.json``;
+        :mod:`reservoir.readouts.probes`). Needs ``results_dir``.
     on_result : callable, optional
         Called with ``None`` once every layer has been checked (and
         ``results_dir`` proved writable), then with each result as soon as it
         is ready (the CLI prints a table row).
 
-    A bad ``readout``, ``stream``, ``device`` or ``seed`` is refused before
-    the store is opened.
+    A bad ``readout``, ``stream``, ``device``, ``seed`` or ``train_sizes`` is
+    refused before the store is opened.
 
     Examples
     --------
     >>> results = fit_linear("cache/bit-xor-minilm-pretrained.zarr", layers=[6])  # doctest: +SKIP
-    >>> results[0].metrics["test_accuracy"]                                        # doctest: +SKIP
+    >>> results[0].metrics["test_accuracy"], results[0].metrics["test_interval"]  # doctest: +SKIP
     """
+    from reservoir.readouts.sweep import sweep
+
     _check_readout(readout)
     if stream not in (True, False, "auto"):
         raise ReservoirError(f"expected stream to be true, false or 'auto', found {stream!r}")
+    sizes = _check_sizes(train_sizes)
+    if sizes and stream is True:
+        raise ReservoirError("expected train_sizes without stream (a learning curve refits in memory); found both")
+    if save and results_dir is None:
+        raise ReservoirError("expected a results_dir to save the probes beside their results; found none")
     seed, device = check_seed(seed), str(resolve_device(device))
     with opened(store) as st:
         if not st.complete:
@@ -202,88 +211,53 @@ def fit_linear(
         if on_result is not None:
             on_result(None)
         streamed = stream is True or (stream == "auto" and layer_bytes(st, "train") > STREAM_AUTO_BYTES)
+        if streamed and sizes:
+            raise ReservoirError(f"{st.path}: a layer's train features exceed {STREAM_AUTO_BYTES / 1024**3:.0f} GiB, "
+                                 "so they are streamed; a learning curve (train_sizes) needs them in memory")
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
+        has_val = "val" in st.splits
         results = []
-        for k in wanted:
-            result = _fit_layer(st, source, k, readout, seed, device, final_norm, streamed)
+        for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
+                         train_sizes=sizes):
+            est = fit.estimator
+            metrics = dict(fit.metrics)
+            if fit.curve:
+                metrics["learning_curve"] = fit.curve
+            result = FitResult(
+                kind="fit-linear",
+                config={"store": source, "layer": fit.layer, "readout": readout, "seed": seed,
+                        "final_norm": final_norm, "alphas": sorted(est.val_scores_),
+                        "validation": "store val split" if has_val else "carved from train", "stream": streamed,
+                        "train_sizes": None if not sizes else ["all" if s is None else s for s in sizes]},
+                store=st.fingerprint(), metrics=metrics, timings=fit.timings,
+                rows={"test": encode_rows(fit.test_correct, fit.heads)})
             if folder is not None:
-                result.write(folder / f"{readout}-layer{k}.json")
+                path = result.write(folder / f"{readout}-layer{fit.layer}.json")
+                if save:
+                    from reservoir.readouts.probes import save_probe
+
+                    save_probe(est, path.with_suffix(""), st, fit.layer, final_norm, result)
             results.append(result)
             if on_result is not None:
                 on_result(result)
         return results
 
 
-def _fit_layer(store: FeatureStore, source: str, k: int, readout: str, seed: int, device: str, final_norm: bool,
-               streamed: bool) -> FitResult:
-    """One readout on layer ``k`` of the store (``source`` names it), alpha chosen on its ``val`` split if any."""
-    has_val = "val" in store.splits
-    est = _make_readout(readout, seed, device)
-    metrics, timings = (_fit_streamed if streamed else _fit_in_memory)(est, store, k, final_norm, has_val)
-    return FitResult(
-        kind="fit-linear",
-        config={"store": source, "layer": k, "readout": readout, "seed": seed, "final_norm": final_norm,
-                "alphas": sorted(est.val_scores_), "validation": "store val split" if has_val else "carved from train",
-                "stream": streamed},
-        store=store.fingerprint(),
-        metrics={
-            "train_accuracy": metrics["train_accuracy"],
-            "val_accuracy": max(est.val_scores_.values()) if est.val_scores_ else float("nan"),
-            "test_accuracy": metrics["test_accuracy"],
-            "alpha": est.alpha_,
-            "val_scores": {str(a): s for a, s in est.val_scores_.items()},
-            "n_train": metrics["n_train"],
-            "n_test": metrics["n_test"],
-            "chance": metrics["chance"],
-        },
-        timings=timings,
-    )
-
-
-def _fit_in_memory(est, store, k, final_norm, has_val):
-    """Fit ``est`` on layer ``k`` loaded whole; ``(metrics, timings)`` over the train and test splits."""
-    t0 = time.perf_counter()
-    X, y = load_layer(store, "train", k, final_norm)
-    Xt, yt = load_layer(store, "test", k, final_norm)
-    val = load_layer(store, "val", k, final_norm) if has_val else None
-    t_load = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    est.fit(X, y, validation_data=val)
-    t_fit = time.perf_counter() - t0
-    metrics = {"train_accuracy": est.score(X, y), "test_accuracy": est.score(Xt, yt),
-               "n_train": len(X), "n_test": len(Xt),
-               "chance": float(np.mean(yt == np.bincount(y.ravel()).argmax()))}
-    return metrics, {"load_s": t_load, "fit_s": t_fit}
-
-
-def _fit_streamed(est, store, k, final_norm, has_val):
-    """As :func:`_fit_in_memory`, from store chunks (``fit_chunks``), scoring chunk by chunk."""
-    read_s = [0.0]
-
-    def chunks(split):
-        _, _, n_out, d = store.features(split).shape
-        step = store.chunk_rows(split)
-        rows = step * max(1, STREAM_CHUNK_BYTES // max(step * n_out * d * 4, 1))  # whole store chunks
-
-        def source():
-            it = iter_layer(store, split, k, final_norm, rows)
-            while True:
-                t0 = time.perf_counter()
-                item = next(it, None)
-                read_s[0] += time.perf_counter() - t0
-                if item is None:
-                    return
-                yield item
-        return source
-
-    t0 = time.perf_counter()
-    est.fit_chunks(chunks("train"), chunks("val") if has_val else None)
-    t_fit = time.perf_counter() - t0
-    train_acc, n_train, counts, _ = _stream_eval(est, chunks("train"))
-    test_acc, n_test, _, chance = _stream_eval(est, chunks("test"), majority=int(counts.argmax()))
-    metrics = {"train_accuracy": train_acc, "test_accuracy": test_acc, "n_train": n_train, "n_test": n_test,
-               "chance": chance}
-    return metrics, {"load_s": read_s[0], "fit_s": t_fit}
+def _check_sizes(sizes) -> list[int | None] | None:
+    """``train_sizes`` checked: positive integers or ``None`` (every row), no repeats."""
+    if sizes is None:
+        return None
+    out = []
+    for s in sizes:
+        if s is None or s == "all":
+            out.append(None)
+        elif isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 2:
+            out.append(int(s))
+        else:
+            raise ReservoirError(f"expected train_sizes of integers >= 2 or 'all'; found {s!r}")
+    if not out or len(set(out)) != len(out):
+        raise ReservoirError(f"expected a non-empty list of distinct train sizes; found {list(sizes)!r}")
+    return out
 
 
 def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, readout: str = "logistic", *,
@@ -334,16 +308,19 @@ def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, rea
         va = data.splits["val"]
         val = (va.inputs.reshape(len(va), -1), va.labels)
     # the textbook baseline: L2 on standardized pixels (whitening raw pixels amplifies near-constant ones)
-    est = _make_readout(readout, seed, device, **({"penalty": "standardized"} if readout == "logistic" else {}))
+    est = make_readout(readout, seed, device, **({"penalty": "standardized"} if readout == "logistic" else {}))
     t0 = time.perf_counter()
     est.fit(X, tr.labels, validation_data=val)
     t_fit = time.perf_counter() - t0
+    test = correct_rows(est, Xt, te.labels, 1)  # (N_test, heads)
     return FitResult(
         kind="fit-raw",
         config={"task": task if isinstance(task, str) else data.name, "task_params": data.params, "readout": readout,
                 "seed": seed},
         task={"name": data.name, "fingerprint": data.fingerprint},
-        metrics={"train_accuracy": est.score(X, tr.labels), "test_accuracy": est.score(Xt, te.labels),
+        metrics={"train_accuracy": est.score(X, tr.labels), **validation_metrics(est, seed),
+                 **interval_metrics("test", test.sum(1), test.shape[1], seed, est.score(Xt, te.labels)),
                  "alpha": est.alpha_, "n_features": int(X.shape[1]), "n_train": len(X), "n_test": len(Xt)},
         timings={"fit_s": t_fit},
+        rows={"test": encode_rows(test.sum(1), test.shape[1])},
     )

@@ -19,6 +19,8 @@ from sklearn.utils.validation import validate_data
 
 Chunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 
+#: Rows converted to float64 at a time when accumulating moments (a few MB: the block stays in cache).
+MOMENT_BLOCK_ROWS = 8192
 #: Fewer training rows than this are never split for validation (every row fits the one candidate).
 MIN_CARVE_ROWS = 10
 
@@ -138,18 +140,31 @@ class Moments:
         self.shift, self.full, self.n = shift, full, 0
         self.s1 = self.sxx = None
 
-    def update(self, X: np.ndarray) -> np.ndarray:
-        """Add rows ``X (n, d)``; returns them shifted, float64 ``(n, d)``."""
-        if self.shift is None:
-            self.shift = X.astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
-        Xs = X.astype(np.float64) - self.shift  # (n, d)
-        sxx = Xs.T @ Xs if self.full else (Xs * Xs).sum(0)  # (d, d) or (d,)
+    def update(self, X: np.ndarray, targets: np.ndarray | None = None) -> np.ndarray | None:
+        """Add rows ``X (n, d)`` (any float dtype; sums in float64, a block of rows at a time).
+
+        With ``targets (n, k)``, also returns ``(X - shift)ᵀ targets`` ``(d, k)`` in float64, from the same
+        read of the rows (what ridge needs per class).
+        """
+        if self.shift is None:  # close to the mean is all the shift needs to be: the first rows' mean
+            self.shift = X[:MOMENT_BLOCK_ROWS].astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
+        d = X.shape[1]
+        s1 = np.zeros(d)
+        sxx = np.zeros((d, d) if self.full else d)
+        xt = None if targets is None else np.zeros((d, targets.shape[1]))
+        for lo in range(0, len(X), MOMENT_BLOCK_ROWS):  # float64 a block at a time: no float64 copy of X
+            B = X[lo: lo + MOMENT_BLOCK_ROWS].astype(np.float64)
+            B -= self.shift  # (m, d)
+            s1 += B.sum(0)
+            sxx += B.T @ B if self.full else np.einsum("ij,ij->j", B, B)  # BᵀB: a symmetric rank-k update
+            if xt is not None:
+                xt += B.T @ targets[lo: lo + MOMENT_BLOCK_ROWS]
         if self.s1 is None:
-            self.s1, self.sxx = Xs.sum(0), sxx
+            self.s1, self.sxx = s1, sxx
         else:
-            self.s1, self.sxx = self.s1 + Xs.sum(0), self.sxx + sxx
+            self.s1, self.sxx = self.s1 + s1, self.sxx + sxx
         self.n += len(X)
-        return Xs
+        return xt
 
     def __add__(self, other: Moments) -> Moments:
         """The moments of both row sets; both must be shifted alike (else the sums would not add up)."""

@@ -1,0 +1,146 @@
+"""95% intervals for accuracies over test rows, and paired intervals of the difference of two.
+
+An accuracy is a mean over rows of each row's share of correct heads (one
+head for most tasks; bit XOR's bits, bit memory's output tokens x bits are
+several heads of one row). The rows are the unit of resampling, so a row with
+many heads counts once, as it was drawn once.
+
+* One head per row: the correct rows are binomial, and the interval is
+  Wilson's score interval (close to 95% coverage at every accuracy, and not
+  degenerate at 0% or 100%, where a bootstrap collapses to a point).
+* Several heads: a seeded percentile bootstrap over rows. A row's share of
+  correct heads takes few distinct values, so a resample is a multinomial
+  draw over them, and the bootstrap is exact and cheap for any number of
+  rows.
+* A difference of two readouts on the same rows: the paired bootstrap of the
+  mean per-row difference (seeded, same draw), so what both get right or wrong
+  cancels; the difference is marked when its interval excludes zero.
+
+Per-row results travel in results files as :func:`encode_rows` (counts of
+correct heads, base64).
+
+Examples
+--------
+>>> correct = np.array([1] * 90 + [0] * 10)
+>>> [round(v, 3) for v in accuracy_interval(correct, heads=1)]
+[0.826, 0.945]
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+
+LEVEL = 0.95
+#: Bootstrap resamples of an interval or a paired difference.
+RESAMPLES = 4000
+
+
+def _z(level: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
+def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson's score interval for ``k`` successes in ``n`` trials.
+
+    Examples
+    --------
+    >>> [round(v, 4) for v in wilson(1000, 1000)]
+    [0.9962, 1.0]
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    z, p = _z(level), k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _bootstrap_means(values: np.ndarray, seed: int, resamples: int) -> np.ndarray:
+    """Means of ``resamples`` bootstrap resamples of ``values`` (rows drawn with replacement), exactly:
+    a multinomial draw over the distinct values and their counts."""
+    levels, counts = np.unique(values, return_counts=True)
+    draws = np.random.default_rng(seed).multinomial(len(values), counts / len(values), size=resamples)
+    return draws @ levels / len(values)  # (resamples,)
+
+
+def accuracy_interval(correct: np.ndarray, heads: int = 1, *, seed: int = 0, level: float = LEVEL,
+                      resamples: int = RESAMPLES) -> tuple[float, float]:
+    """The 95% interval of the accuracy of rows with ``correct[i]`` of ``heads`` heads right.
+
+    Wilson's interval for one head, a seeded percentile bootstrap over rows for several.
+    """
+    correct = np.asarray(correct)
+    if len(correct) == 0:
+        return (math.nan, math.nan)
+    if heads == 1:
+        return wilson(int(correct.sum()), len(correct), level)
+    means = _bootstrap_means(correct / heads, seed, resamples)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return (float(lo), float(hi))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``a - b`` in accuracy over the same rows, its paired 95% interval, and whether it excludes zero."""
+
+    diff: float
+    low: float
+    high: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, heads: int = 1, *, seed: int = 0,
+                      level: float = LEVEL, resamples: int = RESAMPLES) -> Difference:
+    """The accuracy of ``a`` minus that of ``b`` on the same rows, with a paired bootstrap interval.
+
+    Examples
+    --------
+    >>> a, b = np.ones(500), np.r_[np.ones(450), np.zeros(50)]
+    >>> paired_difference(a, b).excludes_zero, paired_difference(a, a).excludes_zero
+    (True, False)
+    """
+    a, b = np.asarray(correct_a, np.float64), np.asarray(correct_b, np.float64)
+    if a.shape != b.shape:
+        raise ReservoirError(f"expected per-row results of the same rows; found {len(a)} and {len(b)} rows")
+    d = (a - b) / heads  # (n,)
+    if len(d) == 0:
+        return Difference(math.nan, math.nan, math.nan)
+    means = _bootstrap_means(d, seed, resamples)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return Difference(float(d.mean()), float(lo), float(hi))
+
+
+def encode_rows(correct: np.ndarray, heads: int) -> dict:
+    """Per-row counts of correct heads as a JSON-ready record (little-endian unsigned integers, base64)."""
+    dtype = np.uint8 if heads < 256 else (np.uint16 if heads < 65536 else np.uint32)
+    data = np.asarray(correct).astype(dtype).astype(np.dtype(dtype).newbyteorder("<"))
+    return {"heads": int(heads), "dtype": np.dtype(dtype).name, "rows": int(len(data)),
+            "correct": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def decode_rows(record: dict, where: str = "results") -> tuple[np.ndarray, int]:
+    """``(correct (n,), heads)`` from :func:`encode_rows`'s record; anything malformed is one line."""
+    try:
+        heads, rows, dtype = int(record["heads"]), int(record["rows"]), str(record["dtype"])
+        if dtype not in ("uint8", "uint16", "uint32") or heads < 1:
+            raise ValueError(f"dtype {dtype!r}, heads {heads}")
+        raw = base64.b64decode(record["correct"], validate=True)
+        correct = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<")).astype(np.int64)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ReservoirError(f"{where}: expected per-row results (heads, rows, dtype, base64 counts); "
+                             f"found a malformed record ({err})") from None
+    if len(correct) != rows or (correct > heads).any():
+        raise ReservoirError(f"{where}: expected {rows} per-row counts of at most {heads}; found {len(correct)} "
+                             f"rows, largest {int(correct.max(initial=0))}")
+    return correct, heads

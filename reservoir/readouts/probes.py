@@ -1,0 +1,212 @@
+"""Probes you keep: a fitted readout saved as safetensors + JSON, reloaded, and applied to another store.
+
+A probe is two files with one base name: ``<base>.safetensors`` (the learned
+arrays: ``coef``, ``intercept``, ``classes`` and, for the logistic readout,
+``mean``) and ``<base>.probe.json`` (the readout's kind and parameters, the
+chosen strength, the feature width, the number of heads and, when saved from a
+store, the layer, whether the final norm was applied, the pooling, and the
+store's backbone, projection and fingerprint, plus the sha256 of the weights
+file). Nothing in either file is executed: safetensors holds raw arrays and
+the JSON is data; a weights file whose sha256 differs from the JSON's is
+refused.
+
+:func:`predict_store` applies a probe to a store of the same backbone and
+projection (another split, another task's store, a store extracted later) and
+refuses, in one line, a store whose backbone, projection, layers, pooling or
+feature width differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from reservoir.errors import ReservoirError
+
+if TYPE_CHECKING:
+    from reservoir.readouts.logistic import LogisticReadout
+    from reservoir.readouts.ridge import RidgeReadout
+    from reservoir.readouts.run import FitResult
+    from reservoir.store import FeatureStore
+
+FORMAT = "reservoir.probe/1"
+#: Backbone fields that must agree between a probe and a store (``depth`` may differ: a deeper or shallower
+#: store of the same model holds the same layers).
+BACKBONE_KEYS = ("id", "family", "init", "seed", "n_layer", "n_dim", "weights_sha256", "revision",
+                 "final_norm_eps", "final_norm_kind")
+
+
+def _files(base: str | os.PathLike) -> tuple[Path, Path]:
+    """The probe's weights and JSON paths from its base name (a ``.probe.json`` or ``.safetensors`` path too)."""
+    text = os.fspath(base)
+    for suffix in (".probe.json", ".safetensors"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)]
+    return Path(text + ".safetensors"), Path(text + ".probe.json")
+
+
+def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dict[str, Any] | None = None) -> Path:
+    """Write a fitted readout as ``<base>.safetensors`` and ``<base>.probe.json``; returns the JSON's path.
+
+    ``meta`` (JSON-ready) is kept in the JSON as it is (what :func:`save_probe` records about the store).
+    """
+    from safetensors.numpy import save as st_save
+    from sklearn.utils.validation import check_is_fitted
+
+    from reservoir.results import write_result
+    from reservoir.tasks.files import publish
+
+    check_is_fitted(est)
+    weights, info = _files(base)
+    arrays = {"coef": np.ascontiguousarray(est.coef_, np.float32),
+              "intercept": np.ascontiguousarray(est.intercept_, np.float32),
+              "classes": np.ascontiguousarray(est.classes_, np.int64)}
+    if hasattr(est, "mean_"):
+        arrays["mean"] = np.ascontiguousarray(est.mean_, np.float32)
+    blob = st_save(arrays)
+    tmp = weights.with_name(f".{weights.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(blob)
+        publish(tmp, weights)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ReservoirError(f"{weights}: could not write the probe ({err.strerror or err})") from None
+    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in est.get_params().items()}
+    write_result(info, {
+        "format": FORMAT, "readout": type(est).__name__, "params": params, "alpha": est.alpha_,
+        "n_features": int(est.n_features_in_), "n_heads": int(est.n_heads_), "classes": est.classes_.tolist(),
+        "weights": weights.name, "weights_sha256": hashlib.sha256(blob).hexdigest(), **(meta or {})})
+    return info
+
+
+def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[str, Any]]:
+    """The readout a probe holds (fitted, ready to ``predict``) and its JSON record.
+
+    Raises
+    ------
+    ReservoirError
+        One line for a missing or unreadable file, a JSON of another format,
+        weights whose sha256 does not match, or arrays of the wrong shapes.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as st_load
+
+    from reservoir.readouts.logistic import LogisticReadout
+    from reservoir.readouts.ridge import RidgeReadout
+    from reservoir.tasks.files import read_json
+
+    weights, info = _files(base)
+    meta = read_json(info, "a probe JSON object")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ReservoirError(f"{info}: expected a probe of format {FORMAT!r}; found {found!r}")
+    kinds = {"LogisticReadout": LogisticReadout, "RidgeReadout": RidgeReadout}
+    if meta.get("readout") not in kinds:
+        raise ReservoirError(f"{info}: expected readout LogisticReadout or RidgeReadout; found {meta.get('readout')!r}")
+    try:
+        blob = weights.read_bytes()
+    except OSError as err:
+        raise ReservoirError(f"{weights}: expected the probe's weights; found {err.strerror or err}") from None
+    if hashlib.sha256(blob).hexdigest() != meta.get("weights_sha256"):
+        raise ReservoirError(f"{weights}: the weights do not match the sha256 recorded in {info.name} (changed "
+                             "after it was saved); save the probe again")
+    try:
+        arrays = st_load(blob)
+    except (SafetensorError, ValueError) as err:
+        raise ReservoirError(f"{weights}: expected safetensors weights; found {err}") from None
+    cls = kinds[meta["readout"]]
+    params = {k: v for k, v in (meta.get("params") or {}).items() if k in cls().get_params()}
+    est = cls(**params)
+    try:
+        d, H = int(meta["n_features"]), int(meta["n_heads"])
+        coef, intercept, classes = arrays["coef"], arrays["intercept"], arrays["classes"]
+        if coef.shape != (max(H, 1), len(classes), d) or intercept.shape != coef.shape[:2]:
+            raise ValueError(f"coef {coef.shape}, intercept {intercept.shape} for {len(classes)} classes, {d} "
+                             "features")
+        est.coef_, est.intercept_, est.classes_ = coef, intercept, classes
+        est.n_features_in_, est.n_heads_, est.alpha_ = d, H, float(meta["alpha"])
+        if cls is LogisticReadout:
+            est.mean_ = arrays["mean"]
+            if est.mean_.shape != (d,):
+                raise ValueError(f"mean {est.mean_.shape}")
+    except (KeyError, TypeError, ValueError) as err:
+        raise ReservoirError(f"{info}: expected a fitted {cls.__name__}; found a probe without {err}") from None
+    return est, meta
+
+
+def save_probe(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, store: FeatureStore, layer: int,
+               final_norm: bool, result: FitResult | None = None) -> Path:
+    """Save a readout fitted on ``layer`` of ``store`` with what applying it elsewhere must match."""
+    a = store.attrs
+    meta = {"layer": layer, "final_norm": final_norm, "pooling": a["pooling"],
+            "backbone": {k: a["backbone"].get(k) for k in BACKBONE_KEYS}, "projection": a["projection"],
+            "store": store.fingerprint(), "store_path": str(store.path)}
+    if result is not None:
+        meta["fit"] = {k: result.metrics.get(k) for k in ("test_accuracy", "test_interval", "val_accuracy")}
+    return save(est, base, meta)
+
+
+def check_store(meta: dict[str, Any], store: FeatureStore, where: str) -> None:
+    """Refuse (one line) a store the probe cannot read: another backbone, projection, layer, pooling or width."""
+    a = store.attrs
+    for key in BACKBONE_KEYS:
+        want, got = (meta.get("backbone") or {}).get(key), a["backbone"].get(key)
+        if want != got:
+            raise ReservoirError(f"{store.path}: expected a store of the probe's backbone ({where}); found "
+                                 f"backbone.{key} = {got!r}, the probe's is {want!r}")
+    proj = {k: v for k, v in a["projection"].items()}
+    if proj != meta.get("projection"):
+        diff = next(k for k in sorted(set(proj) | set(meta.get("projection") or {}))
+                    if proj.get(k) != (meta.get("projection") or {}).get(k))
+        raise ReservoirError(f"{store.path}: expected the probe's input projection ({where}); found projection."
+                             f"{diff} = {proj.get(diff)!r}, the probe's is {(meta.get('projection') or {}).get(diff)!r}")
+    if meta.get("layer") not in store.layers:
+        raise ReservoirError(f"{store.path}: expected layer {meta.get('layer')} (the probe's); found layers "
+                             f"{store.layers}")
+    if int(a["backbone"]["n_dim"]) != int(meta["n_features"]):
+        raise ReservoirError(f"{store.path}: expected features of width {meta['n_features']}; found "
+                             f"{a['backbone']['n_dim']}")
+    if (meta.get("pooling") or {}).get("n_out_tokens") != a["pooling"].get("n_out_tokens"):
+        raise ReservoirError(f"{store.path}: expected {meta['pooling'].get('n_out_tokens')} output token(s) per row "
+                             f"(the probe's); found {a['pooling'].get('n_out_tokens')}")
+
+
+def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathLike,
+                  splits: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Apply a saved probe to a store: per split, the predictions and the accuracy with its interval.
+
+    Returns ``{split: {"predictions": ndarray (N * n_out_tokens, ...), "accuracy": float,
+    "interval": [low, high], "rows": N}}``.
+
+    Examples
+    --------
+    >>> out = predict_store("results/fit-linear/xor/logistic-layer2", "cache/xor-again.zarr")  # doctest: +SKIP
+    >>> out["test"]["accuracy"], out["test"]["interval"]                                       # doctest: +SKIP
+    """
+    from reservoir.readouts.features import load_layer, opened
+    from reservoir.readouts.intervals import accuracy_interval
+
+    est, meta = load(probe)
+    where = os.fspath(_files(probe)[1])
+    if "layer" not in meta:
+        raise ReservoirError(f"{where}: expected a probe saved from a store (fit-linear --save); found one "
+                             "without its layer")
+    out = {}
+    with opened(store) as st:
+        if not st.complete:
+            raise ReservoirError(f"{st.path}: expected a complete store, found an unfinished extraction (rerun it)")
+        check_store(meta, st, where)
+        for split in splits or st.splits:
+            X, y = load_layer(st, split, int(meta["layer"]), bool(meta.get("final_norm", True)))
+            pred = np.asarray(est.predict(X))
+            n_out = st.n_out_tokens
+            hit = (pred == y).reshape(len(y) // n_out, -1) if len(y) else np.zeros((0, 1), bool)
+            acc = float(hit.mean()) if hit.size else float("nan")
+            out[split] = {"predictions": pred, "accuracy": acc, "rows": len(hit),
+                          "interval": list(accuracy_interval(hit.sum(1), hit.shape[1]))}
+    return out

@@ -1,0 +1,200 @@
+"""The sweep engine behind ``fit-linear``: every asked layer of a store read once, each fitted over its L2 path.
+
+A store chunk holds every layer of its rows, so the layers of a sweep are read
+together (:func:`~reservoir.readouts.features.read_layers`): as many layers at
+a time as fit in :data:`SWEEP_BYTES` of float32 features, one read of the
+store per group. Each layer is then fitted with its readout (the logistic
+readout fits its whole L2 path as one batched problem on a subsample and the
+chosen strength on all rows; the ridge readout its path from one
+eigendecomposition), scored on the full test split row by row, and given 95%
+intervals (:mod:`reservoir.readouts.intervals`). With ``train_sizes`` the same
+layer is also fitted on nested, seeded subsets of the training rows (a
+learning curve). A layer too large for memory is fitted from store chunks
+(``streamed``), every pass reading the store again.
+
+What a layer's fit produced is a :class:`LayerFit`; :func:`reservoir.readouts.fit_linear`
+turns it into a :class:`~reservoir.readouts.FitResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reservoir.readouts.features import iter_layer, layer_bytes, read_layers
+from reservoir.readouts.intervals import accuracy_interval
+from reservoir.readouts.logistic import LogisticReadout
+from reservoir.readouts.ridge import RidgeReadout
+from reservoir.store import FeatureStore
+
+#: Float32 bytes of features (all splits) read into memory at once; more layers are read in groups.
+SWEEP_BYTES = 4 * 1024**3
+#: Bytes (float32) of features per chunk when streaming, rounded to whole store chunks.
+STREAM_CHUNK_BYTES = 64 * 1024**2
+
+
+def make_readout(kind: str, seed: int, device: str, **kwargs) -> LogisticReadout | RidgeReadout:
+    """The ``kind`` readout, seeded; ``device`` and ``kwargs`` go to the logistic one (ridge runs in numpy)."""
+    if kind == "logistic":
+        return LogisticReadout(random_state=seed, device=device, **kwargs)
+    return RidgeReadout(random_state=seed)
+
+
+@dataclass
+class LayerFit:
+    """One layer's readout: the fitted estimator, its metrics and timings, and the test rows it got right.
+
+    ``test_correct`` counts the correct heads of each test row of the store (a
+    row with ``n_out_tokens`` output tokens of ``H`` heads has ``heads =
+    n_out_tokens * H``), what paired comparisons between readouts resample.
+    """
+
+    layer: int
+    estimator: LogisticReadout | RidgeReadout
+    metrics: dict[str, Any]
+    timings: dict[str, float]
+    test_correct: np.ndarray
+    heads: int
+    curve: list[dict[str, Any]] = field(default_factory=list)
+
+
+def correct_rows(est, X: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
+    """Correct heads per store row ``(N, n_out * H)`` (``n_out`` readout rows make one store row)."""
+    hit = np.asarray(est.predict(X)) == y  # (N * n_out,) or (N * n_out, H)
+    return hit.reshape(len(y) // n_out, -1)
+
+
+def interval_metrics(prefix: str, correct: np.ndarray, heads: int, seed: int,
+                     accuracy: float | None = None) -> dict[str, Any]:
+    """``{prefix}_accuracy`` (``accuracy`` when given: the estimator's own ``score``) and ``{prefix}_interval``
+    of per-row counts of correct heads."""
+    if accuracy is None:
+        accuracy = float(correct.sum() / max(correct.size * heads, 1)) if len(correct) else float("nan")
+    return {f"{prefix}_accuracy": accuracy,
+            f"{prefix}_interval": list(accuracy_interval(correct, heads, seed=seed))}
+
+
+def validation_metrics(est, seed: int) -> dict[str, Any]:
+    """The chosen strength's validation accuracy and interval (from the estimator's per-row record)."""
+    if getattr(est, "val_correct_", None) is None:
+        return {"val_accuracy": float("nan"), "val_interval": [float("nan"), float("nan")]}
+    heads = est.n_heads_ or 1
+    out = interval_metrics("val", est.val_correct_, heads, seed)
+    out["val_accuracy"] = est.val_scores_[est.alpha_]
+    return out
+
+
+def _layer_groups(store: FeatureStore, layers: list[int], splits: list[str]) -> list[list[int]]:
+    """``layers`` cut into groups whose float32 features over ``splits`` fit :data:`SWEEP_BYTES`."""
+    per_layer = sum(layer_bytes(store, s) for s in splits)
+    size = max(1, SWEEP_BYTES // max(per_layer, 1))
+    return [layers[i: i + size] for i in range(0, len(layers), size)]
+
+
+def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, device: str, final_norm: bool,
+          streamed: bool, train_sizes: list[int | None] | None = None) -> Iterator[LayerFit]:
+    """Fit ``readout`` on each of ``layers``, yielding each :class:`LayerFit` as soon as it is done."""
+    has_val = "val" in store.splits
+    splits = ["train", "test", *(["val"] if has_val else [])]
+    if streamed:
+        for k in layers:
+            yield _fit_streamed(store, k, readout, seed, device, final_norm, has_val)
+        return
+    n_out = store.n_out_tokens
+    for group in _layer_groups(store, layers, splits):
+        t0 = time.perf_counter()
+        data = {s: read_layers(store, s, group, final_norm) for s in splits}
+        load_s = (time.perf_counter() - t0) / len(group)  # the group's read, shared out
+        (X, y), (Xt, yt) = data["train"], data["test"]
+        majority = int(np.bincount(y.ravel()).argmax())
+        for i, k in enumerate(group):
+            est = make_readout(readout, seed, device)
+            val = (data["val"][0][i], data["val"][1]) if has_val else None
+            t0 = time.perf_counter()
+            est.fit(X[i], y, validation_data=val)
+            fit_s = time.perf_counter() - t0
+            test = correct_rows(est, Xt[i], yt, n_out)  # (N_test, heads)
+            heads = test.shape[1]
+            metrics = {"train_accuracy": est.score(X[i], y), **validation_metrics(est, seed),
+                       **interval_metrics("test", test.sum(1), heads, seed, est.score(Xt[i], yt))}
+            metrics.update(_path_metrics(est, len(X[i]), len(Xt[i]), float(np.mean(yt == majority))))
+            curve = _learning_curve(readout, seed, device, X[i], y, Xt[i], yt, val, n_out, train_sizes)
+            yield LayerFit(k, est, metrics, {"load_s": load_s, "fit_s": fit_s}, test.sum(1), heads, curve)
+
+
+def _path_metrics(est, n_train: int, n_test: int, chance: float) -> dict[str, Any]:
+    return {"alpha": est.alpha_, "val_scores": {str(a): s for a, s in est.val_scores_.items()},
+            "n_train": n_train, "n_test": n_test, "chance": chance,
+            "interval": "95%: Wilson score (one head per row) or bootstrap over rows (several heads)"}
+
+
+def _learning_curve(readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> list[dict[str, Any]]:
+    """Test accuracy (with its interval) of the readout fitted on nested, seeded subsets of the training rows.
+
+    The subsets are the first ``s`` store rows of one seeded permutation (a row's ``n_out`` output tokens stay
+    together), so each is contained in the next; ``None`` is every row.
+    """
+    if not sizes:
+        return []
+    n_rows = len(y) // n_out
+    order = np.random.default_rng([seed, 2]).permutation(n_rows)  # nested subsets: prefixes of one permutation
+    curve = []
+    for size in sizes:
+        s = n_rows if size is None else min(int(size), n_rows)
+        rows = (np.sort(order[:s])[:, None] * n_out + np.arange(n_out)).ravel()
+        est = make_readout(readout, seed, device)
+        t0 = time.perf_counter()
+        est.fit(X[rows], y[rows], validation_data=val)
+        fit_s = time.perf_counter() - t0
+        test = correct_rows(est, Xt, yt, n_out)
+        curve.append({"n_train": s, **interval_metrics("test", test.sum(1), test.shape[1], seed, est.score(Xt, yt)),
+                      "alpha": est.alpha_, "fit_s": fit_s})
+    return curve
+
+
+def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: str, final_norm: bool,
+                  has_val: bool) -> LayerFit:
+    """One layer fitted from store chunks (``fit_chunks``) and scored chunk by chunk; nothing held whole."""
+    read_s = [0.0]
+    n_out = store.n_out_tokens
+
+    def chunks(split):
+        _, _, n_o, d = store.features(split).shape
+        step = store.chunk_rows(split)
+        rows = step * max(1, STREAM_CHUNK_BYTES // max(step * n_o * d * 4, 1))  # whole store chunks
+
+        def source():
+            it = iter_layer(store, split, k, final_norm, rows)
+            while True:
+                t0 = time.perf_counter()
+                item = next(it, None)
+                read_s[0] += time.perf_counter() - t0
+                if item is None:
+                    return
+                yield item
+        return source
+
+    est = make_readout(readout, seed, device)
+    t0 = time.perf_counter()
+    est.fit_chunks(chunks("train"), chunks("val") if has_val else None)
+    fit_s = time.perf_counter() - t0
+    hits, rows, counts = 0, 0, np.zeros(0, np.int64)
+    for X, y in chunks("train")():
+        hits += est.score(X, y) * len(X)
+        rows += len(X)
+        c = np.bincount(y.ravel())
+        counts = np.pad(counts, (0, max(0, len(c) - len(counts)))) + np.pad(c, (0, max(0, len(counts) - len(c))))
+    majority = int(counts.argmax())
+    parts, same, entries = [], 0.0, 0
+    for X, y in chunks("test")():
+        parts.append(correct_rows(est, X, y, n_out))
+        same, entries = same + float((y == majority).sum()), entries + y.size
+    test = np.concatenate(parts) if parts else np.zeros((0, 1), np.int64)
+    metrics = {"train_accuracy": hits / max(rows, 1), **validation_metrics(est, seed),
+               **interval_metrics("test", test.sum(1), test.shape[1], seed)}
+    metrics.update(_path_metrics(est, rows, len(test) * n_out, same / max(entries, 1)))
+    return LayerFit(k, est, metrics, {"load_s": read_s[0], "fit_s": fit_s}, test.sum(1), test.shape[1])

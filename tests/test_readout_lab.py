@@ -1,0 +1,241 @@
+"""The readout lab: the batched L2 path, intervals, learning curves, probes kept and applied."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from reservoir.cli import main
+from reservoir.errors import ReservoirError
+from reservoir.readouts import LogisticReadout, RidgeReadout, fit_linear, load_layer
+from reservoir.readouts.intervals import accuracy_interval, decode_rows, encode_rows, paired_difference, wilson
+from reservoir.readouts.lbfgs import lbfgs
+from reservoir.readouts.logistic import Multinomial
+from reservoir.readouts.stats import Moments
+
+
+def _problem(seed=0, n=600, d=10, classes=4, heads=1):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).astype(np.float32) * np.logspace(-1, 1, d).astype(np.float32) + 3
+    W = rng.normal(size=(d, heads * classes))
+    Y = (X @ W + 2 * rng.normal(size=(n, heads * classes))).reshape(n, heads, classes).argmax(-1)  # (n, H)
+    m = Moments()
+    m.update(X)
+    lam, V = np.linalg.eigh(m.scatter() / m.n)
+    P = torch.as_tensor(V / np.sqrt(lam), dtype=torch.float32)
+    Xc = torch.as_tensor(X - m.mean.astype(np.float32))
+    return Xc, torch.as_tensor(Y), P, classes, heads
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+def test_batched_path_equals_each_strength_alone(heads):
+    """All strengths in one batched L-BFGS give each strength's own minimum (same coefficients)."""
+    Xc, Y, P, C, H = _problem(heads=heads)
+    alphas = [1.0, 1e-1, 1e-2, 1e-3]
+
+    def problem(strengths):
+        return Multinomial(lambda: ((Xc, Y),), len(Xc), P, H, C, torch.tensor(strengths))
+
+    batched = problem(alphas)
+    together = lbfgs(batched, torch.zeros(len(alphas), batched.size), ftol=0, gtol=1e-5, max_iter=2000).theta
+    for i, a in enumerate(alphas):
+        alone = problem([a])
+        theta = lbfgs(alone, torch.zeros(1, alone.size), ftol=0, gtol=1e-5, max_iter=2000).theta
+        np.testing.assert_allclose(together[i].numpy(), theta[0].numpy(), atol=2e-4 * max(1, theta.abs().max()))
+        f_together, _ = alone(together[i:i + 1], torch.zeros(1, dtype=torch.long))
+        f_alone, _ = alone(theta, torch.zeros(1, dtype=torch.long))
+        assert abs(float(f_together - f_alone)) < 1e-6 * max(1.0, abs(float(f_alone)))
+
+
+def test_batched_path_matches_sklearn_on_whitened_features():
+    """An independent solver: scikit-learn's multinomial LogisticRegression with C = 1 / (alpha n) on Xc P."""
+    from sklearn.linear_model import LogisticRegression
+
+    Xc, Y, P, C, H = _problem(seed=2)
+    assert len(np.unique(Y)) == C  # every class present, as scikit-learn's model has only the classes it sees
+    alphas = [1e-1, 1e-3]
+    prob = Multinomial(lambda: ((Xc, Y),), len(Xc), P, H, C, torch.tensor(alphas))
+    theta = lbfgs(prob, torch.zeros(2, prob.size), ftol=0, gtol=1e-5, max_iter=3000).theta
+    Z = (Xc @ P).numpy().astype(np.float64)
+    for i, a in enumerate(alphas):
+        sk = LogisticRegression(C=1 / (a * len(Z)), tol=1e-10, max_iter=10_000).fit(Z, Y[:, 0].numpy())
+        V, b = prob.unpack(theta[i: i + 1])
+        ours = Z @ V[0].numpy() + b[0].numpy()
+        ref = sk.decision_function(Z)
+        # multinomial logits are defined up to a shift per row: compare centred logits
+        ref = ref - ref.mean(1, keepdims=True)
+        np.testing.assert_allclose(ours - ours.mean(1, keepdims=True), ref, atol=2e-3 * np.abs(ref).max())
+
+
+def test_readout_subsampled_path_then_refit_on_all_rows():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(3000, 8)).astype(np.float32)
+    y = (X[:, 0] + 0.5 * X[:, 1] + 0.5 * rng.normal(size=3000) > 0).astype(int)
+    est = LogisticReadout(path_rows=500).fit(X, y)
+    assert est.path_rows_ == 500 and len(est.val_scores_) == 8
+    full = LogisticReadout(path_rows=None).fit(X, y)
+    assert full.path_rows_ == 2700
+    assert abs(est.score(X, y) - full.score(X, y)) < 0.01
+    assert est.val_correct_.shape == (300,) and est.val_correct_.sum() / 300 == est.val_scores_[est.alpha_]
+
+
+# -- intervals --------------------------------------------------------------------------
+def test_wilson_interval_covers_about_95_percent():
+    """200 seeded simulated readouts of 1,000 test rows at a true accuracy of 80%: ~95% of intervals hold it."""
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(200):
+        correct = rng.random(1000) < 0.8
+        lo, hi = accuracy_interval(correct.astype(int))
+        hits += lo <= 0.8 <= hi
+    assert 180 <= hits <= 199  # 95% of 200 is 190; the binomial spread of the count is about 3
+
+
+def test_bootstrap_interval_of_multi_head_rows_covers_about_95_percent():
+    """Rows of 5 heads whose hits are correlated within a row (an easy or a hard row): the bootstrap resamples
+    rows, and ~95% of 200 intervals hold the true accuracy."""
+    rng = np.random.default_rng(1)
+    p_row = np.array([0.95, 0.4])  # easy and hard rows, 70% of rows easy: true accuracy 0.785
+    truth = 0.7 * 0.95 + 0.3 * 0.4
+    hits = 0
+    for seed in range(200):
+        easy = rng.random(800) < 0.7
+        correct = rng.binomial(5, np.where(easy, p_row[0], p_row[1]))
+        lo, hi = accuracy_interval(correct, heads=5, seed=seed)
+        hits += lo <= truth <= hi
+    assert 178 <= hits <= 199
+
+
+def test_intervals_are_seeded_and_honest_at_the_edges():
+    assert accuracy_interval(np.r_[np.full(100, 3), np.zeros(20)], 5, seed=1) == \
+        accuracy_interval(np.r_[np.full(100, 3), np.zeros(20)], 5, seed=1)
+    lo, hi = wilson(500, 500)
+    assert hi == 1.0 and 0.99 < lo < 1.0  # never the point [1, 1] a bootstrap would give
+    d = paired_difference(np.ones(400), np.r_[np.ones(380), np.zeros(20)])
+    assert d.diff == pytest.approx(0.05) and d.excludes_zero and d.low > 0
+    same = paired_difference(np.r_[np.ones(200), np.zeros(200)], np.r_[np.zeros(200), np.ones(200)])
+    assert same.diff == 0 and not same.excludes_zero
+
+
+def test_rows_record_round_trip_and_refusals():
+    correct = np.array([0, 3, 5, 1])
+    got, heads = decode_rows(encode_rows(correct, 5))
+    assert heads == 5 and np.array_equal(got, correct)
+    big, _ = decode_rows(json.loads(json.dumps(encode_rows(np.array([1000, 7]), 1000))))
+    assert big.tolist() == [1000, 7]
+    bad = encode_rows(correct, 5) | {"rows": 9}
+    with pytest.raises(ReservoirError, match="expected 9 per-row counts"):
+        decode_rows(bad)
+    with pytest.raises(ReservoirError, match="malformed"):
+        decode_rows({"heads": 1, "rows": 1, "dtype": "uint8", "correct": "%%%"})
+
+
+# -- probes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [LogisticReadout, RidgeReadout])
+@pytest.mark.parametrize("multi", [False, True])
+def test_probe_save_load_round_trip(tmp_path, cls, multi):
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(400, 6)).astype(np.float32)
+    y = np.stack([(X[:, i] > 0).astype(int) + (X[:, i] > 1) for i in range(3)], 1) if multi else (X[:, 0] > 0) * 2
+    est = cls().fit(X, y)
+    path = est.save(tmp_path / "probe", note="a test")
+    assert path.name == "probe.probe.json" and (tmp_path / "probe.safetensors").is_file()
+    back = cls.load(tmp_path / "probe")
+    assert np.array_equal(back.predict(X), est.predict(X)) and back.alpha_ == est.alpha_
+    np.testing.assert_array_equal(back.coef_, np.asarray(est.coef_, np.float32))
+    assert json.loads(path.read_text())["note"] == "a test"
+    other = RidgeReadout if cls is LogisticReadout else LogisticReadout
+    with pytest.raises(ReservoirError, match=f"expected a saved {other.__name__}"):
+        other.load(tmp_path / "probe")
+    blob = bytearray((tmp_path / "probe.safetensors").read_bytes())
+    blob[-1] ^= 1
+    (tmp_path / "probe.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(ReservoirError, match="do not match the sha256"):
+        cls.load(tmp_path / "probe")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    from reservoir.extraction import ExtractConfig, run as run_extract
+
+    root = tmp_path_factory.mktemp("lab")
+
+    def make(name, **kw):
+        params = {"n_train": 600, "n_test": 200, **kw.pop("task_params", {})}
+        return run_extract(ExtractConfig(task="bit-xor", layers=2, out=str(root / name), task_params=params,
+                                         **{"backbone": "tiny-gpt2", **kw}), progress=False)
+
+    return {"a": make("a.zarr"), "b": make("b.zarr", task_params={"seed": 7}),
+            "bert": make("bert.zarr", backbone="tiny-bert"), "root": root}
+
+
+def test_fit_linear_results_carry_intervals_rows_and_curves(stores, tmp_path):
+    results = fit_linear(stores["a"], train_sizes=[50, 200, None], results_dir=tmp_path, save=True)
+    for r in results:
+        m = r.metrics
+        assert m["test_interval"][0] <= m["test_accuracy"] <= m["test_interval"][1]
+        assert m["val_interval"][0] <= m["val_accuracy"] <= m["val_interval"][1]
+        correct, heads = decode_rows(r.rows["test"])
+        assert heads == 5 and len(correct) == 200  # bit XOR: 5 bits per row, each row counted once
+        assert correct.sum() / (200 * 5) == pytest.approx(m["test_accuracy"])
+        curve = m["learning_curve"]
+        assert [p["n_train"] for p in curve] == [50, 200, 600]
+        assert curve[-1]["test_accuracy"] == pytest.approx(m["test_accuracy"])  # 'all' is the fit itself
+        assert (tmp_path / "a" / f"logistic-layer{r.config['layer']}.safetensors").is_file()
+    saved = json.loads((tmp_path / "a" / "logistic-layer2.json").read_text())
+    assert saved["rows"]["test"]["heads"] == 5 and saved["metrics"]["test_interval"] == results[2].metrics[
+        "test_interval"]
+
+
+def test_read_layers_reads_each_chunk_once_and_equals_load_layer(stores, monkeypatch):
+    from reservoir.readouts.features import read_layers
+    from reservoir.store import FeatureStore
+
+    with FeatureStore.open(stores["a"]) as st:
+        calls = []
+        real = st.read_chunks
+        monkeypatch.setattr(st, "read_chunks", lambda *a: calls.append(a) or real(*a))
+        X, y = read_layers(st, "train", [0, 2])
+        feature_reads = [c for c in calls if c[1] == "features"]
+        assert sum(c1 - c0 for _, _, c0, c1 in feature_reads) == len(st.done("train"))  # every chunk, once
+        for i, k in enumerate([0, 2]):
+            Xk, yk = load_layer(st, "train", k)
+            np.testing.assert_array_equal(X[i], Xk)
+            np.testing.assert_array_equal(y, yk)
+
+
+def test_probe_predicts_another_store_and_refuses_another_backbone(stores, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["fit-linear", str(stores["a"]), "--layer", "2", "--save", "--results", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    fitted = json.loads((tmp_path / "a" / "logistic-layer2.json").read_text())["metrics"]
+    probe = tmp_path / "a" / "logistic-layer2"
+    same = runner.invoke(main, ["predict", str(probe), str(stores["a"]), "--split", "test"])
+    assert same.exit_code == 0, same.output
+    assert f"accuracy {fitted['test_accuracy']:.2%}" in same.output  # the fit's own test accuracy, reproduced
+    other = runner.invoke(main, ["predict", str(probe) + ".probe.json", str(stores["b"]),
+                                 "--out", str(tmp_path / "b.npz")])
+    assert other.exit_code == 0, other.output
+    with np.load(tmp_path / "b.npz") as z:
+        assert z["test_predictions"].shape == (200, 5) and z["train_predictions"].shape == (600, 5)
+    refused = runner.invoke(main, ["predict", str(probe), str(stores["bert"]), "--out", str(tmp_path / "c.npz")])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines() == [
+        f"Error: {stores['bert']}: expected a store of the probe's backbone ({probe}.probe.json); found backbone.id "
+        "= 'tiny-bert', the probe's is 'tiny-gpt2'"]
+    assert not (tmp_path / "c.npz").exists()
+
+
+def test_cli_prints_intervals_timing_and_learning_curve(stores, tmp_path):
+    res = CliRunner().invoke(main, ["fit-linear", str(stores["a"]), "--train-sizes", "100,all",
+                                    "--results", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].split()[:4] == ["layer", "train", "val", "[95%"]
+    assert "fits: " in res.output and "for 3 layer(s), 8 L2 strength(s) each; store read" in res.output
+    assert "learning curve: test accuracy [95% CI] by training rows" in res.output
+    assert (tmp_path / "a" / "logistic-learning-curve.png").stat().st_size > 1000
+    bad = CliRunner().invoke(main, ["fit-linear", str(stores["a"]), "--train-sizes", "100,ten"])
+    assert bad.exit_code == 2 and "expected row counts like 100,1000,all; found 'ten'" in bad.output
