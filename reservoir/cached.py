@@ -134,6 +134,13 @@ class CachedHead:
         return value
 
     @torch.no_grad()
+    def correct_rows(self, X: torch.Tensor, Y: torch.Tensor) -> tuple[np.ndarray, int]:
+        """Correct label elements of every row of resident ``X`` ``(M, n_out, d)``, ``Y``, and elements per row."""
+        logits = self.head(X).view(len(X), -1, self.C)  # (M, n_out*n_heads, C)
+        right = logits.argmax(-1) == Y.reshape(len(X), -1)
+        return right.sum(1).cpu().numpy(), right.shape[1]
+
+    @torch.no_grad()
     def accuracy(self, X: torch.Tensor, Y: torch.Tensor) -> float:
         """Share of label elements predicted right on resident ``X`` ``(M, n_out, d)``, ``Y``."""
         logits = self.head(X).view(len(X), -1, self.C)  # (M, n_out*n_heads, C)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.pairs import Scored, compare, markdown_pairs
+from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
 from reservoir.tasks.files import read_json
 
@@ -39,6 +41,9 @@ class Row:
     best_lr: list[float] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)  # steps_to_converge, speedup, layernorm_speedup
     papers: dict[str, PaperValue] = field(default_factory=dict)  # by metric
+    intervals: list[list[float]] = field(default_factory=list)  # each seed's 95% test interval, when recorded
+    per_row: list[tuple[np.ndarray, int]] = field(default_factory=list)  # each seed's correct heads per test row
+    fingerprints: set[str] = field(default_factory=set)  # the task(s) whose test rows were scored
 
     @property
     def paper(self) -> PaperValue | None:
@@ -48,6 +53,24 @@ class Row:
     def more(self, key: str, value: float | None) -> None:
         if value is not None:
             self.extra.setdefault(key, []).append(float(value))
+
+    def scored(self) -> Scored | None:
+        """Per-row results summed over seeds, when every seed kept them on one task's test rows."""
+        if not self.per_row or len(self.per_row) != len(self.accs) or len(self.fingerprints) != 1:
+            return None
+        if len({(len(c), h) for c, h in self.per_row}) != 1:
+            return None
+        total = np.sum([c for c, _ in self.per_row], axis=0)
+        return Scored(self.label, next(iter(self.fingerprints)), total, self.per_row[0][1] * len(self.per_row))
+
+    def interval(self) -> list[float] | None:
+        """The 95% interval of the row's test accuracy (of the mean over seeds: rows resampled, seeds summed)."""
+        if len(self.accs) == 1 and self.intervals:
+            return self.intervals[0]
+        scored = self.scored()
+        if scored is None:
+            return None
+        return list(accuracy_interval(scored.correct, scored.heads))
 
     @property
     def mean(self) -> float:
@@ -65,6 +88,7 @@ class Report:
     markdown: str
     files: list[Path]
     rows: list[Row]
+    comparisons: list = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.markdown
@@ -170,6 +194,8 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
                     _field(res, path, "metrics.test_accuracy")
                     res = _typed(TrainResult if run.kind == "train" else FitResult, res, path)
                 row = add(label, None if res is None else res.metrics["test_accuracy"], run.seed)
+                if res is not None:
+                    _keep_rows(row, res, path)
                 if run.kind == "train" and res is not None:
                     if res.metrics.get("steps_to_converge") is not None:
                         row.more("steps_to_converge", _field(res.metrics, path, "steps_to_converge"))
@@ -179,6 +205,19 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
     for row in out:
         row.papers = {m: p for m in METRICS if (p := recipe.paper_value(row.label, m)) is not None}
     return out, curves, sweeps
+
+
+def _keep_rows(row: Row, res, path: Path) -> None:
+    """A result's 95% interval and per-row results (files written before intervals existed have neither)."""
+    interval = res.metrics.get("test_interval")
+    if interval is not None:
+        row.intervals.append(_numbers(interval, path, "metrics.test_interval"))
+    record = (res.rows or {}).get("test") if isinstance(res.rows, dict) else None
+    task = res.task if res.task else (res.store or {}).get("task")
+    fingerprint = task.get("fingerprint") if isinstance(task, dict) else None
+    if record is not None and fingerprint is not None:
+        row.per_row.append(decode_rows(record, str(path)))
+        row.fingerprints.add(str(fingerprint))
 
 
 def _setting(label: dict[str, Any], row: Row) -> str:
@@ -200,9 +239,11 @@ def _pct(row: Row) -> str:
         return "—" if row.seeds else "not run"
     if not row.accs:
         return "not run"
+    ci = row.interval()
+    within = "" if ci is None else f" [{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]"
     if len(row.accs) == 1:
-        return f"{100 * row.mean:.2f}%"
-    return f"{100 * row.mean:.2f} ± {100 * row.std:.2f}%"
+        return f"{100 * row.mean:.2f}%{within}"
+    return f"{100 * row.mean:.2f} ± {100 * row.std:.2f}%{within}"
 
 
 def _measured(row: Row) -> str:
@@ -250,8 +291,17 @@ def _task_name(label: dict[str, Any]) -> str:
     return label["task"] + (f" ({label['tag']})" if label.get("tag") else "")
 
 
+def _error_bars(rows: list[Row]) -> np.ndarray:
+    """``(2, n)`` distances below and above each row's mean: its 95% interval, else the std over seeds."""
+    bars = []
+    for r in rows:
+        ci = r.interval()
+        bars.append((100 * (r.mean - ci[0]), 100 * (ci[1] - r.mean)) if ci else (100 * r.std, 100 * r.std))
+    return np.maximum(np.array(bars).T, 0.0)
+
+
 def plot_depth(rows: list[Row], path: Path) -> Path | None:
-    """Test accuracy vs layer, one panel per task, one line per backbone/init/readout."""
+    """Test accuracy vs layer (bars: 95% intervals), one panel per task, one line per backbone/init/readout."""
     from matplotlib.ticker import MaxNLocator
 
     fl = [r for r in rows if r.label["kind"] == "fit-linear" and r.accs]
@@ -272,7 +322,7 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
             rs = sorted(rs, key=lambda r: r.label["layer"])
             x = [r.label["layer"] for r in rs]
             colour = colours.setdefault((bb, init, readout), f"C{len(colours) % 10}")
-            ax.errorbar(x, [100 * r.mean for r in rs], yerr=[100 * r.std for r in rs], marker="o", capsize=3,
+            ax.errorbar(x, [100 * r.mean for r in rs], yerr=_error_bars(rs), marker="o", capsize=3,
                         color=colour, linestyle=styles.get(init, "-"),
                         label=f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})"))
             paper = [(r.label["layer"], r.paper.value) for r in rs if r.paper]
@@ -378,10 +428,17 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
     parts = [f"# {recipe.name}", ""]
     if recipe.description:
         parts += [recipe.description, ""]
-    note = ("Test accuracy on the full test split; with several seeds, mean ± std (population) over seeds. "
-            "Paper values are from the recipe's `paper:` entries.")
+    note = ("Test accuracy on the full test split with its 95% interval over the test rows; with several seeds, "
+            "mean ± std (population) over seeds and the interval of that mean. Paper values are from the recipe's "
+            "`paper:` entries.")
     parts += [markdown_table(rows), "", note, ""]
+    comparisons = compare([sc for r in rows if (sc := r.scored()) is not None])
+    if comparisons:
+        parts += ["## Paired differences", "",
+                  "Rows scored on the same test rows: pretrained against each other init, and each layer against "
+                  "the one below, in points of test accuracy with the 95% paired bootstrap interval over test rows; "
+                  "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"
     (d / "report.md").write_text(md)
-    return Report(md, [d / "report.md", *figures], rows)
+    return Report(md, [d / "report.md", *figures], rows, comparisons)

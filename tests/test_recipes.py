@@ -279,8 +279,9 @@ def test_report_table_and_plots(tiny_run):
     t = json.loads((root / "results" / "train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0" /
                     "results.json").read_text())["metrics"]
     (line,) = [ln for ln in md.splitlines() if "train fpt, lr 0.001" in ln]  # both paper metrics, in METRICS order
-    assert (f"| {100 * t['test_accuracy']:.2f}% | 1 | within 1 point of best from step {t['steps_to_converge']} | 97% · 500 steps "
-            "| Made-up Table 2; Made-up Table 6 |") in line
+    lo, hi = t["test_interval"]
+    assert (f"| {100 * t['test_accuracy']:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] | 1 | within 1 point of best from "
+            f"step {t['steps_to_converge']} | 97% · 500 steps | Made-up Table 2; Made-up Table 6 |") in line
     b = json.loads((root / "results" / "bench__bit-xor__tiny-gpt2__pretrained__d2__seed0" / "speedup.json")
                    .read_text())
     (line,) = [ln for ln in md.splitlines() if ln.startswith("| bit-xor | tiny-gpt2 | pretrained | 2 | cached vs")]
@@ -293,6 +294,26 @@ def test_report_table_and_plots(tiny_run):
     assert (root / "results" / "report.md").read_text() == md
 
 
+def test_report_marks_paired_differences(tiny_run):
+    """Pretrained vs random at each layer and each layer vs the one below: paired intervals on shared test rows."""
+    from reservoir.readouts.intervals import decode_rows, paired_difference
+
+    root, _ = tiny_run
+    rep = report(root / "results", plots=False)
+    whats = sorted(c.what for c in rep.comparisons)
+    assert whats == sorted(["pretrained − random"] * 3 + ["layer 1 − layer 0", "layer 2 − layer 1"] * 2)
+    assert "## Paired differences" in rep.markdown
+    run = root / "results" / "fit-linear__bit-xor__tiny-gpt2__{}__d2__seed0" / "logistic-layer2.json"
+    a, b = (decode_rows(json.loads(Path(str(run).format(i)).read_text())["rows"]["test"]) for i in ("pretrained",
+                                                                                                    "random"))
+    d = paired_difference(a[0], b[0], a[1])
+    (c,) = [c for c in rep.comparisons if c.what == "pretrained − random" and c.a.label["layer"] == 2]
+    assert (c.difference.diff, c.difference.low, c.difference.high) == pytest.approx((d.diff, d.low, d.high))
+    mark = "yes" if d.excludes_zero else "no"
+    assert f"| pretrained − random | {100 * d.diff:+.2f} pts | [{100 * d.low:+.2f}, {100 * d.high:+.2f}] | {mark} |" \
+        in rep.markdown
+
+
 def test_report_mean_and_std_over_seeds(tmp_path):
     data = {"name": "seeds", "cells": [{"kind": "fit-raw", "task": "digits", "seeds": [0, 1],
                                         "task_params": {"seed": 3}}]}
@@ -303,8 +324,10 @@ def test_report_mean_and_std_over_seeds(tmp_path):
         r = json.loads(p.read_text())
         r["metrics"]["test_accuracy"] = acc
         p.write_text(json.dumps(r))
-    md = report(out, plots=False).markdown
-    assert "| 85.00 ± 5.00% | 2 |" in md
+    rep = report(out, plots=False)
+    (row,) = rep.rows
+    lo, hi = row.interval()  # of the mean over the two seeds' test rows (the recorded per-row results, pooled)
+    assert f"| 85.00 ± 5.00% [{100 * lo:.2f}, {100 * hi:.2f}] | 2 |" in rep.markdown
 
 
 def test_report_without_recipe_is_one_line(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, data_options
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options
 
 
 @click.group()
@@ -108,5 +108,4 @@ def bench_readout(store, layer, seed, out):
 
 
 def _acc(side) -> str:
-    lo, hi = side["test_interval"]
-    return f"{100 * side['test_accuracy']:6.2f}% [{100 * lo:5.2f}, {100 * hi:5.2f}]"
+    return f"{100 * side['test_accuracy']:6.2f}% {ci(side['test_interval'])}"

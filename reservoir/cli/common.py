@@ -41,6 +41,14 @@ class _EchoHandler(logging.Handler):
 SEED = click.IntRange(0, SEED_MAX)
 
 
+def ci(interval) -> str:
+    """A 95% interval of an accuracy as printed beside it: ``[21.33, 22.95]`` (percent); ``[n/a]`` without one."""
+    if not interval or any(v is None or v != v for v in interval):
+        return "[n/a]"
+    lo, hi = interval
+    return f"[{100 * lo:5.2f}, {100 * hi:5.2f}]"
+
+
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text."""
     params: dict[str, Any] = {}

@@ -6,16 +6,11 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, data_options
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options
 
 
 def _pct(value: float) -> str:
     return f"{100 * value:6.2f}%"
-
-
-def _ci(interval) -> str:
-    lo, hi = interval
-    return f"[{100 * lo:5.2f}, {100 * hi:5.2f}]"
 
 
 def _parse_sizes(value: str | None) -> list[int | None] | None:
@@ -72,7 +67,7 @@ def fit_linear(store, layer, readout, train_sizes, save, stream, seed, results_d
             return
         m = r.metrics
         click.echo(f"{r.config['layer']:>5}  {_pct(m['train_accuracy'])}  {_pct(m['val_accuracy'])} "
-                   f"{_ci(m['val_interval'])}  {_pct(m['test_accuracy'])} {_ci(m['test_interval'])}  "
+                   f"{ci(m['val_interval'])}  {_pct(m['test_accuracy'])} {ci(m['test_interval'])}  "
                    f"{m['alpha']:7.0e}  {r.timings['fit_s']:6.1f}")
 
     results = run_fit(store, layers, readout, seed=seed, device=device, final_norm=not no_final_norm,
@@ -99,7 +94,7 @@ def _show_curves(results, readout: str, folder: Path) -> None:
     click.echo("learning curve: test accuracy [95% CI] by training rows")
     click.echo(f"{'layer':>5}  " + "  ".join(f"{f'{s:,} rows':<22}" for s in sizes))
     for r in results:
-        cells = [f"{_pct(p['test_accuracy'])} {_ci(p['test_interval'])}" for p in r.metrics["learning_curve"]]
+        cells = [f"{_pct(p['test_accuracy'])} {ci(p['test_interval'])}" for p in r.metrics["learning_curve"]]
         click.echo(f"{r.config['layer']:>5}  " + "  ".join(cells))
     png = plot_learning_curves(results, folder / f"{readout}-learning-curve.png",
                                title=f"{folder.name}: {readout} readout")
@@ -122,7 +117,7 @@ def predict(probe, store, splits, out):
     _check_out(str(target))
     found = predict_store(base, store, list(splits) or None)
     for split, res in found.items():
-        click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {_ci(res['interval'])}")
+        click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}")
     _write_npz(target, {f"{split}_predictions": res["predictions"] for split, res in found.items()})
     click.echo(f"predictions in {target}")
 
@@ -163,7 +158,7 @@ def fit_raw(task, data, input_column, label_column, params, readout, seed, out):
     m = r.metrics
     click.echo(f"{task_label(task, task_params)} raw inputs ({m['n_features']} features), {readout}: "
                f"train {m['train_accuracy']:.2%}, "
-               f"test {m['test_accuracy']:.2%} {_ci(m['test_interval'])} (alpha {m['alpha']:.0e}, fit "
+               f"test {m['test_accuracy']:.2%} {ci(m['test_interval'])} (alpha {m['alpha']:.0e}, fit "
                f"{r.timings['fit_s']:.1f} s)")
     if out:
         r.write(out)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _Group, _task_from, data_options
+from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options
 
 
 @click.command()
@@ -60,11 +60,12 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
         for lr_value, acc in s.mean_val_by_lr.items():
             click.echo(f"lr {float(lr_value):8.2e}  mean val {acc:7.2%}")
         click.echo(f"best lr {s.best_lr:.2e}: test {s.metrics['test_accuracy_mean']:.2%} +- "
-                   f"{s.metrics['test_accuracy_std']:.2%} over {seeds} seed(s)")
+                   f"{s.metrics['test_accuracy_std']:.2%} over {seeds} seed(s) {ci(s.metrics['test_interval'])}")
         return
     m = run(config, progress=not quiet).metrics
-    click.echo(f"test accuracy {m['test_accuracy']:.2%} (best val {m['best_val_accuracy']:.2%} at step "
-               f"{m['best_step']}; within 1 point of best from step {m['steps_to_converge']})")
+    click.echo(f"test accuracy {m['test_accuracy']:.2%} {ci(m['test_interval'])} (best val "
+               f"{m['best_val_accuracy']:.2%} {ci(m['best_val_interval'])} at step {m['best_step']}; within 1 point "
+               f"of best from step {m['steps_to_converge']})")
     click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
 
 
@@ -114,7 +115,8 @@ def plot_attention(run_dir, task, data, input_column, label_column, params, back
         if trained is None:
             click.echo(f"using the finished run in {run_dir}")
         else:
-            click.echo(f"trained: test accuracy {trained.metrics['test_accuracy']:.2%}")
+            click.echo(f"trained: test accuracy {trained.metrics['test_accuracy']:.2%} "
+                       f"{ci(trained.metrics['test_interval'])}")
     maps = attention(run_dir, layer=layer, example=example, split=split, device=device)
     path = draw(maps, out or Path(run_dir) / f"attention-layer{layer}-example{example}.png")
     click.echo(f"readout token, layer {layer}, strongest keys per head (mean over {maps['n_averaged']} examples):")

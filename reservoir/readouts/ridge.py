@@ -64,6 +64,16 @@ class _Stats:
             old = self.by_class.get(c)
             self.by_class[c] = (s, k) if old is None else (old[0] + s, old[1] + k)
 
+    def __sub__(self, other: _Stats) -> _Stats:
+        """The statistics of the rows of ``self`` that are not in ``other`` (a subset of them)."""
+        out = _Stats(self.x.shift)
+        out.x = self.x - other.x
+        out.by_class = dict(self.by_class)
+        for c, (s, k) in other.by_class.items():
+            mine = out.by_class[c]
+            out.by_class[c] = (mine[0] - s, mine[1] - k)
+        return out
+
     def __add__(self, other: _Stats) -> _Stats:
         out = _Stats(self.x.shift)
         out.x = self.x + other.x
@@ -156,8 +166,8 @@ class RidgeReadout(base.LinearReadout):
         train_chunks = chunk_source(train_chunks)
         seed = split_seed(self.random_state)
         carve = val_chunks is None and (self.alphas is None or len(self.alphas) > 1)
-        fit_s, held, y_shape = self._accumulate(train_chunks, seed if carve else None)
-        everything = fit_s + held
+        everything, held, y_shape = self._accumulate(train_chunks, seed if carve else None)
+        fit_s = everything - held
         self.classes_ = np.unique(np.array(list(everything.by_class)))
         carve = carve and can_carve(everything.x.n, held.x.n)
         if not carve:
@@ -181,7 +191,7 @@ class RidgeReadout(base.LinearReadout):
 
         if carve:  # refit on all rows with the chosen alpha
             mean_x, S, B, mean_y = everything.centred(self.classes_, H)
-            W = linalg.solve(S + self.alpha_ * np.eye(d), B, assume_a="pos")  # (d, H*C)
+            W = linalg.cho_solve(linalg.cho_factor(S + self.alpha_ * np.eye(d)), B)  # (d, H*C)
         else:
             W = V @ (Q / (lam + self.alpha_)[:, None])  # (d, H*C)
         self.coef_ = W.T.reshape(H, C, d)
@@ -190,24 +200,25 @@ class RidgeReadout(base.LinearReadout):
         return self
 
     def _accumulate(self, train_chunks, seed: int | None) -> tuple[_Stats, _Stats, tuple[int, ...]]:
-        """Pass 1: statistics of the rows to fit and of the held-out rows, and the shape of ``y`` past its rows.
+        """Pass 1: statistics of every row and of the held-out rows, and the shape of ``y`` past its rows.
 
         Rows are held out by :func:`holdout_mask` with ``seed``; none when ``seed`` is None.
         """
-        fit_s = held = None
+        every = held = None
         start, y_shape = 0, ()
         for X, y in checked_chunks(self, train_chunks, first=True, dtype=self._dtype):
             Y = y.reshape(len(y), -1)  # (m, H)
-            if fit_s is None:
+            if every is None:
                 shift = X[:MOMENT_BLOCK_ROWS].astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
-                fit_s, held = _Stats(shift), _Stats(shift)
-            m = holdout_mask(start, len(X), self.val_fraction, seed) if seed is not None else np.zeros(len(X), bool)
-            fit_s.update(X[~m], Y[~m])
-            held.update(X[m], Y[m])
+                every, held = _Stats(shift), _Stats(shift)
+            every.update(X, Y)  # every row, then the held-out ones again (a tenth): no copy of the rows to fit
+            if seed is not None:
+                m = holdout_mask(start, len(X), self.val_fraction, seed)
+                held.update(X[m], Y[m])
             start, y_shape = start + len(X), y.shape[1:]
         if start == 0:
             raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
-        return fit_s, held, y_shape
+        return every, held, y_shape
 
     def _select_alpha(self, grid, solution, val_rows, n_heads: int, validated: bool) -> None:
         """Pass 2: every alpha's accuracy on the validation rows; ``alpha_`` the best (the strongest of ties).

@@ -157,8 +157,8 @@ class Moments:
             B -= self.shift  # (m, d)
             s1 += B.sum(0)
             sxx += B.T @ B if self.full else np.einsum("ij,ij->j", B, B)  # BᵀB: a symmetric rank-k update
-            if xt is not None:
-                xt += B.T @ targets[lo: lo + MOMENT_BLOCK_ROWS]
+            if xt is not None:  # (k, m) @ (m, d), transposed: the fast layout for a few target columns
+                xt += (targets[lo: lo + MOMENT_BLOCK_ROWS].T.astype(np.float64) @ B).T
         if self.s1 is None:
             self.s1, self.sxx = s1, sxx
         else:
@@ -176,6 +176,16 @@ class Moments:
             return other
         out = Moments(self.shift, self.full)
         out.n, out.s1, out.sxx = self.n + other.n, self.s1 + other.s1, self.sxx + other.sxx
+        return out
+
+    def __sub__(self, other: Moments) -> Moments:
+        """The moments of the rows of ``self`` not in ``other`` (a subset of them, shifted alike)."""
+        if other.full != self.full or not (other.shift is self.shift or np.array_equal(other.shift, self.shift)):
+            raise ValueError("expected Moments with the same shift and kind to subtract; found different ones")
+        if other.s1 is None:
+            return self
+        out = Moments(self.shift, self.full)
+        out.n, out.s1, out.sxx = self.n - other.n, self.s1 - other.s1, self.sxx - other.sxx
         return out
 
     @property

@@ -35,9 +35,12 @@ class TrainResult(Result):
     """One training run: the keys of its ``results.json``.
 
     ``metrics`` holds ``test_accuracy`` (the best validation step's, on the
-    full test split), ``best_val_accuracy``, ``best_step``,
-    ``final_val_accuracy``, ``steps``, ``steps_to_converge`` and ``n_test``;
-    ``curve`` one ``{step, train_loss, val_accuracy}`` per validation.
+    full test split) and ``test_interval`` (its 95% interval over the test
+    rows, :mod:`reservoir.readouts.intervals`), ``best_val_accuracy`` and
+    ``best_val_interval``,
+    ``best_step``, ``final_val_accuracy``, ``steps``, ``steps_to_converge``
+    and ``n_test``; ``curve`` one ``{step, train_loss, val_accuracy}`` per
+    validation; ``rows`` which test rows were right (for paired comparisons).
     ``store`` is set for runs from a store, ``cached`` for runs of the head
     alone on stored features.
 
@@ -57,22 +60,51 @@ class TrainResult(Result):
     metrics: dict[str, Any]
     curve: list[dict[str, float]]
     timings: dict[str, float]
+    rows: dict[str, Any] | None = None
+
+
+def test_metrics(correct: np.ndarray, heads: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``test_accuracy`` and ``test_interval`` of per-row counts of correct heads, and the ``rows`` record."""
+    from reservoir.readouts.intervals import accuracy_interval, encode_rows
+
+    acc = int(correct.sum()) / max(len(correct) * heads, 1)
+    return ({"test_accuracy": acc, "test_interval": list(accuracy_interval(correct, heads, seed=seed))},
+            {"test": encode_rows(correct, heads)})
+
+
+def val_interval(correct: np.ndarray, heads: int, seed: int = 0) -> list[float]:
+    """The 95% interval of a validation accuracy from its per-row counts of correct heads."""
+    from reservoir.readouts.intervals import accuracy_interval
+
+    return list(accuracy_interval(correct, heads, seed=seed))
 
 
 def evaluate(model: ReservoirClassifier, data: Feeder, device, batch_size: int = 64, amp: str = "auto") -> float:
     """Accuracy over the whole split (each label element once), in a fixed order."""
+    correct, heads = evaluate_rows(model, data, device, batch_size, amp)
+    return int(correct.sum()) / max(len(correct) * heads, 1)
+
+
+def evaluate_rows(model: ReservoirClassifier, data: Feeder, device, batch_size: int = 64,
+                  amp: str = "auto") -> tuple[np.ndarray, int]:
+    """Correct label elements of every row ``(N,)`` (in the split's order) and the elements per row."""
     was = model.training
     model.eval()
-    correct = total = 0
     order = np.argsort(data.lengths, kind="stable")
+    correct = np.zeros(len(data), np.int64)
+    heads = 1
+    hits = []
     with torch.inference_mode(), autocast(device, amp):
         for lo in range(0, len(data), batch_size):
             x, lengths, y = data.batch(order[lo : lo + batch_size], device)
             pred = model(x, lengths, data.start).argmax(-1).reshape(len(y), -1)
-            correct += int((pred == y.reshape(len(y), -1)).sum())
-            total += pred.numel()
+            right = pred == y.reshape(len(y), -1)  # (b, heads)
+            heads = right.shape[1]
+            hits.append(right.sum(1))  # kept on the device: one copy back at the end
     model.train(was)
-    return correct / max(total, 1)
+    if hits:
+        correct[order] = torch.cat(hits).cpu().numpy()
+    return correct, heads
 
 
 def steps_to_converge(curve: list[dict[str, float]], tolerance: float = 0.01) -> int | None:
@@ -148,7 +180,9 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
         best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
     ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
     t_eval = time.perf_counter()
-    test_acc = evaluate(model, data.test, device, amp=settings.amp)
+    test, rows = test_metrics(*evaluate_rows(model, data.test, device, amp=settings.amp), seed=settings.seed)
+    test["best_val_interval"] = val_interval(*evaluate_rows(model, data.val, device, amp=settings.amp),
+                                             seed=settings.seed)
     p = data.provenance
     result = TrainResult(
         config=asdict(settings),
@@ -157,7 +191,7 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
         store=p.get("store"),
         parameters=counts,
         metrics={
-            "test_accuracy": test_acc,
+            **test,
             "best_val_accuracy": state["best_val"],
             "best_step": state["best_step"],
             "final_val_accuracy": state["curve"][-1]["val_accuracy"],
@@ -167,6 +201,7 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
         },
         curve=state["curve"],
         timings={"train_s": state["train_seconds"], "test_eval_s": time.perf_counter() - t_eval},
+        rows=rows,
         extra=dict(extra or {}),
     )
     if folder is not None:

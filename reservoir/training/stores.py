@@ -26,7 +26,7 @@ from reservoir.runtime import resolve_device
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val
-from reservoir.training.loop import TrainResult, steps_to_converge
+from reservoir.training.loop import TrainResult, steps_to_converge, test_metrics, val_interval
 
 
 def config_for_store(path: str | os.PathLike, **settings: Any) -> TrainConfig:
@@ -141,13 +141,16 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     train_s = time.perf_counter() - t0
     head.load_state_dict(best)
     n_params = sum(p.numel() for p in head.parameters())
+    test, rows = test_metrics(*trainer.correct_rows(*splits["test"]), seed=config.seed)
+    test["best_val_interval"] = val_interval(*trainer.correct_rows(Xv, Yv), seed=config.seed)
     result = TrainResult(
         config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
         parameters={"output": n_params, "trainable": n_params},
-        metrics={"test_accuracy": trainer.accuracy(*splits["test"]), "best_val_accuracy": best_val,
+        metrics={**test, "best_val_accuracy": best_val,
                  "best_step": best_step, "final_val_accuracy": curve[-1]["val_accuracy"], "steps": steps,
                  "steps_to_converge": steps_to_converge(curve), "n_test": len(splits["test"][0])},
-        curve=curve, timings={"train_s": train_s, "step_ms": 1e3 * train_s / steps}, extra=dict(extra or {}),
+        curve=curve, timings={"train_s": train_s, "step_ms": 1e3 * train_s / steps}, rows=rows,
+        extra=dict(extra or {}),
     )
     if folder is not None:
         ckpt.save(folder / "best.pt", {"head": best, "step": best_step})

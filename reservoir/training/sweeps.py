@@ -71,18 +71,31 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     >>> r.best_lr, r.metrics["test_accuracy_mean"]  # doctest: +SKIP
     """
     out = Path(config.out or config.default_out())
-    runs = []
+    runs, rows = [], {}
     for lr in lrs:
         for s in range(config.seed, config.seed + seeds):
             r = run(replace(config, lr=lr, seed=s, out=str(out / f"lr{lr:.3g}-seed{s}")), progress=progress)
             runs.append({"lr": lr, "seed": s, **r.metrics})
+            rows.setdefault(lr, []).append((r.rows or {}).get("test"))
     by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in lrs}
     mean_val = {lr: float(np.mean([r["best_val_accuracy"] for r in rs])) for lr, rs in by_lr.items()}
     best_lr = max(lrs, key=lambda lr: mean_val[lr])
     tests = [r["test_accuracy"] for r in by_lr[best_lr]]
     metrics = {"test_accuracy_mean": float(np.mean(tests)), "test_accuracy_std": float(np.std(tests)),
-               "test_accuracies": tests}
+               "test_accuracies": tests, "test_interval": _pooled_interval(rows[best_lr], config.seed)}
     result = SweepResult(config=asdict(config), lrs=lrs, seeds=seeds, runs=runs, best_lr=best_lr, metrics=metrics,
                          mean_val_by_lr={str(k): v for k, v in mean_val.items()}, extra=dict(extra or {}))
     result.write(out / "sweep.json")
     return result
+
+
+def _pooled_interval(records: list, seed: int) -> list[float] | None:
+    """The 95% interval of the mean test accuracy over seeds: each test row's correct heads summed over the
+    seeds' runs, resampled by row (the seeds' spread is ``test_accuracy_std``)."""
+    from reservoir.readouts.intervals import accuracy_interval, decode_rows
+
+    if not records or any(r is None for r in records):
+        return None
+    decoded = [decode_rows(r) for r in records]
+    total = np.sum([c for c, _ in decoded], axis=0)  # (N,)
+    return list(accuracy_interval(total, decoded[0][1] * len(decoded), seed=seed))

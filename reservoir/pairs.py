@@ -1,0 +1,96 @@
+"""Paired comparisons of report rows that were scored on the same test rows.
+
+Two rows of a report share their test rows when their results name the same
+task fingerprint and hold per-row results of the same length (every
+``fit-linear``, ``fit-raw`` and ``train`` result keeps which test rows it got
+right). The report compares
+
+* each init against ``pretrained`` with everything else equal (pretrained vs
+  random at the same layer, the question of Lu et al. Table 2 and 12), and
+* each fitted layer against the layer below it with everything else equal
+  (does one more block help?),
+
+with the paired bootstrap interval of the difference
+(:func:`reservoir.readouts.intervals.paired_difference`), and marks those whose
+interval excludes zero. With several seeds, a row's per-row results are summed
+over its seeds first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from reservoir.readouts.intervals import Difference, paired_difference
+
+
+@dataclass
+class Scored:
+    """A report row's per-row results: correct heads summed over seeds ``(N,)``, heads per row times seeds."""
+
+    label: dict[str, Any]
+    fingerprint: str
+    correct: np.ndarray
+    heads: int
+
+
+@dataclass
+class Comparison:
+    """``a`` minus ``b``, what differs between them, and the paired difference."""
+
+    a: Scored
+    b: Scored
+    what: str
+    difference: Difference
+
+
+def _key(label: dict[str, Any], without: str) -> tuple:
+    return tuple((k, v) for k, v in label.items() if k != without)
+
+
+def compare(rows: list[Scored]) -> list[Comparison]:
+    """Every init-vs-pretrained and layer-vs-layer-below pair among ``rows`` that shares its test rows."""
+    out: list[Comparison] = []
+
+    def paired(a: Scored, b: Scored, what: str) -> None:
+        if a.fingerprint == b.fingerprint and a.correct.shape == b.correct.shape and a.heads == b.heads:
+            d = paired_difference(a.correct, b.correct, a.heads)
+            out.append(Comparison(a, b, what, d))
+
+    by_init: dict[tuple, dict[str, Scored]] = {}
+    for r in rows:
+        by_init.setdefault(_key(r.label, "init"), {})[str(r.label.get("init"))] = r
+    for group in by_init.values():
+        base = group.get("pretrained")
+        for init, r in group.items():
+            if base is not None and init != "pretrained":
+                paired(base, r, f"pretrained − {init}")
+    by_layer: dict[tuple, list[Scored]] = {}
+    for r in rows:
+        if r.label.get("kind") == "fit-linear" and isinstance(r.label.get("layer"), int):
+            by_layer.setdefault(_key(r.label, "layer"), []).append(r)
+    for group in by_layer.values():
+        group.sort(key=lambda r: r.label["layer"])
+        for lower, upper in zip(group, group[1:]):
+            paired(upper, lower, f"layer {upper.label['layer']} − layer {lower.label['layer']}")
+    return out
+
+
+def markdown_pairs(comparisons: list[Comparison]) -> str:
+    """The comparisons as a markdown table (points of accuracy; ``yes`` where the interval excludes zero)."""
+    head = ["task", "backbone", "setting", "layer", "comparison", "difference", "95% paired interval",
+            "excludes 0"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in comparisons:
+        lab, d = c.a.label, c.difference
+        setting = lab.get("readout") or lab.get("finetune") or lab.get("kind")
+        layer = "—" if c.what.startswith("layer") or lab.get("layer") is None else str(lab["layer"])
+        task = lab["task"] + (f" ({lab['tag']})" if lab.get("tag") else "")
+        init = "" if c.what.startswith("pretrained") else f"{lab.get('init')}, "
+        cells = [task, str(lab.get("backbone") or "—"), f"{init}{setting}", layer, c.what,
+                 f"{100 * d.diff:+.2f} pts", f"[{100 * d.low:+.2f}, {100 * d.high:+.2f}]",
+                 "yes" if d.excludes_zero else "no"]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    return "\n".join(lines)
