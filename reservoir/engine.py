@@ -47,10 +47,12 @@ class Engine:
     """
 
     def __init__(self, backbone, layers: list[int], n_out_tokens: int, device, out_dtype,
-                 full_seq_layer: int | None = None, states_length: int | None = None):
+                 full_seq_layer: int | None = None, states_length: int | None = None,
+                 poolings: tuple[str, ...] | None = None):
         self.backbone, self.layers, self.n_out = backbone, layers, n_out_tokens
         self.device, self.out_dtype = device, out_dtype
         self.full_seq_layer, self.states_length = full_seq_layer, states_length
+        self.poolings = poolings  # None: the last real token(s) only, features (n, n_layers, n_out, n_dim)
 
     def upload(self, inputs: np.ndarray, lengths: np.ndarray, rows: np.ndarray):
         """``inputs[rows]`` (rows in length order), padded to the longest, on the device (one transfer)."""
@@ -65,8 +67,9 @@ class Engine:
 
     def run(self, inputs: np.ndarray, lengths: np.ndarray, rows: np.ndarray, order: np.ndarray,
             bounds: list[tuple[int, int]], progress=None, keep: bool = True):
-        """Features of ``inputs[rows]``: ``(n, n_layers, n_out, n_dim)`` and states ``(n, states_length, n_dim)``
-        or ``None``, in the order of ``rows``; ``order`` sorts ``lengths[rows]``, ``bounds`` cut it into batches.
+        """Features of ``inputs[rows]``: ``(n, n_layers, n_out, n_dim)`` (``(n, P, n_layers, n_out, n_dim)`` with
+        ``poolings``) and states ``(n, states_length, n_dim)`` or ``None``, in the order of ``rows``; ``order``
+        sorts ``lengths[rows]``, ``bounds`` cut it into batches.
         """
         import torch
 
@@ -76,15 +79,18 @@ class Engine:
         full = self.full_seq_layer
         feats = states = None
         if keep:
-            feats = torch.empty((n, len(self.layers), self.n_out, bb.n_dim), dtype=self.out_dtype, device=self.device)
+            shape = (len(self.layers), self.n_out, bb.n_dim)
+            if self.poolings is not None:
+                shape = (len(self.poolings), *shape)  # (P, n_layers, n_out, n_dim) per row
+            feats = torch.empty((n, *shape), dtype=self.out_dtype, device=self.device)
             if full is not None:
                 states = torch.zeros((n, self.states_length, bb.n_dim), dtype=self.out_dtype, device=self.device)
         for lo, hi in bounds:
             L = int(sorted_len[hi - 1])
             res = bb.features(x[lo:hi, :L], lens[lo:hi], self.layers, self.n_out, full,
-                              padded=bool(sorted_len[lo] < L))
+                              padded=bool(sorted_len[lo] < L), poolings=self.poolings)
             if keep:
-                f = res if full is None else res[0]  # (b, n_layers, n_out, n_dim)
+                f = res if full is None else res[0]  # (b, [P,] n_layers, n_out, n_dim)
                 feats[lo:hi] = f.to(self.out_dtype)
                 if full is not None:
                     pad = torch.arange(L, device=self.device)[None, :] >= lens[lo:hi, None]  # (b, L)

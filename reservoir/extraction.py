@@ -69,6 +69,9 @@ class ExtractConfig:
     revision: str | None = field(default=None, metadata={"help": "hub revision for hub ids"})
     full_seq_layer: int | None = field(default=None, metadata={
         "help": "also store every position's state at this layer (a split-point store for `train --from-store`)"})
+    pooling: list[str] = field(default_factory=lambda: ["last"], metadata={
+        "help": "how each layer becomes a row: last (the last real token), first (token 0), mean (over the real "
+                "tokens); several at once, e.g. last,mean"})
     truncate: bool = field(default=False, metadata={
         "help": "cut sequences longer than the backbone's positions to their first max_positions tokens "
                 "(recorded in the store); without it such sequences are an error"})
@@ -81,12 +84,25 @@ class ExtractConfig:
             raise ReservoirError(f"unknown amp {self.amp!r}; expected bf16, fp16, none or auto")
         if not math.isfinite(self.projection_gain) or self.projection_gain <= 0:
             raise ReservoirError(f"--gain must be a finite number above 0, found {self.projection_gain}")
+        self.pooling = check_poolings(self.pooling)
 
     def default_out(self) -> str:
         from reservoir.tasks.base import task_label  # a data file's task: data-<file stem>
 
         name = slug(self.backbone)
         return str(Path("cache") / f"{task_label(self.task, self.task_params)}-{name}-{self.init}.zarr")
+
+
+def check_poolings(pooling: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``last``, ``first``, ``mean`` or several of them (a list, or ``"last,mean"``), each once; one line if not."""
+    from reservoir.backbones.model import POOLINGS
+
+    kinds = [p.strip() for p in pooling.split(",")] if isinstance(pooling, str) else list(pooling)
+    bad = [p for p in kinds if p not in POOLINGS]
+    if not kinds or bad or len(set(kinds)) != len(kinds):
+        raise ReservoirError(f"--pooling must be one or more of {', '.join(POOLINGS)} (each once, e.g. last,mean); "
+                             f"found {','.join(map(str, kinds)) or 'nothing'}")
+    return kinds
 
 
 def resolve_layers(layers: list[int] | int | None, n_layer: int) -> list[int]:
@@ -139,7 +155,7 @@ class Prepared:
         dtype = out_dtype or getattr(torch, self.config.dtype)
         s_layer = self.config.full_seq_layer
         return Engine(self.backbone, self.layers, self.task.n_out_tokens, self.device, dtype, s_layer,
-                      self.task.max_length if s_layer is not None else None)
+                      self.task.max_length if s_layer is not None else None, tuple(self.config.pooling))
 
 
 def prepare(config: ExtractConfig, task=None) -> Prepared:
@@ -177,6 +193,9 @@ def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) 
                              f"takes d_in={backbone.projection_info['d_in']}; load the backbone with "
                              f"d_in=task.d_in")
     layers = resolve_layers(config.layers, backbone.depth)
+    if task.n_out_tokens > 1 and config.pooling != ["last"]:
+        raise ReservoirError(f"task {task.name!r} reads its last {task.n_out_tokens} tokens, one row each; expected "
+                             f"--pooling last, found {','.join(config.pooling)}")
     s_layer = config.full_seq_layer
     if s_layer is not None and not 0 <= s_layer < max(layers):
         raise ReservoirError(f"--full-seq-layer must be below the depth {max(layers)} (blocks above it train from the "
@@ -196,7 +215,7 @@ def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) 
                  "n_classes": task.n_classes, "label_shape": list(task.label_shape), "vocab": task.vocab,
                  "truncated": truncated},
         "layers": layers,
-        "pooling": {"kind": "last_real_token", "n_out_tokens": task.n_out_tokens},
+        "pooling": {"kinds": list(config.pooling), "n_out_tokens": task.n_out_tokens},
         "dtype": config.dtype,
         "full_seq_layer": s_layer,
     }
@@ -207,7 +226,7 @@ def _prepared(config: ExtractConfig, task, backbone, timings: dict[str, float]) 
     return Prepared(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context, timings)
 
 
-def extract(task, backbone, out, *, layers: list[int] | int | None = None,
+def extract(task, backbone, out, *, layers: list[int] | int | None = None, pooling: str | list[str] = "last",
             dtype: str = "float16", batch_size: int | None = None, max_tokens: int | None = None,
             device: str = "auto", amp: str = "auto", format: str | None = None, full_seq_layer: int | None = None,
             truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None,
@@ -229,6 +248,11 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None,
     layers : int or list of int, optional
         Depth ``K`` (store layers ``0..K``; blocks above ``K`` never run) or
         an explicit list; default every layer of the backbone.
+    pooling : str or list of str
+        How each layer becomes a row: ``"last"`` (the last real token, or
+        the task's last ``n_out_tokens``), ``"first"`` (token 0), ``"mean"``
+        (over the real tokens; padding never counts), or several at once
+        (``["last", "mean"]`` or ``"last,mean"``), all from one pass.
     dtype, batch_size, max_tokens, device, amp, full_seq_layer, truncate
         As the options of ``reservoir extract``.
     timings : dict, optional
@@ -261,7 +285,7 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None,
                            format=format, task_params=task.params, seed=info.seed,
                            projection_gain=(backbone.projection_info or {}).get("gain", 1.41), batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
-                           full_seq_layer=full_seq_layer, truncate=truncate)
+                           full_seq_layer=full_seq_layer, truncate=truncate, pooling=check_poolings(pooling))
     _check_out(Path(out), format)
     with distributed.launch(Path(out), format, device, sharded) as job:  # one process, or a rank of a torchrun job
         prep = job.prepare(lambda cfg, t: _prepared(cfg, t, backbone, {}), config, task)
@@ -362,14 +386,15 @@ def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.L
         name, split, window, feats, states, ready = item
         if ready is not None:
             ready.synchronize()  # the window's device-to-host copy has landed
-        feats, states = feats.numpy(), None if states is None else states.numpy()
+        feats, states = feats.numpy(), None if states is None else states.numpy()  # feats (n, P, n_layers, ...)
         r, at = store.chunk_rows(name), 0
         for c in window.chunks:
             lo, hi = c * r, min((c + 1) * r, len(split))
             if c in window.done:  # run again only to batch its window's rows as before
                 at += hi - lo
                 continue
-            store.write_chunk(name, c, feats[at : at + hi - lo], split.labels[lo:hi], lengths=split.lengths[lo:hi],
+            store.write_chunk(name, c, {p: feats[at : at + hi - lo, i] for i, p in enumerate(store.poolings)},
+                              split.labels[lo:hi], lengths=split.lengths[lo:hi],
                               states=None if states is None else states[at : at + hi - lo])
             at += hi - lo
 
@@ -406,7 +431,7 @@ def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool
 def _row_bytes(store, name: str, split) -> int:
     """Host bytes one row of a window takes: its stored features (and states) plus its inputs."""
     itemsize = np.dtype(store.attrs["dtype"]).itemsize
-    row = int(np.prod(store.shape(name, "features")[1:])) * itemsize
+    row = len(store.poolings) * int(np.prod(store.features(name).shape[1:])) * itemsize
     if store.full_seq_layer is not None:
         row += int(np.prod(store.shape(name, "states")[1:])) * itemsize
     return row + int(np.prod(split.inputs.shape[1:])) * split.inputs.dtype.itemsize

@@ -315,3 +315,33 @@ def test_final_norm_without_affine_is_stored_as_unit_scale(tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(apply_final_norm(h.numpy(), arrays, bb.info.to_dict()),
                                    bb.apply_final_norm(h).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mean_and_first_pooling_equal_hf_hidden_states(name):
+    """Mean pooling == an independent masked mean of the HF model's hidden_states[k] over the real positions of
+    right-padded rows (padding never counts); first pooling == hidden_states[k][:, 0]. HF's last entry of a
+    pre-norm model comes after its final norm (the store keeps raw residuals), so that entry is left out."""
+    bb = load_backbone(name, d_in=5)
+    hf, _, _ = _load_hf(name, "pretrained", 0, None, "eager")
+    hf.eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 40, 5, generator=g)
+    lengths = torch.tensor([40, 23, 1, 31])
+    layers = list(range(bb.depth + 1))
+    with torch.no_grad():
+        feats = bb.features(x, lengths, layers, poolings=("mean", "first", "last"))  # (4, 3, 3, 1, 32)
+        ref = _hf_hidden_states(hf, bb, x, lengths)
+        real = (torch.arange(40)[None] < lengths[:, None]).float()  # (4, 40)
+        normed_last = bb.final_norm is not None and bb.info.family != "vit"
+        for k in layers[:-1] if normed_last else layers:
+            h = ref[k]  # (4, 40, 32)
+            mean = (h * real[..., None]).sum(1) / lengths[:, None]
+            torch.testing.assert_close(feats[:, 0, k, 0], mean, atol=2e-5, rtol=2e-5, msg=lambda m: f"{name} {k}: {m}")
+            torch.testing.assert_close(feats[:, 1, k, 0], h[:, 0], atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(feats[:, 2, k, 0], h[torch.arange(4), lengths - 1], atol=2e-5, rtol=2e-5)
+        # padding never counts: garbage beyond each row's length leaves every pooling unchanged
+        x2 = x.clone()
+        x2[torch.arange(40)[None].expand(4, -1) >= lengths[:, None]] = 100.0
+        torch.testing.assert_close(bb.features(x2, lengths, layers, poolings=("mean", "first", "last")), feats,
+                                   atol=2e-5, rtol=2e-5)

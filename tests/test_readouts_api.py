@@ -12,7 +12,8 @@ from reservoir.readouts import FitResult, fit_linear, fit_raw
 from reservoir.store import FeatureStore
 
 FIT_LINEAR_KEYS = ["kind", "config", "store", "metrics", "timings", "rows", "environment", "written"]
-CONFIG_KEYS = ["store", "layer", "readout", "seed", "final_norm", "alphas", "validation", "stream", "train_sizes"]
+CONFIG_KEYS = ["store", "layer", "readout", "seed", "final_norm", "alphas", "validation", "stream", "train_sizes",
+               "pooling"]
 METRIC_KEYS = ["train_accuracy", "val_accuracy", "val_interval", "test_accuracy", "test_interval", "alpha",
                "val_scores", "n_train", "n_test", "chance", "interval"]
 

@@ -57,6 +57,10 @@ def last_token_index(lengths: torch.Tensor, n_out_tokens: int = 1) -> tuple[torc
     return rows, idx
 
 
+#: How a layer's hidden states become a store row: the last real token(s), the first token, the mean over real ones.
+POOLINGS = ("last", "first", "mean")
+
+
 @dataclass
 class BackboneInfo:
     """Provenance of a loaded backbone, saved in every store and results file."""
@@ -121,8 +125,9 @@ class ReservoirBackbone(nn.Module):
         n_out_tokens: int = 1,
         full_seq_layer: int | None = None,
         padded: bool | None = None,
+        poolings: tuple[str, ...] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states at the last ``n_out_tokens`` real positions of every layer asked for.
+        """Hidden states at the last ``n_out_tokens`` real positions of every layer asked for (or other poolings).
 
         Parameters
         ----------
@@ -141,13 +146,20 @@ class ReservoirBackbone(nn.Module):
         padded : bool, optional
             Whether any sequence is shorter than ``L``, when the caller knows
             it (saves asking the device; see :meth:`attention_mask`).
+        poolings : tuple of str, optional
+            Read each layer several ways in one pass (:data:`POOLINGS`):
+            ``"last"`` (the last ``n_out_tokens`` real positions), ``"first"``
+            (position 0) and ``"mean"`` (the mean over the real positions;
+            padding never counts). ``first`` and ``mean`` need
+            ``n_out_tokens == 1``.
 
         Returns
         -------
         torch.Tensor
             ``(B, len(layers), n_out_tokens, n_dim)``, raw residual stream (no
-            final norm); with ``full_seq_layer`` a pair whose second element
-            is ``(B, L, n_dim)``.
+            final norm); with ``poolings``, ``(B, len(poolings), len(layers),
+            n_out_tokens, n_dim)``; with ``full_seq_layer`` a pair whose
+            second element is ``(B, L, n_dim)``.
 
         Examples
         --------
@@ -161,14 +173,26 @@ class ReservoirBackbone(nn.Module):
         h = self.embed(x)  # (B, L, n_dim)
         mask = self.attention_mask(lengths, L, h.dtype, padded)
         wanted = set(layers)
-        out = [h[rows, idx]] if 0 in wanted else []  # each (B, n_out, n_dim)
+        if poolings is None:
+            def read(h):
+                return h[rows, idx]  # (B, n_out, n_dim)
+        else:
+            if n_out_tokens != 1 and set(poolings) != {"last"}:
+                raise ValueError(f"poolings {poolings} need one output token; found n_out_tokens={n_out_tokens}")
+            weights = (torch.arange(L, device=lengths.device)[None] < lengths[:, None]) / lengths[:, None]  # (B, L)
+
+            def read(h):  # (B, P, n_out, n_dim)
+                pooled = {"last": lambda: h[rows, idx], "first": lambda: h[:, :1],
+                          "mean": lambda: torch.bmm(weights[:, None, :].to(h.dtype), h)}  # padding weighs 0
+                return torch.stack([pooled[p]() for p in poolings], dim=1)
+        out = [read(h)] if 0 in wanted else []
         full = h if full_seq_layer == 0 else None
         for k, h in self.run_blocks(h, mask, 0, max(max(layers), full_seq_layer or 0)):
             if k in wanted:
-                out.append(h[rows, idx])
+                out.append(read(h))
             if k == full_seq_layer:
                 full = h  # (B, L, n_dim)
-        feats = torch.stack(out, dim=1)  # (B, n_layers, n_out, n_dim)
+        feats = torch.stack(out, dim=1 if poolings is None else 2)  # (B, n_layers, n_out, n_dim) or (B, P, ...)
         return feats if full_seq_layer is None else (feats, full)
 
     def apply_final_norm(self, h: torch.Tensor) -> torch.Tensor:

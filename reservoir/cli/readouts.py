@@ -44,6 +44,8 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--train-sizes", default=None, metavar="N,N,...,all",
               help="Also fit on nested, seeded subsets of the training rows (a learning curve): a table and "
                    "<readout>-learning-curve.png.")
+@click.option("--pooling", default=None, metavar="last|first|mean",
+              help="Which pooling of the store to read (extract --pooling); default the store's first.")
 @click.option("--save", is_flag=True, help="Keep each fitted readout as a probe beside its results file "
                                           "(.safetensors + .probe.json) for `reservoir predict`.")
 @click.option("--stream", default="off", show_default=True, type=click.Choice(["off", "on", "auto"]),
@@ -53,7 +55,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device for the fit.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
-def fit_linear(store, layer, readout, train_sizes, save, stream, seed, results_dir, device, no_final_norm):
+def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
     from reservoir.readouts.run import fit_linear as run_fit
 
@@ -71,7 +73,7 @@ def fit_linear(store, layer, readout, train_sizes, save, stream, seed, results_d
                    f"{m['alpha']:7.0e}  {r.timings['fit_s']:6.1f}")
 
     results = run_fit(store, layers, readout, seed=seed, device=device, final_norm=not no_final_norm,
-                      stream={"off": False, "on": True, "auto": "auto"}[stream], train_sizes=sizes,
+                      stream={"off": False, "on": True, "auto": "auto"}[stream], train_sizes=sizes, pooling=pooling,
                       results_dir=results_dir, save=save, on_result=show)
     click.echo(f"majority-class test accuracy: {results[-1].metrics['chance']:.2%}")
     fit_s, load_s = sum(r.timings["fit_s"] for r in results), sum(r.timings["load_s"] for r in results)
@@ -79,10 +81,11 @@ def fit_linear(store, layer, readout, train_sizes, save, stream, seed, results_d
     click.echo(f"fits: {fit_s:.1f} s for {len(results)} layer(s), {strengths} L2 strength(s) each; "
                f"store read {load_s:.1f} s")
     folder = Path(results_dir) / Path(results[0].config["store"]).name.split(".")[0]
+    stem = readout if results[0].config["pooling"] == "last" else f"{readout}-{results[0].config['pooling']}"
     if sizes:
-        _show_curves(results, readout, folder)
+        _show_curves(results, stem, folder)
     if save:
-        click.echo(f"probes: {folder}/{readout}-layer<K>.safetensors (+ .probe.json); apply with `reservoir predict`")
+        click.echo(f"probes: {folder}/{stem}-layer<K>.safetensors (+ .probe.json); apply with `reservoir predict`")
     click.echo(f"results in {results_dir}/")
 
 

@@ -22,6 +22,9 @@ from reservoir.errors import ReservoirError
 @click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
               help="Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std redraw.")
 @click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
+@click.option("--pooling", default="last", show_default=True, metavar="last|first|mean",
+              help="How each layer becomes a row: the last real token, the first token, the mean over real tokens; "
+                   "several in one pass, e.g. last,mean (read with fit-linear --pooling).")
 @click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: "
                                           "cache/<task>-<backbone>-<init>.zarr (--data: data-<file stem> as the task)")
 @click.option("--format", "fmt", default=None, type=click.Choice(["zarr", "hdf5"]), help="Store backend; default from the suffix.")
@@ -43,8 +46,8 @@ from reservoir.errors import ReservoirError
 @click.option("--download", is_flag=True,
               help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def extract(task, data, input_column, label_column, params, backbone, init, layers, out, fmt, batch_size, max_tokens,
-            dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
+def extract(task, data, input_column, label_column, params, backbone, init, layers, pooling, out, fmt, batch_size,
+            max_tokens, dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.distributed import is_leader
     from reservoir.extraction import ExtractConfig
@@ -60,13 +63,14 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
                            task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
-                           full_seq_layer=full_seq_layer)
+                           full_seq_layer=full_seq_layer, pooling=pooling)
     path = run_extract(config, progress=not quiet)
     if not is_leader():
         return  # a rank of a sharded run (torchrun): rank 0 reports
     with FeatureStore.open(path) as store:
         shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
-        click.echo(f"wrote {path} ({store.format}): {shapes}; layers {store.layers}")
+        pooled = "" if store.poolings == ["last"] else f"; pooling {','.join(store.poolings)}"
+        click.echo(f"wrote {path} ({store.format}): {shapes}; layers {store.layers}{pooled}")
 
 
 @click.command()
@@ -124,7 +128,7 @@ def _describe_store(st) -> None:
                f"label shape {task['label_shape']}")
     p = a["projection"]
     click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
-    click.echo(f"layers     {st.layers}   pooling {a['pooling']['kind']} x{a['pooling']['n_out_tokens']}   "
+    click.echo(f"layers     {st.layers}   pooling {','.join(st.poolings)} x{a['pooling']['n_out_tokens']}   "
                f"dtype {a['dtype']}   final norm {'stored' if 'final_norm/weight' in a['arrays'] else 'none'}")
     if st.full_seq_layer is not None:
         click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
@@ -132,7 +136,7 @@ def _describe_store(st) -> None:
         click.echo(f"truncated to {task['truncated']['max_tokens']} tokens; rows cut: {task['truncated']['rows_cut']}")
     for split in st.splits:
         done = st.done(split)
-        click.echo(f"  {split:<10} features {st.shape(split, 'features')}  labels "
+        click.echo(f"  {split:<10} features {tuple(st.features(split).shape)}  labels "
                    f"{st.shape(split, 'labels')}  chunks {int(done.sum())}/{len(done)} done")
 
 

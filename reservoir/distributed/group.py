@@ -192,5 +192,5 @@ def _open_shared(out: Path, prep, job: Job):
 
 def _rows(store, split: str, chunks: np.ndarray) -> int:
     """Rows in ``chunks`` of ``split`` (the last chunk may be short)."""
-    r, n = store.chunk_rows(split), store.shape(split, "features")[0]
+    r, n = store.chunk_rows(split), store.n_rows(split)
     return int(sum(min((c + 1) * r, n) - c * r for c in chunks))

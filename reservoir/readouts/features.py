@@ -61,7 +61,7 @@ def apply_final_norm(x: np.ndarray, norm: dict[str, np.ndarray], backbone: dict)
 
 
 def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
-               rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+               rows: int | None = None, pooling: str | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Features and labels of one split at one layer, ``rows`` store rows at a time.
 
     Non-finite features (NaN or inf, after the final norm) raise a
@@ -72,6 +72,9 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     rows : int, optional
         Store rows per yielded chunk; default the store's chunk rows (a
         multiple of them reads each store chunk once).
+    pooling : str, optional
+        Which of the store's poolings (``last``, ``first``, ``mean``); default
+        its first.
 
     Yields
     ------
@@ -84,7 +87,7 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     ...     print(X.shape, y.shape)
     """
     k = store.layer_index(layer)
-    feats, labels = store.features(split), store.labels(split, lazy=True)
+    feats, labels = store.features(split, pooling), store.labels(split, lazy=True)
     norm = store.final_norm() if final_norm else None
     step = rows or store.chunk_rows(split)
     for lo in range(0, feats.shape[0], step):
@@ -107,7 +110,7 @@ READ_BYTES = 64 * 1024**2
 
 
 def read_layers(store: FeatureStore, split: str, layers: list[int], final_norm: bool = True,
-                ) -> tuple[np.ndarray, np.ndarray]:
+                pooling: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features of several layers of one split and their labels, reading each store chunk once.
 
     What :func:`load_layer` gives for each layer, stacked: a depth sweep reads
@@ -127,7 +130,7 @@ def read_layers(store: FeatureStore, split: str, layers: list[int], final_norm: 
     (2, 4000, 32)
     """
     idx = [store.layer_index(k) for k in layers]
-    feats = store.features(split)
+    feats = store.features(split, pooling)
     n, _, n_out, d = feats.shape
     norm = store.final_norm() if final_norm else None
     X = np.empty((len(layers), n * n_out, d), np.float32)
@@ -157,7 +160,7 @@ def layers_bytes(store: FeatureStore, split: str, n_layers: int) -> int:
 
 
 def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
-               chunk_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+               chunk_rows: int | None = None, pooling: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of one split at one layer (all of :func:`iter_layer`, concatenated).
 
     Returns
@@ -169,10 +172,10 @@ def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     --------
     >>> X, y = load_layer(FeatureStore.open("cache/xor.zarr"), "train", 2)  # doctest: +SKIP
     """
-    parts = list(iter_layer(store, split, layer, final_norm, chunk_rows))
+    parts = list(iter_layer(store, split, layer, final_norm, chunk_rows, pooling))
     if parts:
         return np.concatenate([X for X, _ in parts]), np.concatenate([y for _, y in parts])
-    shape = store.features(split).shape  # (0, n_layers, n_out, n_dim)
+    shape = store.features(split, pooling).shape  # (0, n_layers, n_out, n_dim)
     labels = store.labels(split)
     return np.zeros((0, shape[-1]), np.float32), labels.reshape(0, *labels.shape[1 + (shape[2] > 1):])
 

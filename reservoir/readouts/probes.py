@@ -140,10 +140,11 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
 
 
 def save_probe(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, store: FeatureStore, layer: int,
-               final_norm: bool, result: FitResult | None = None) -> Path:
-    """Save a readout fitted on ``layer`` of ``store`` with what applying it elsewhere must match."""
+               final_norm: bool, result: FitResult | None = None, pooling: str | None = None) -> Path:
+    """Save a readout fitted on ``layer`` (``pooling``) of ``store`` with what applying it elsewhere must match."""
     a = store.attrs
-    meta = {"layer": layer, "final_norm": final_norm, "pooling": a["pooling"],
+    meta = {"layer": layer, "final_norm": final_norm, "pooling": store.pooling(pooling),
+            "n_out_tokens": store.n_out_tokens,
             "backbone": {k: a["backbone"].get(k) for k in BACKBONE_KEYS}, "projection": a["projection"],
             "store": store.fingerprint(), "store_path": str(store.path)}
     if result is not None:
@@ -171,9 +172,12 @@ def check_store(meta: dict[str, Any], store: FeatureStore, where: str) -> None:
     if int(a["backbone"]["n_dim"]) != int(meta["n_features"]):
         raise ReservoirError(f"{store.path}: expected features of width {meta['n_features']}; found "
                              f"{a['backbone']['n_dim']}")
-    if (meta.get("pooling") or {}).get("n_out_tokens") != a["pooling"].get("n_out_tokens"):
-        raise ReservoirError(f"{store.path}: expected {meta['pooling'].get('n_out_tokens')} output token(s) per row "
-                             f"(the probe's); found {a['pooling'].get('n_out_tokens')}")
+    if meta.get("pooling") not in store.poolings:
+        raise ReservoirError(f"{store.path}: expected features pooled by {meta.get('pooling')!r} (the probe's); found "
+                             f"poolings {store.poolings}")
+    if meta.get("n_out_tokens") != store.n_out_tokens:
+        raise ReservoirError(f"{store.path}: expected {meta.get('n_out_tokens')} output token(s) per row (the "
+                             f"probe's); found {store.n_out_tokens}")
 
 
 def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathLike,
@@ -202,7 +206,8 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
             raise ReservoirError(f"{st.path}: expected a complete store, found an unfinished extraction (rerun it)")
         check_store(meta, st, where)
         for split in splits or st.splits:
-            X, y = load_layer(st, split, int(meta["layer"]), bool(meta.get("final_norm", True)))
+            X, y = load_layer(st, split, int(meta["layer"]), bool(meta.get("final_norm", True)),
+                              pooling=meta["pooling"])
             pred = np.asarray(est.predict(X))
             n_out = st.n_out_tokens
             hit = (pred == y).reshape(len(y) // n_out, -1) if len(y) else np.zeros((0, 1), bool)

@@ -121,6 +121,7 @@ def fit_linear(
     final_norm: bool = True,
     stream: bool | Literal["auto"] = False,
     train_sizes: list[int | None] | None = None,
+    pooling: str | None = None,
     results_dir: str | os.PathLike | None = None,
     save: bool = False,
     on_result: Callable[[FitResult | None], None] | None = None,
@@ -167,10 +168,13 @@ def fit_linear(
         of one seeded permutation of the training rows for each ``s`` (nested
         subsets; ``None`` means every row), each scored on the full test
         split, in ``metrics["learning_curve"]``. Not with ``stream``.
+    pooling : str, optional
+        Which of the store's poolings to read (``last``, ``first``,
+        ``mean``; ``extract --pooling``); default the store's first.
     results_dir : path, optional
         When given, each result is also written to
-        ``results_dir/<store name>/<readout>-layer<K>.json`` (the folder is
-        proved writable before any fit). Nothing is written without it.
+        ``results_dir/<store name>/<readout>-layer<K>.json`` (``<readout>-<pooling>-layer<K>.json`` for a
+        pooling other than ``last``; the folder is proved writable before any fit). Nothing is written without it.
     save : bool
         Also keep each fitted readout as a probe beside its results file
         (``<readout>-layer<K>.safetensors`` and ``.probe.json``;
@@ -205,6 +209,7 @@ def fit_linear(
         if "train" not in st.splits or "test" not in st.splits:
             raise ReservoirError(f"{st.path}: expected train and test splits, found {st.splits}")
         wanted = _wanted_layers(st, layers)
+        pooled = st.pooling(pooling)  # refused now if the store lacks it
         folder = None if results_dir is None else Path(results_dir) / Path(st.path).name.split(".")[0]
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)
@@ -217,8 +222,9 @@ def fit_linear(
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         has_val = "val" in st.splits
         results = []
+        stem = readout if pooled == "last" else f"{readout}-{pooled}"  # results of each pooling side by side
         for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
-                         train_sizes=sizes):
+                         train_sizes=sizes, pooling=pooled):
             est = fit.estimator
             metrics = dict(fit.metrics)
             if fit.curve:
@@ -228,15 +234,16 @@ def fit_linear(
                 config={"store": source, "layer": fit.layer, "readout": readout, "seed": seed,
                         "final_norm": final_norm, "alphas": sorted(est.val_scores_),
                         "validation": "store val split" if has_val else "carved from train", "stream": streamed,
-                        "train_sizes": None if not sizes else ["all" if s is None else s for s in sizes]},
+                        "train_sizes": None if not sizes else ["all" if s is None else s for s in sizes],
+                        "pooling": pooled},
                 store=st.fingerprint(), metrics=metrics, timings=fit.timings,
                 rows={"test": encode_rows(fit.test_correct, fit.heads)})
             if folder is not None:
-                path = result.write(folder / f"{readout}-layer{fit.layer}.json")
+                path = result.write(folder / f"{stem}-layer{fit.layer}.json")
                 if save:
                     from reservoir.readouts.probes import save_probe
 
-                    save_probe(est, path.with_suffix(""), st, fit.layer, final_norm, result)
+                    save_probe(est, path.with_suffix(""), st, fit.layer, final_norm, result, pooled)
             results.append(result)
             if on_result is not None:
                 on_result(result)

@@ -96,18 +96,19 @@ def _layer_groups(store: FeatureStore, layers: list[int], splits: list[str]) -> 
 
 
 def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, device: str, final_norm: bool,
-          streamed: bool, train_sizes: list[int | None] | None = None) -> Iterator[LayerFit]:
+          streamed: bool, train_sizes: list[int | None] | None = None, pooling: str | None = None
+          ) -> Iterator[LayerFit]:
     """Fit ``readout`` on each of ``layers``, yielding each :class:`LayerFit` as soon as it is done."""
     has_val = "val" in store.splits
     splits = ["train", "test", *(["val"] if has_val else [])]
     if streamed:
         for k in layers:
-            yield _fit_streamed(store, k, readout, seed, device, final_norm, has_val)
+            yield _fit_streamed(store, k, readout, seed, device, final_norm, has_val, pooling)
         return
     n_out = store.n_out_tokens
     for group in _layer_groups(store, layers, splits):
         t0 = time.perf_counter()
-        data = {s: read_layers(store, s, group, final_norm) for s in splits}
+        data = {s: read_layers(store, s, group, final_norm, pooling) for s in splits}
         load_s = (time.perf_counter() - t0) / len(group)  # the group's read, shared out
         (X, y), (Xt, yt) = data["train"], data["test"]
         majority = int(np.bincount(y.ravel()).argmax())
@@ -157,7 +158,7 @@ def _learning_curve(readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> l
 
 
 def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: str, final_norm: bool,
-                  has_val: bool) -> LayerFit:
+                  has_val: bool, pooling: str | None) -> LayerFit:
     """One layer fitted from store chunks (``fit_chunks``) and scored chunk by chunk; nothing held whole."""
     read_s = [0.0]
     n_out = store.n_out_tokens
@@ -168,7 +169,7 @@ def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: 
         rows = step * max(1, STREAM_CHUNK_BYTES // max(step * n_o * d * 4, 1))  # whole store chunks
 
         def source():
-            it = iter_layer(store, split, k, final_norm, rows)
+            it = iter_layer(store, split, k, final_norm, rows, pooling)
             while True:
                 t0 = time.perf_counter()
                 item = next(it, None)

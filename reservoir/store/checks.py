@@ -46,6 +46,25 @@ def attrs_crc(attrs: dict) -> int:
     return crc(np.frombuffer(text.encode(), np.uint8), "attrs")
 
 
+def feature_array(pooling: str) -> str:
+    """The row array holding a pooling's features: ``features`` for ``last`` (every store has had it), else
+    ``features_<pooling>``."""
+    return "features" if pooling == "last" else f"features_{pooling}"
+
+
+def pooling_attrs(pooling: dict) -> dict:
+    """A store's ``pooling`` attribute in the current form ``{kinds, n_out_tokens}`` (stores written before
+    poolings existed say ``{kind: "last_real_token", n_out_tokens}``: the last real token(s) only)."""
+    if "kinds" in pooling:
+        return pooling
+    return {"kinds": ["last"], "n_out_tokens": pooling["n_out_tokens"]}
+
+
+def poolings(attrs: dict) -> list[str]:
+    """The poolings a store holds, in its arrays' order (stores written before poolings existed: ``last``)."""
+    return list(attrs["pooling"].get("kinds", ["last"]))
+
+
 def layout(attrs: dict, splits: dict[str, tuple[int, tuple[int, ...]]], feature_shape: tuple[int, ...],
            chunk_rows: dict[str, int], states_length: int | None, d_in: int, norm: bool) -> dict[str, dict]:
     """Every array of a store with its shape and dtype (recorded in ``attrs["arrays"]``, checked at open)."""
@@ -56,20 +75,22 @@ def layout(attrs: dict, splits: dict[str, tuple[int, tuple[int, ...]]], feature_
         out.update({f"final_norm/{k}": {"shape": [n_dim], "dtype": "float32"} for k in ("weight", "bias")})
     for split, (n, label_shape) in splits.items():
         n_chunks = -(-n // chunk_rows[split])
-        out[f"{split}/features"] = {"shape": [n, *feature_shape], "dtype": dtype}
+        for pooling in poolings(attrs):
+            out[f"{split}/{feature_array(pooling)}"] = {"shape": [n, *feature_shape], "dtype": dtype}
         out[f"{split}/labels"] = {"shape": [n, *label_shape], "dtype": "int64"}
         out[f"{split}/lengths"] = {"shape": [n], "dtype": "int64"}
         if states_length is not None:
             out[f"{split}/states"] = {"shape": [n, states_length, n_dim], "dtype": dtype}
         out[f"{split}/done"] = {"shape": [n_chunks], "dtype": "bool"}
-        out[f"{split}/checksums"] = {"shape": [n_chunks, len(row_arrays(states_length is not None))],
-                                     "dtype": "uint32"}
+        out[f"{split}/checksums"] = {"shape": [n_chunks, len(row_arrays(states_length is not None,
+                                                                         poolings(attrs)))], "dtype": "uint32"}
     return out
 
 
-def row_arrays(states: bool) -> list[str]:
-    """The arrays of a split whose chunks carry checksums, in the column order of ``checksums``."""
-    return ["features", "labels", "lengths", *(["states"] if states else [])]
+def row_arrays(states: bool, kinds: list[str] | tuple[str, ...] = ("last",)) -> list[str]:
+    """The arrays of a split whose chunks carry checksums, in the column order of ``checksums``: the features
+    of each pooling (``features`` first when it is one), labels, lengths (and states)."""
+    return [*map(feature_array, kinds), "labels", "lengths", *(["states"] if states else [])]
 
 
 def check_layout(store: FeatureStore) -> None:
@@ -102,7 +123,8 @@ def _check_attrs_agree(store: FeatureStore, arrays: dict[str, dict]) -> None:
     try:
         row = (len(a["layers"]), int(a["pooling"]["n_out_tokens"]), int(a["backbone"]["n_dim"]))
         label = tuple(a["task"]["label_shape"])
-        wanted = {split: {"features": row, "labels": label, "lengths": (),
+        feats = {feature_array(p): row for p in poolings(a)}
+        wanted = {split: {**feats, "labels": label, "lengths": (),
                           "done": (-(-arrays[f"{split}/lengths"]["shape"][0] // int(a["chunk_rows"][split])),)}
                   for split in a["splits"]}
     except (KeyError, TypeError, ValueError) as err:
@@ -226,13 +248,16 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
 
 def check_finite(store: FeatureStore, split: str, lo: int, rows: dict[str, np.ndarray]) -> None:
     """Refuse (one line) a chunk's rows holding NaN or inf, naming the first such layer (or the states)."""
-    feats = rows["features"]  # (r, n_layers, n_out, n_dim)
-    ok = np.isfinite(feats).reshape(len(feats), feats.shape[1], -1).all(axis=(0, 2))
+    where = None
     if "states" in rows and not np.isfinite(rows["states"]).all():
         where = f"the layer-{store.full_seq_layer} states"
-    elif not ok.all():
-        where = f"layer {store.layers[int(np.flatnonzero(~ok)[0])]}"
-    else:
+    for pooling in store.poolings:
+        feats = rows[feature_array(pooling)]  # (r, n_layers, n_out, n_dim)
+        ok = np.isfinite(feats).reshape(len(feats), feats.shape[1], -1).all(axis=(0, 2))
+        if where is None and not ok.all():
+            where = f"layer {store.layers[int(np.flatnonzero(~ok)[0])]}" + ("" if pooling == "last" else
+                                                                            f" ({pooling} pooling)")
+    if where is None:
         return
     raise ReservoirError(f"{store.path}: non-finite values (NaN or inf) in {where} of split {split!r} "
                          f"(rows from {lo}); nothing stored: extract with --dtype float32 "

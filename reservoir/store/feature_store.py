@@ -3,10 +3,12 @@
 Layout (same names in both backends)::
 
     attrs: schema, reservoir_version, complete, created, arrays{name: shape, dtype}, checksums{...},
-           backbone{...}, projection{...}, task{...}, layers, pooling{...}, dtype
+           backbone{...}, projection{...}, task{...}, layers, pooling{kinds, n_out_tokens}, dtype
     projection/weight          (d_in, n_dim)
     final_norm/weight, bias    (n_dim,)           when the backbone has one
-    {split}/features           (N, n_layers, n_out_tokens, n_dim)
+    {split}/features           (N, n_layers, n_out_tokens, n_dim)   pooling ``last``: the last real token(s)
+    {split}/features_first     (N, n_layers, 1, n_dim)              pooling ``first``, when stored
+    {split}/features_mean      (N, n_layers, 1, n_dim)              pooling ``mean`` (over real tokens), when stored
     {split}/labels             (N, ...)
     {split}/lengths            (N,)               real length of each sequence
     {split}/done               (n_chunks,) bool   which row chunks are fully written
@@ -110,6 +112,7 @@ class FeatureStore:
                     if str(schema).startswith("reservoir.features/") else ""
                 raise ReservoirError(f"{p}: expected a store of schema {SCHEMA!r}, found schema {schema!r}{hint}")
             checks.check_layout(store)
+            store.attrs["pooling"] = checks.pooling_attrs(store.attrs["pooling"])  # stores written before poolings
             if not store.complete and not allow_incomplete:
                 raise ReservoirError(f"{p} is incomplete (an extraction was interrupted); rerun the same "
                                      "`reservoir extract` command to finish it")
@@ -155,6 +158,7 @@ class FeatureStore:
         lock = locks.StoreLock(p).acquire()
         try:
             fmt = detect_format(p, fmt)
+            attrs = {**attrs, "pooling": checks.pooling_attrs(attrs["pooling"])}
             key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
             if not p.exists():
                 remove_temporaries(p)
@@ -197,6 +201,20 @@ class FeatureStore:
         return int(self.attrs["pooling"]["n_out_tokens"])
 
     @property
+    def poolings(self) -> list[str]:
+        """How each layer was read into a row (``last``, ``first``, ``mean``), in the store's order."""
+        return checks.poolings(self.attrs)
+
+    def pooling(self, pooling: str | None = None) -> str:
+        """``pooling`` checked to be in the store (one line if not), or the store's first when ``None``."""
+        if pooling is None:
+            return self.poolings[0]
+        if pooling not in self.poolings:
+            raise ReservoirError(f"{self.path}: expected a pooling among {self.poolings}, found {pooling!r} "
+                                 "(extract --pooling to store it)")
+        return pooling
+
+    @property
     def full_seq_layer(self) -> int | None:
         return self.attrs.get("full_seq_layer")
 
@@ -211,10 +229,15 @@ class FeatureStore:
         if split not in self.splits:
             raise ReservoirError(f"{self.path}: expected a split among {self.splits}, found {split!r}")
 
-    def features(self, split: str) -> checks.CheckedArray:
-        """``(N, n_layers, n_out_tokens, n_dim)`` array (lazy; slice it; rows are checked when read)."""
+    def features(self, split: str, pooling: str | None = None) -> checks.CheckedArray:
+        """``(N, n_layers, n_out_tokens, n_dim)`` array of one pooling (default the store's first; lazy: slice it;
+        rows are checked when read)."""
         self._check_split(split)
-        return checks.CheckedArray(self, split, "features")
+        return checks.CheckedArray(self, split, checks.feature_array(self.pooling(pooling)))
+
+    def n_rows(self, split: str) -> int:
+        """Rows of ``split`` (reads no data)."""
+        return self.shape(split, "lengths")[0]
 
     def labels(self, split: str, lazy: bool = False):
         """``(N, ...)`` labels; ``lazy=True`` gives the (checked) store array to slice instead of loading it."""
@@ -318,9 +341,12 @@ class FeatureStore:
         return checks.repair(self, fixed, progress)
 
     # -- writing -----------------------------------------------------------
-    def write_chunk(self, split: str, chunk: int, features: np.ndarray, labels: np.ndarray,
+    def write_chunk(self, split: str, chunk: int, features: np.ndarray | dict[str, np.ndarray], labels: np.ndarray,
                     lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
         """Write the rows of one chunk and their checksums, then mark it done.
+
+        ``features`` is ``{pooling: (r, n_layers, n_out, n_dim)}`` for every pooling of the store, or one array
+        for a store of one pooling.
 
         Refuses non-finite features or states (nothing of the chunk is
         written); a failed write raises one line and leaves the chunk not done.
@@ -329,12 +355,17 @@ class FeatureStore:
             raise ReservoirError(f"{self.path}: opened for reading; write through FeatureStore.create")
         if isinstance(self._lock, locks.SharedLock):
             self._lock.check()
+        if not isinstance(features, dict):
+            if len(self.poolings) != 1:
+                raise ReservoirError(f"{self.path}: expected features of every pooling {self.poolings} as a dict")
+            features = {self.poolings[0]: features}
         r = self.chunk_rows(split)
         lo = chunk * r
-        hi = lo + len(features)
+        hi = lo + len(labels)
         dtype = np.dtype(self.attrs["dtype"])
-        rows = {"features": np.asarray(features, dtype=dtype), "labels": np.asarray(labels, dtype=np.int64),
-                "lengths": np.zeros(hi - lo, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)}
+        rows = {checks.feature_array(p): np.asarray(features[p], dtype=dtype) for p in self.poolings}
+        rows.update({"labels": np.asarray(labels, dtype=np.int64),
+                     "lengths": np.zeros(hi - lo, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)})
         if "states" in self.row_arrays():
             rows["states"] = np.asarray(states, dtype=dtype)
         checks.check_finite(self, split, lo, rows)

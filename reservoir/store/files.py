@@ -45,7 +45,8 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
            final_norm, states_length) -> None:
     """Write a new store's whole layout at ``tmp`` (removed again if anything fails)."""
     dtype = np.dtype(attrs["dtype"])
-    row_bytes = (int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
+    kinds = checks.poolings(attrs)
+    row_bytes = (len(kinds) * int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
     chunk_rows = {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}
     layout = checks.layout(attrs, splits, feature_shape, chunk_rows, states_length, projection_weight.shape[0],
                            final_norm is not None)
@@ -65,7 +66,7 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
             "splits": list(splits),
             "chunk_rows": chunk_rows,
             "arrays": layout,
-            "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None),
+            "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None, kinds),
                           "fixed": {k: checks.crc(np.asarray(v, np.float32), k) for k, v in fixed.items()}},
         }))  # as the attributes read back
         backend.write_attrs({**full, "attrs_crc32c": checks.attrs_crc(full)})
