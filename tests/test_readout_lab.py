@@ -81,6 +81,33 @@ def test_readout_subsampled_path_then_refit_on_all_rows():
     assert est.val_correct_.shape == (300,) and est.val_correct_.sum() / 300 == est.val_scores_[est.alpha_]
 
 
+def test_precision_drops_float16_rounding_noise_before_whitening():
+    """Rank-4 features stored in float16: 28 directions of pure rounding noise, which whitening would scale up to
+    unit variance; told the precision, the readout keeps the 4 real ones."""
+    rng = np.random.default_rng(5)
+    Z = rng.normal(size=(4000, 4))
+    X = (Z @ rng.normal(size=(4, 32)) + 3).astype(np.float16).astype(np.float32)
+    y = (Z[:, 0] + 0.3 * rng.normal(size=4000) > 0).astype(int)
+    loose = LogisticReadout(alphas=[1e-4]).fit(X, y)
+    tight = LogisticReadout(alphas=[1e-4], precision=float(np.finfo(np.float16).eps)).fit(X, y)
+    assert loose.rank_ > 4 and tight.rank_ == 4
+    exact = LogisticReadout(alphas=[1e-4], precision=float(np.finfo(np.float32).eps)).fit(X.astype(np.float64), y)
+    assert exact.rank_ == loose.rank_  # float32 precision sits far below float16 rounding: nothing more dropped
+
+
+def test_ridge_float32_statistics_of_float16_features_match_float64():
+    rng = np.random.default_rng(6)
+    Z = rng.normal(size=(3000, 12))
+    X = (Z @ rng.normal(size=(12, 40)) * np.logspace(-1, 1, 40) + 5).astype(np.float16).astype(np.float32)
+    y = (Z[:, 0] + 0.5 * Z[:, 1] + 0.5 * rng.normal(size=3000) > 0).astype(int) + (Z[:, 2] > 1)
+    exact = RidgeReadout().fit(X, y)
+    fast = RidgeReadout(precision=float(np.finfo(np.float16).eps)).fit(X, y)  # float32 products, as for a store
+    assert fast.alpha_ == pytest.approx(exact.alpha_, rel=1e-4)
+    assert list(fast.val_scores_.values()) == pytest.approx(list(exact.val_scores_.values()), abs=1e-3)
+    assert (fast.predict(X) == exact.predict(X)).mean() > 0.999
+    np.testing.assert_allclose(fast.coef_, exact.coef_, rtol=1e-3, atol=1e-4 * np.abs(exact.coef_).max())
+
+
 # -- intervals --------------------------------------------------------------------------
 def test_wilson_interval_covers_about_95_percent():
     """200 seeded simulated readouts of 1,000 test rows at a true accuracy of 80%: ~95% of intervals hold it."""
@@ -113,6 +140,7 @@ def test_intervals_are_seeded_and_honest_at_the_edges():
         accuracy_interval(np.r_[np.full(100, 3), np.zeros(20)], 5, seed=1)
     lo, hi = wilson(500, 500)
     assert hi == 1.0 and 0.99 < lo < 1.0  # never the point [1, 1] a bootstrap would give
+    assert accuracy_interval(np.full(500, 5), heads=5) == (lo, hi)  # every row fully right: rows as trials
     d = paired_difference(np.ones(400), np.r_[np.ones(380), np.zeros(20)])
     assert d.diff == pytest.approx(0.05) and d.excludes_zero and d.low > 0
     same = paired_difference(np.r_[np.ones(200), np.zeros(200)], np.r_[np.zeros(200), np.ones(200)])

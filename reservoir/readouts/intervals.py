@@ -11,7 +11,9 @@ many heads counts once, as it was drawn once.
 * Several heads: a seeded percentile bootstrap over rows. A row's share of
   correct heads takes few distinct values, so a resample is a multinomial
   draw over them, and the bootstrap is exact and cheap for any number of
-  rows.
+  rows. When every row scored alike (all heads right on every row), the
+  bootstrap is a point, and Wilson's interval over the rows (each row one
+  trial) is given instead.
 * A difference of two readouts on the same rows: the paired bootstrap of the
   mean per-row difference (seeded, same draw), so what both get right or wrong
   cancels; the difference is marked when its interval excludes zero.
@@ -82,6 +84,8 @@ def accuracy_interval(correct: np.ndarray, heads: int = 1, *, seed: int = 0, lev
         return (math.nan, math.nan)
     if heads == 1:
         return wilson(int(correct.sum()), len(correct), level)
+    if np.all(correct == correct[0]):  # every row alike (all right, say): the bootstrap is a point; count rows
+        return wilson(round(float(correct[0]) / heads * len(correct)), len(correct), level)
     means = _bootstrap_means(correct / heads, seed, resamples)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return (float(lo), float(hi))

@@ -7,7 +7,8 @@ classes.
 
 Features are whitened first (centred and rotated onto the principal axes of
 the training covariance, each axis scaled to unit variance; directions with
-variance below ``1e-10`` of the largest are dropped). Hidden states of
+variance below ``1e-10`` of the largest, or below the rounding noise of the
+stored features (``precision``), are dropped). Hidden states of
 transformers are badly conditioned (condition numbers of 1e6 and more are
 common), and on whitened inputs L-BFGS converges in tens of iterations where
 it otherwise needs thousands. The objective is
@@ -29,8 +30,10 @@ How the L2 path is fitted (the levers that make a sweep take seconds):
   then fitted once on all training rows, warm-started from its subsample
   solution.
 * **A tolerance matched to what validation can resolve**: a fit stops when an
-  iteration lowers the objective by less than ``tol`` of it, long after its
-  predictions have stopped changing.
+  iteration lowers the objective by less than ``tol`` of it, or once its
+  predictions on the validation rows have not changed for 15 rounds (weak
+  strengths otherwise crawl for hundreds of iterations along directions that
+  change no prediction).
 
 ``fit`` holds the centred rows in memory (float32; the covariance and its
 eigendecomposition in float64); ``fit_chunks`` fits the same model from chunks
@@ -171,6 +174,13 @@ class LogisticReadout(base.LinearReadout):
         Stop a fit once an iteration lowers its objective by less than
         ``tol * max(1, objective)``, or its largest gradient entry is below
         ``tol`` (``>= 0``).
+    precision : float or None
+        Relative precision of the features (``np.finfo(np.float16).eps`` for
+        a float16 store, what ``fit_linear`` passes): directions whose
+        variance is below ``precision**2`` times the mean squared feature
+        are rounding noise, not signal, and are dropped before whitening
+        (whitening would scale them up to unit variance). ``None`` drops only
+        numerically null directions (below ``1e-10`` of the largest).
     path_rows : int or None
         Rows the L2 path is fitted on: with more rows to fit, a seeded
         subsample of them (strengths scaled to keep ``alpha * n``), and the
@@ -204,6 +214,8 @@ class LogisticReadout(base.LinearReadout):
         L-BFGS iterations of the final fit.
     path_rows_ : int
         Rows the path was fitted on (0 without a path).
+    rank_ : int
+        Whitened directions kept (see ``precision``).
 
     Examples
     --------
@@ -217,16 +229,18 @@ class LogisticReadout(base.LinearReadout):
         "alphas": base.grid(0, open_low=False), "val_fraction": base.VAL_FRACTION, "whiten": base.FLAG,
         "penalty": base.one_of("whitened", "standardized"), "max_iter": base.integer(1), "tol": base.number(0),
         "path_rows": base.optional(base.integer(2)), "random_state": base.RANDOM_STATE,
+        "precision": base.optional(base.number(0, 1)),
     }
 
     def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,
-                 path_rows=PATH_ROWS, random_state=0, device="cpu"):
+                 precision=None, path_rows=PATH_ROWS, random_state=0, device="cpu"):
         self.alphas = alphas
         self.penalty = penalty
         self.val_fraction = val_fraction
         self.whiten = whiten
         self.max_iter = max_iter
         self.tol = tol
+        self.precision = precision
         self.path_rows = path_rows
         self.random_state = random_state
         self.device = device
@@ -351,7 +365,7 @@ class LogisticReadout(base.LinearReadout):
         if val is not None and path is not None:
             (Xp, Yp), m, n_fit = path
             on_path = problem(lambda: ((Xp, Yp),), m, [a * n_fit / m for a in alphas])
-            solved, _ = self._solve(on_path, torch.zeros(len(alphas), on_path.size, device=dev))
+            solved, _ = self._solve(on_path, torch.zeros(len(alphas), on_path.size, device=dev), val)
             per_row = on_path.correct(val, solved)  # (alphas, val rows)
             accs = (per_row.sum(1) / max(per_row.shape[1] * n_heads, 1)).tolist()
             self.val_scores_ = {float(a): acc for a, acc in zip(alphas, accs)}
@@ -361,7 +375,8 @@ class LogisticReadout(base.LinearReadout):
         else:
             self.alpha_ = float(alphas[-1])
         final = problem(full, n, [self.alpha_])
-        theta, self.n_iter_ = self._solve(final, torch.zeros(1, final.size, device=dev) if start is None else start)
+        theta, self.n_iter_ = self._solve(final, torch.zeros(1, final.size, device=dev) if start is None else start,
+                                          val)
         V, b = final.unpack(theta)
         coef = (P @ V[0]).double()  # (d, n_heads * C) on centred features
         self.coef_ = coef.t().reshape(n_heads, C, -1).cpu().numpy().astype(np.float32)
@@ -370,12 +385,19 @@ class LogisticReadout(base.LinearReadout):
         self.n_heads_ = n_heads if multi else 0
         return self
 
-    def _solve(self, problem: Multinomial, theta: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def _solve(self, problem: Multinomial, theta: torch.Tensor, watched=None) -> tuple[torch.Tensor, int]:
         """Every problem's minimum from ``theta`` and the most iterations one took; with one class there is
-        nothing to fit (the weights stay)."""
+        nothing to fit (the weights stay). With ``watched`` blocks (the validation rows), a problem also stops
+        once its predictions on them have not changed for 15 rounds."""
         if problem.C < 2:
             return theta, 0
-        out = lbfgs(problem, theta, max_iter=self.max_iter, ftol=self.tol, gtol=self.tol)
+        watch = None
+        if watched is not None:
+            rows = [Xc for Xc, _ in watched()]
+
+            def watch(th):  # (b, H, rows): every prediction on the watched rows
+                return torch.cat([problem.logits_t(Xc, th).argmax(2) for Xc in rows], 2)
+        out = lbfgs(problem, theta, max_iter=self.max_iter, ftol=self.tol, gtol=self.tol, watch=watch)
         return out.theta, int(out.n_iter.max())
 
     def _set_whitening(self, moments: Moments):
@@ -387,13 +409,18 @@ class LogisticReadout(base.LinearReadout):
         self._M = None  # penalty ||M V||^2 on the whitened weights V; None: ||V||^2
         if not self.whiten:
             self._P = np.diag(1.0 / sd).astype(np.float32)
+            self.rank_ = len(sd)
             return
         lam, V = np.linalg.eigh(var)
-        keep = lam > max(lam.max(), 1e-30) * 1e-10
+        floor = max(lam.max(), 1e-30) * 1e-10
+        if self.precision is not None:  # rounding noise of the stored features: variance ~ eps^2 / 12 * E[x^2]
+            floor = max(floor, self.precision**2 * float(np.mean(np.diag(var) + self.mean_.astype(np.float64) ** 2)))
+        keep = lam > floor
         if not keep.any():  # constant features: nothing to learn from them
             keep = lam >= lam.max()
             lam = np.where(keep, 1.0, lam)
         self._P = (V[:, keep] / np.sqrt(lam[keep])).astype(np.float32)  # (d, r)
+        self.rank_ = int(keep.sum())
         if self.penalty == "standardized":  # the weights on standardized features are diag(sd) @ P @ V
             self._M = torch.as_tensor(sd[:, None] * self._P, dtype=torch.float32, device=self._device)  # (d, r)
 

@@ -44,6 +44,16 @@ def make_readout(kind: str, seed: int, device: str, **kwargs) -> LogisticReadout
     return RidgeReadout(random_state=seed)
 
 
+def store_readout(store: FeatureStore, kind: str, seed: int, device: str) -> LogisticReadout | RidgeReadout:
+    """The readout for a store's features, told the stored dtype's precision: the logistic one drops float16
+    rounding noise before whitening (never scales it up to unit variance), the ridge one takes its statistics
+    in float32 where that rounding dwarfs float32's."""
+    precision = float(np.finfo(np.dtype(store.attrs["dtype"])).eps)
+    if kind == "logistic":
+        return make_readout(kind, seed, device, precision=precision)
+    return RidgeReadout(random_state=seed, precision=precision)
+
+
 @dataclass
 class LayerFit:
     """One layer's readout: the fitted estimator, its metrics and timings, and the test rows it got right.
@@ -113,7 +123,7 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
         (X, y), (Xt, yt) = data["train"], data["test"]
         majority = int(np.bincount(y.ravel()).argmax())
         for i, k in enumerate(group):
-            est = make_readout(readout, seed, device)
+            est = store_readout(store, readout, seed, device)
             val = (data["val"][0][i], data["val"][1]) if has_val else None
             t0 = time.perf_counter()
             est.fit(X[i], y, validation_data=val)
@@ -123,7 +133,7 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
             metrics = {"train_accuracy": est.score(X[i], y), **validation_metrics(est, seed),
                        **interval_metrics("test", test.sum(1), heads, seed, est.score(Xt[i], yt))}
             metrics.update(_path_metrics(est, len(X[i]), len(Xt[i]), float(np.mean(yt == majority))))
-            curve = _learning_curve(readout, seed, device, X[i], y, Xt[i], yt, val, n_out, train_sizes)
+            curve = _learning_curve(store, readout, seed, device, X[i], y, Xt[i], yt, val, n_out, train_sizes)
             yield LayerFit(k, est, metrics, {"load_s": load_s, "fit_s": fit_s}, test.sum(1), heads, curve)
 
 
@@ -133,7 +143,7 @@ def _path_metrics(est, n_train: int, n_test: int, chance: float) -> dict[str, An
             "interval": "95%: Wilson score (one head per row) or bootstrap over rows (several heads)"}
 
 
-def _learning_curve(readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> list[dict[str, Any]]:
+def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> list[dict[str, Any]]:
     """Test accuracy (with its interval) of the readout fitted on nested, seeded subsets of the training rows.
 
     The subsets are the first ``s`` store rows of one seeded permutation (a row's ``n_out`` output tokens stay
@@ -147,7 +157,7 @@ def _learning_curve(readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> l
     for size in sizes:
         s = n_rows if size is None else min(int(size), n_rows)
         rows = (np.sort(order[:s])[:, None] * n_out + np.arange(n_out)).ravel()
-        est = make_readout(readout, seed, device)
+        est = store_readout(store, readout, seed, device)
         t0 = time.perf_counter()
         est.fit(X[rows], y[rows], validation_data=val)
         fit_s = time.perf_counter() - t0
@@ -179,7 +189,7 @@ def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: 
                 yield item
         return source
 
-    est = make_readout(readout, seed, device)
+    est = store_readout(store, readout, seed, device)
     t0 = time.perf_counter()
     est.fit_chunks(chunks("train"), chunks("val") if has_val else None)
     fit_s = time.perf_counter() - t0
