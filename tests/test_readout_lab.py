@@ -81,20 +81,6 @@ def test_readout_subsampled_path_then_refit_on_all_rows():
     assert est.val_correct_.shape == (300,) and est.val_correct_.sum() / 300 == est.val_scores_[est.alpha_]
 
 
-def test_precision_drops_float16_rounding_noise_before_whitening():
-    """Rank-4 features stored in float16: 28 directions of pure rounding noise, which whitening would scale up to
-    unit variance; told the precision, the readout keeps the 4 real ones."""
-    rng = np.random.default_rng(5)
-    Z = rng.normal(size=(4000, 4))
-    X = (Z @ rng.normal(size=(4, 32)) + 3).astype(np.float16).astype(np.float32)
-    y = (Z[:, 0] + 0.3 * rng.normal(size=4000) > 0).astype(int)
-    loose = LogisticReadout(alphas=[1e-4]).fit(X, y)
-    tight = LogisticReadout(alphas=[1e-4], precision=float(np.finfo(np.float16).eps)).fit(X, y)
-    assert loose.rank_ > 4 and tight.rank_ == 4
-    exact = LogisticReadout(alphas=[1e-4], precision=float(np.finfo(np.float32).eps)).fit(X.astype(np.float64), y)
-    assert exact.rank_ == loose.rank_  # float32 precision sits far below float16 rounding: nothing more dropped
-
-
 def test_ridge_float32_statistics_of_float16_features_match_float64():
     rng = np.random.default_rng(6)
     Z = rng.normal(size=(3000, 12))

@@ -98,7 +98,6 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
         if st.attrs["task"]["label_shape"] or st.n_out_tokens != 1:
             raise ReservoirError(f"{source}: the scikit-learn comparison needs one label per row, found label shape "
                                  f"{tuple(st.attrs['task']['label_shape'])} and {st.n_out_tokens} output token(s)")
-        precision = float(np.finfo(np.dtype(st.attrs["dtype"])).eps)
         X_all, y = read_layers(st, "train", wanted)
         Xt_all, yt = read_layers(st, "test", wanted)
 
@@ -111,7 +110,7 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
     t_rows, v_rows = carve_rows(len(y), 0.1, seed)  # the readout's own carve (val_fraction 0.1)
     for i, k in enumerate(wanted):
         X, Xt = X_all[i], Xt_all[i]
-        ours = LogisticReadout(random_state=seed, precision=precision)  # as fit-linear fits it
+        ours = LogisticReadout(random_state=seed)  # as fit-linear fits it
         t0 = time.perf_counter()
         ours.fit(X, y)
         t_ours = time.perf_counter() - t0

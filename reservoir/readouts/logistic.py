@@ -7,8 +7,7 @@ classes.
 
 Features are whitened first (centred and rotated onto the principal axes of
 the training covariance, each axis scaled to unit variance; directions with
-variance below ``1e-10`` of the largest, or below the rounding noise of the
-stored features (``precision``), are dropped). Hidden states of
+variance below ``1e-10`` of the largest are dropped). Hidden states of
 transformers are badly conditioned (condition numbers of 1e6 and more are
 common), and on whitened inputs L-BFGS converges in tens of iterations where
 it otherwise needs thousands. The objective is
@@ -174,13 +173,6 @@ class LogisticReadout(base.LinearReadout):
         Stop a fit once an iteration lowers its objective by less than
         ``tol * max(1, objective)``, or its largest gradient entry is below
         ``tol`` (``>= 0``).
-    precision : float or None
-        Relative precision of the features (``np.finfo(np.float16).eps`` for
-        a float16 store, what ``fit_linear`` passes): directions whose
-        variance is below ``precision**2`` times the mean squared feature
-        are rounding noise, not signal, and are dropped before whitening
-        (whitening would scale them up to unit variance). ``None`` drops only
-        numerically null directions (below ``1e-10`` of the largest).
     path_rows : int or None
         Rows the L2 path is fitted on: with more rows to fit, a seeded
         subsample of them (strengths scaled to keep ``alpha * n``), and the
@@ -215,7 +207,7 @@ class LogisticReadout(base.LinearReadout):
     path_rows_ : int
         Rows the path was fitted on (0 without a path).
     rank_ : int
-        Whitened directions kept (see ``precision``).
+        Whitened directions kept.
 
     Examples
     --------
@@ -229,18 +221,16 @@ class LogisticReadout(base.LinearReadout):
         "alphas": base.grid(0, open_low=False), "val_fraction": base.VAL_FRACTION, "whiten": base.FLAG,
         "penalty": base.one_of("whitened", "standardized"), "max_iter": base.integer(1), "tol": base.number(0),
         "path_rows": base.optional(base.integer(2)), "random_state": base.RANDOM_STATE,
-        "precision": base.optional(base.number(0, 1)),
     }
 
     def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,
-                 precision=None, path_rows=PATH_ROWS, random_state=0, device="cpu"):
+                 path_rows=PATH_ROWS, random_state=0, device="cpu"):
         self.alphas = alphas
         self.penalty = penalty
         self.val_fraction = val_fraction
         self.whiten = whiten
         self.max_iter = max_iter
         self.tol = tol
-        self.precision = precision
         self.path_rows = path_rows
         self.random_state = random_state
         self.device = device
@@ -412,10 +402,7 @@ class LogisticReadout(base.LinearReadout):
             self.rank_ = len(sd)
             return
         lam, V = np.linalg.eigh(var)
-        floor = max(lam.max(), 1e-30) * 1e-10
-        if self.precision is not None:  # rounding noise of the stored features: variance ~ eps^2 / 12 * E[x^2]
-            floor = max(floor, self.precision**2 * float(np.mean(np.diag(var) + self.mean_.astype(np.float64) ** 2)))
-        keep = lam > floor
+        keep = lam > max(lam.max(), 1e-30) * 1e-10
         if not keep.any():  # constant features: nothing to learn from them
             keep = lam >= lam.max()
             lam = np.where(keep, 1.0, lam)

@@ -45,13 +45,11 @@ def make_readout(kind: str, seed: int, device: str, **kwargs) -> LogisticReadout
 
 
 def store_readout(store: FeatureStore, kind: str, seed: int, device: str) -> LogisticReadout | RidgeReadout:
-    """The readout for a store's features, told the stored dtype's precision: the logistic one drops float16
-    rounding noise before whitening (never scales it up to unit variance), the ridge one takes its statistics
-    in float32 where that rounding dwarfs float32's."""
-    precision = float(np.finfo(np.dtype(store.attrs["dtype"])).eps)
+    """The readout for a store's features; the ridge one is told the stored dtype's precision, so it takes its
+    statistics in float32 where float16 rounding dwarfs float32's."""
     if kind == "logistic":
-        return make_readout(kind, seed, device, precision=precision)
-    return RidgeReadout(random_state=seed, precision=precision)
+        return make_readout(kind, seed, device)
+    return RidgeReadout(random_state=seed, precision=float(np.finfo(np.dtype(store.attrs["dtype"])).eps))
 
 
 @dataclass
