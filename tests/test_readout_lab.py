@@ -12,7 +12,7 @@ from reservoir.errors import ReservoirError
 from reservoir.readouts import LogisticReadout, RidgeReadout, fit_linear, load_layer
 from reservoir.readouts.intervals import accuracy_interval, decode_rows, encode_rows, paired_difference, wilson
 from reservoir.readouts.lbfgs import lbfgs
-from reservoir.readouts.logistic import Multinomial
+from reservoir.readouts.multinomial import Multinomial
 from reservoir.readouts.stats import Moments
 
 

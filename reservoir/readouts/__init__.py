@@ -8,7 +8,14 @@
   (:mod:`reservoir.readouts.features`); streamed statistics and validation
   splits are in :mod:`reservoir.readouts.stats`.
 * :func:`fit_linear`, :func:`fit_raw`: a readout per stored layer, or on a
-  task's raw inputs, returning :class:`FitResult` objects.
+  task's raw inputs, returning :class:`FitResult` objects; the sweep engine
+  behind ``fit_linear`` (every layer read once, each over its L2 path) is
+  :mod:`reservoir.readouts.sweep`, with :mod:`~reservoir.readouts.lbfgs`
+  (batched L-BFGS) and :mod:`~reservoir.readouts.multinomial` (the batched
+  objective).
+* :mod:`reservoir.readouts.intervals` (95% intervals, paired differences),
+  :mod:`reservoir.readouts.probes` (saved readouts applied to other stores),
+  :mod:`reservoir.readouts.curves` (learning-curve plots).
 """
 
 from reservoir.readouts.features import iter_layer, load_layer

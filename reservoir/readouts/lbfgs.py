@@ -4,7 +4,7 @@ The readouts fit one model per L2 strength (and per layer). Fitted one after
 another, each strength costs its own passes over the rows; here every
 strength is a row of one parameter matrix ``theta (k, D)``, and one call of
 the objective evaluates all problems still running against a single pass over
-the data (:class:`~reservoir.readouts.logistic.Multinomial` turns the ``k``
+the data (:class:`~reservoir.readouts.multinomial.Multinomial` turns the ``k``
 weight matrices into one wide matrix product). The problems share nothing
 else: each keeps its own curvature pairs, step length and convergence test,
 so problem ``i`` follows the iterates it would follow alone (up to the
