@@ -51,6 +51,15 @@ def _hf_hidden_states(hf, bb, x, lengths):
         handle.remove()
 
 
+def _reservoir_and_hf(name: str, attn: str, seed: int):
+    """The tiny family loaded as a reservoir and as the bare HF model, and 4 right-padded rows of 40 positions."""
+    bb = load_backbone(name, d_in=5, attn_implementation=attn)
+    hf, _, _ = _load_hf(name, "pretrained", 0, None, attn)
+    hf.eval()
+    x = torch.randn(4, 40, 5, generator=torch.Generator().manual_seed(seed))
+    return bb, hf, x, torch.tensor([40, 23, 1, 31])
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", NAMES)
 def test_features_equal_hf_hidden_states(name, attn):
@@ -59,12 +68,7 @@ def test_features_equal_hf_hidden_states(name, attn):
     Sequences of 40 positions exceed the 16-position sliding windows of
     tiny-mistral and tiny-gemma2, so windowed masks are exercised too.
     """
-    bb = load_backbone(name, d_in=5, attn_implementation=attn)
-    hf, _, _ = _load_hf(name, "pretrained", 0, None, attn)
-    hf.eval()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 40, 5, generator=g)
-    lengths = torch.tensor([40, 23, 1, 31])
+    bb, hf, x, lengths = _reservoir_and_hf(name, attn, seed=0)
     layers = list(range(bb.depth + 1))
     with torch.no_grad():
         feats = bb.features(x, lengths, layers)  # (4, 3, 1, 32)
@@ -322,12 +326,7 @@ def test_mean_and_first_pooling_equal_hf_hidden_states(name):
     """Mean pooling == an independent masked mean of the HF model's hidden_states[k] over the real positions of
     right-padded rows (padding never counts); first pooling == hidden_states[k][:, 0]. HF's last entry of a
     pre-norm model comes after its final norm (the store keeps raw residuals), so that entry is left out."""
-    bb = load_backbone(name, d_in=5)
-    hf, _, _ = _load_hf(name, "pretrained", 0, None, "eager")
-    hf.eval()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(4, 40, 5, generator=g)
-    lengths = torch.tensor([40, 23, 1, 31])
+    bb, hf, x, lengths = _reservoir_and_hf(name, "eager", seed=1)
     layers = list(range(bb.depth + 1))
     with torch.no_grad():
         feats = bb.features(x, lengths, layers, poolings=("mean", "first", "last"))  # (4, 3, 3, 1, 32)

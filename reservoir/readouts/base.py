@@ -125,11 +125,14 @@ class LinearReadout(ClassifierMixin, BaseEstimator):
         idx = self._class_scores(X).argmax(-1)  # (n, n_heads)
         return self.classes_[idx[:, 0] if self.n_heads_ == 0 else idx]
 
+    def hits(self, X, y) -> np.ndarray:
+        """Which heads of each row are predicted right: bool ``(n, n_heads or 1)``."""
+        y = np.asarray(y)
+        return (np.asarray(self.predict(X)) == y).reshape(len(y), -1)
+
     def score(self, X, y, sample_weight=None):
         """Mean accuracy over rows and heads (each bit counts once)."""
-        y = np.asarray(y)
-        correct = (self.predict(X) == y).reshape(len(y), -1).mean(1)  # (n,) share of heads right
-        return float(np.average(correct, weights=sample_weight))
+        return float(np.average(self.hits(X, y).mean(1), weights=sample_weight))  # (n,) share of heads right
 
     def save(self, path, **meta):
         """Keep the fitted readout as a probe: ``<path>.safetensors`` + ``<path>.probe.json``

@@ -154,11 +154,6 @@ def read_layers(store: FeatureStore, split: str, layers: list[int], final_norm: 
     return X, labels
 
 
-def layers_bytes(store: FeatureStore, split: str, n_layers: int) -> int:
-    """Bytes of ``n_layers`` layers of ``split`` as :func:`read_layers` holds them (reads no data)."""
-    return n_layers * layer_bytes(store, split)
-
-
 def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
                chunk_rows: int | None = None, pooling: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of one split at one layer (all of :func:`iter_layer`, concatenated).

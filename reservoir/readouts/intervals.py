@@ -125,6 +125,22 @@ def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, heads: int =
     return Difference(float(d.mean()), float(lo), float(hi))
 
 
+def accuracy_metrics(prefix: str, correct: np.ndarray, heads: int, *, seed: int = 0,
+                     accuracy: float | None = None) -> dict[str, float | list[float]]:
+    """``{prefix}_accuracy`` and ``{prefix}_interval`` of per-row counts of correct heads (the accuracy computed
+    from the counts unless given, e.g. as an estimator's ``score`` computed it).
+
+    Examples
+    --------
+    >>> accuracy_metrics("test", np.array([1, 1, 0, 1]), 1)["test_accuracy"]
+    0.75
+    """
+    if accuracy is None:
+        accuracy = int(correct.sum()) / max(len(correct) * heads, 1) if len(correct) else float("nan")
+    return {f"{prefix}_accuracy": accuracy,
+            f"{prefix}_interval": list(accuracy_interval(correct, heads, seed=seed))}
+
+
 def encode_rows(correct: np.ndarray, heads: int) -> dict:
     """Per-row counts of correct heads as a JSON-ready record (little-endian unsigned integers, base64)."""
     dtype = np.uint8 if heads < 256 else (np.uint16 if heads < 65536 else np.uint32)

@@ -21,7 +21,7 @@ import numpy as np
 from reservoir.errors import ReservoirError
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
-from reservoir.readouts.sweep import correct_rows, interval_metrics, make_readout, validation_metrics
+from reservoir.readouts.sweep import make_readout, test_metrics, validation_metrics
 from reservoir.results import Result, writable_folder
 from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
@@ -319,15 +319,15 @@ def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, rea
     t0 = time.perf_counter()
     est.fit(X, tr.labels, validation_data=val)
     t_fit = time.perf_counter() - t0
-    test = correct_rows(est, Xt, te.labels, 1)  # (N_test, heads)
+    test, correct, heads = test_metrics(est, Xt, te.labels, 1, seed)
     return FitResult(
         kind="fit-raw",
         config={"task": task if isinstance(task, str) else data.name, "task_params": data.params, "readout": readout,
                 "seed": seed},
         task={"name": data.name, "fingerprint": data.fingerprint},
         metrics={"train_accuracy": est.score(X, tr.labels), **validation_metrics(est, seed),
-                 **interval_metrics("test", test.sum(1), test.shape[1], seed, est.score(Xt, te.labels)),
+                 **test,
                  "alpha": est.alpha_, "n_features": int(X.shape[1]), "n_train": len(X), "n_test": len(Xt)},
         timings={"fit_s": t_fit},
-        rows={"test": encode_rows(test.sum(1), test.shape[1])},
+        rows={"test": encode_rows(correct, heads)},
     )

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.readouts.features import iter_layer, layer_bytes, read_layers
-from reservoir.readouts.intervals import accuracy_interval
+from reservoir.readouts.intervals import accuracy_metrics
 from reservoir.readouts.logistic import LogisticReadout
 from reservoir.readouts.ridge import RidgeReadout
 from reservoir.store import FeatureStore
@@ -70,20 +70,18 @@ class LayerFit:
     curve: list[dict[str, Any]] = field(default_factory=list)
 
 
-def correct_rows(est, X: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
-    """Correct heads per store row ``(N, n_out * H)`` (``n_out`` readout rows make one store row)."""
-    hit = np.asarray(est.predict(X)) == y  # (N * n_out,) or (N * n_out, H)
-    return hit.reshape(len(y) // n_out, -1)
+def scored(est, X: np.ndarray, y: np.ndarray, n_out: int) -> tuple[float, np.ndarray, int]:
+    """One prediction pass: the accuracy (as ``est.score`` gives it), the correct heads of each store row
+    ``(N,)`` (``n_out`` readout rows make one store row) and the heads a store row has."""
+    hit = est.hits(X, y)  # (N * n_out, H)
+    per_row = hit.reshape(len(y) // n_out, -1)  # (N, n_out * H)
+    return float(np.average(hit.mean(1))), per_row.sum(1), per_row.shape[1]
 
 
-def interval_metrics(prefix: str, correct: np.ndarray, heads: int, seed: int,
-                     accuracy: float | None = None) -> dict[str, Any]:
-    """``{prefix}_accuracy`` (``accuracy`` when given: the estimator's own ``score``) and ``{prefix}_interval``
-    of per-row counts of correct heads."""
-    if accuracy is None:
-        accuracy = float(correct.sum() / max(correct.size * heads, 1)) if len(correct) else float("nan")
-    return {f"{prefix}_accuracy": accuracy,
-            f"{prefix}_interval": list(accuracy_interval(correct, heads, seed=seed))}
+def test_metrics(est, X: np.ndarray, y: np.ndarray, n_out: int, seed: int) -> tuple[dict[str, Any], np.ndarray, int]:
+    """``test_accuracy`` and ``test_interval`` of ``est`` on ``(X, y)``, the per-row counts and heads per row."""
+    accuracy, correct, heads = scored(est, X, y, n_out)
+    return accuracy_metrics("test", correct, heads, seed=seed, accuracy=accuracy), correct, heads
 
 
 def validation_metrics(est, seed: int) -> dict[str, Any]:
@@ -91,7 +89,7 @@ def validation_metrics(est, seed: int) -> dict[str, Any]:
     if getattr(est, "val_correct_", None) is None:
         return {"val_accuracy": float("nan"), "val_interval": [float("nan"), float("nan")]}
     heads = est.n_heads_ or 1
-    out = interval_metrics("val", est.val_correct_, heads, seed)
+    out = accuracy_metrics("val", est.val_correct_, heads, seed=seed)
     out["val_accuracy"] = est.val_scores_[est.alpha_]
     return out
 
@@ -126,13 +124,11 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
             t0 = time.perf_counter()
             est.fit(X[i], y, validation_data=val)
             fit_s = time.perf_counter() - t0
-            test = correct_rows(est, Xt[i], yt, n_out)  # (N_test, heads)
-            heads = test.shape[1]
-            metrics = {"train_accuracy": est.score(X[i], y), **validation_metrics(est, seed),
-                       **interval_metrics("test", test.sum(1), heads, seed, est.score(Xt[i], yt))}
+            test, correct, heads = test_metrics(est, Xt[i], yt, n_out, seed)
+            metrics = {"train_accuracy": est.score(X[i], y), **validation_metrics(est, seed), **test}
             metrics.update(_path_metrics(est, len(X[i]), len(Xt[i]), float(np.mean(yt == majority))))
             curve = _learning_curve(store, readout, seed, device, X[i], y, Xt[i], yt, val, n_out, train_sizes)
-            yield LayerFit(k, est, metrics, {"load_s": load_s, "fit_s": fit_s}, test.sum(1), heads, curve)
+            yield LayerFit(k, est, metrics, {"load_s": load_s, "fit_s": fit_s}, correct, heads, curve)
 
 
 def _path_metrics(est, n_train: int, n_test: int, chance: float) -> dict[str, Any]:
@@ -159,9 +155,8 @@ def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, size
         t0 = time.perf_counter()
         est.fit(X[rows], y[rows], validation_data=val)
         fit_s = time.perf_counter() - t0
-        test = correct_rows(est, Xt, yt, n_out)
-        curve.append({"n_train": s, **interval_metrics("test", test.sum(1), test.shape[1], seed, est.score(Xt, yt)),
-                      "alpha": est.alpha_, "fit_s": fit_s})
+        curve.append({"n_train": s, **test_metrics(est, Xt, yt, n_out, seed)[0], "alpha": est.alpha_,
+                      "fit_s": fit_s})
     return curve
 
 
@@ -198,12 +193,13 @@ def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: 
         c = np.bincount(y.ravel())
         counts = np.pad(counts, (0, max(0, len(c) - len(counts)))) + np.pad(c, (0, max(0, len(counts) - len(c))))
     majority = int(counts.argmax())
-    parts, same, entries = [], 0.0, 0
+    parts, same, entries, heads = [], 0.0, 0, 1
     for X, y in chunks("test")():
-        parts.append(correct_rows(est, X, y, n_out))
+        _, correct, heads = scored(est, X, y, n_out)
+        parts.append(correct)
         same, entries = same + float((y == majority).sum()), entries + y.size
-    test = np.concatenate(parts) if parts else np.zeros((0, 1), np.int64)
+    correct = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     metrics = {"train_accuracy": hits / max(rows, 1), **validation_metrics(est, seed),
-               **interval_metrics("test", test.sum(1), test.shape[1], seed)}
-    metrics.update(_path_metrics(est, rows, len(test) * n_out, same / max(entries, 1)))
-    return LayerFit(k, est, metrics, {"load_s": read_s[0], "fit_s": fit_s}, test.sum(1), test.shape[1])
+               **accuracy_metrics("test", correct, heads, seed=seed)}
+    metrics.update(_path_metrics(est, rows, len(correct) * n_out, same / max(entries, 1)))
+    return LayerFit(k, est, metrics, {"load_s": read_s[0], "fit_s": fit_s}, correct, heads)

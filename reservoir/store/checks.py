@@ -62,7 +62,7 @@ def pooling_attrs(pooling: dict) -> dict:
 
 def poolings(attrs: dict) -> list[str]:
     """The poolings a store holds, in its arrays' order (stores written before poolings existed: ``last``)."""
-    return list(attrs["pooling"].get("kinds", ["last"]))
+    return list(pooling_attrs(attrs["pooling"])["kinds"])
 
 
 def layout(attrs: dict, splits: dict[str, tuple[int, tuple[int, ...]]], feature_shape: tuple[int, ...],

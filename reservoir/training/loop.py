@@ -63,20 +63,15 @@ class TrainResult(Result):
     rows: dict[str, Any] | None = None
 
 
-def test_metrics(correct: np.ndarray, heads: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``test_accuracy`` and ``test_interval`` of per-row counts of correct heads, and the ``rows`` record."""
-    from reservoir.readouts.intervals import accuracy_interval, encode_rows
+def scored_metrics(test: tuple[np.ndarray, int], val: tuple[np.ndarray, int], seed: int
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """From the per-row counts of correct heads (and heads per row) of the test and validation splits:
+    ``test_accuracy``, ``test_interval`` and ``best_val_interval``, and the ``rows`` record of the test rows."""
+    from reservoir.readouts.intervals import accuracy_interval, accuracy_metrics, encode_rows
 
-    acc = int(correct.sum()) / max(len(correct) * heads, 1)
-    return ({"test_accuracy": acc, "test_interval": list(accuracy_interval(correct, heads, seed=seed))},
-            {"test": encode_rows(correct, heads)})
-
-
-def val_interval(correct: np.ndarray, heads: int, seed: int = 0) -> list[float]:
-    """The 95% interval of a validation accuracy from its per-row counts of correct heads."""
-    from reservoir.readouts.intervals import accuracy_interval
-
-    return list(accuracy_interval(correct, heads, seed=seed))
+    metrics = accuracy_metrics("test", *test, seed=seed)
+    metrics["best_val_interval"] = list(accuracy_interval(*val, seed=seed))
+    return metrics, {"test": encode_rows(*test)}
 
 
 def evaluate(model: ReservoirClassifier, data: Feeder, device, batch_size: int = 64, amp: str = "auto") -> float:
@@ -180,9 +175,8 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
         best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
     ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
     t_eval = time.perf_counter()
-    test, rows = test_metrics(*evaluate_rows(model, data.test, device, amp=settings.amp), seed=settings.seed)
-    test["best_val_interval"] = val_interval(*evaluate_rows(model, data.val, device, amp=settings.amp),
-                                             seed=settings.seed)
+    test, rows = scored_metrics(evaluate_rows(model, data.test, device, amp=settings.amp),
+                                evaluate_rows(model, data.val, device, amp=settings.amp), settings.seed)
     p = data.provenance
     result = TrainResult(
         config=asdict(settings),

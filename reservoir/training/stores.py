@@ -26,7 +26,7 @@ from reservoir.runtime import resolve_device
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val
-from reservoir.training.loop import TrainResult, steps_to_converge, test_metrics, val_interval
+from reservoir.training.loop import TrainResult, scored_metrics, steps_to_converge
 
 
 def config_for_store(path: str | os.PathLike, **settings: Any) -> TrainConfig:
@@ -141,8 +141,7 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     train_s = time.perf_counter() - t0
     head.load_state_dict(best)
     n_params = sum(p.numel() for p in head.parameters())
-    test, rows = test_metrics(*trainer.correct_rows(*splits["test"]), seed=config.seed)
-    test["best_val_interval"] = val_interval(*trainer.correct_rows(Xv, Yv), seed=config.seed)
+    test, rows = scored_metrics(trainer.correct_rows(*splits["test"]), trainer.correct_rows(Xv, Yv), config.seed)
     result = TrainResult(
         config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
         parameters={"output": n_params, "trainable": n_params},
