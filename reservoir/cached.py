@@ -10,6 +10,10 @@ Adam as PyTorch's fused kernel (one call for all tensors; written out as a
 fallback, the same bias-corrected update with ``eps`` outside the square
 root). No step does numpy indexing, host transfers, ``.item()`` or autograd
 bookkeeping; the loss is summed on the device and read once per evaluation.
+On CUDA, runs of :data:`GRAPH_STEPS` steps are captured once as a CUDA graph
+and replayed (a step is then a dozen small kernels and no launches from the
+host), with the rows of those steps copied into the graph's index buffer in
+one device copy.
 
 ``reservoir train --from-store`` on a last-token store runs it through
 :func:`reservoir.training.train_cached`.
@@ -22,6 +26,10 @@ import math
 import numpy as np
 import torch
 from torch import nn
+
+
+#: Steps one CUDA graph replay runs (an epoch's remainder runs eagerly).
+GRAPH_STEPS = 32
 
 
 class CachedHead:
@@ -45,6 +53,9 @@ class CachedHead:
         Adam's settings (PyTorch defaults but ``lr``).
     grad_clip : float
         Gradient-norm clip (0: none), computed on the device.
+    cuda_graphs : bool
+        On CUDA with the fused Adam kernel, replay captured runs of
+        :data:`GRAPH_STEPS` steps (the same arithmetic as the eager steps).
 
     Examples
     --------
@@ -56,7 +67,8 @@ class CachedHead:
     """
 
     def __init__(self, head: nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_classes: int, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip: float = 0.0):
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip: float = 0.0,
+                 cuda_graphs: bool = True):
         self.head, self.C = head, n_classes
         self.N, self.n_out, self.d = X.shape
         self.X = X.reshape(self.N, self.n_out * self.d)  # (N, n_out * d): one gather per step
@@ -71,15 +83,23 @@ class CachedHead:
         self._fused = hasattr(torch, "_fused_adam_")
         self.loss_sum = torch.zeros((), device=X.device)
         self.loss_steps = 0
+        self.cuda_graphs = cuda_graphs and X.device.type == "cuda"
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> graph, rows buffer
+        self.why_eager: str | None = None
 
     def epoch_order(self, seed: int, epoch: int) -> torch.Tensor:
         """Epoch ``epoch``'s row order, the permutation live training uses (:func:`reservoir.training.batch_rows`)."""
         perm = np.random.default_rng([seed, epoch]).permutation(self.N)
         return torch.from_numpy(perm).to(self.X.device)
 
-    @torch.no_grad()
     def step(self, rows: torch.Tensor) -> None:
         """One Adam step on the batch ``rows`` (a device tensor of row indices)."""
+        self._step(rows)
+        self.loss_steps += 1
+
+    @torch.no_grad()
+    def _step(self, rows: torch.Tensor) -> None:
+        """The step's device work alone (what a CUDA graph captures)."""
         W, b = self.params
         B = len(rows)
         xb = self.X.index_select(0, rows).view(B * self.n_out, self.d)  # (B*n_out, d)
@@ -95,7 +115,6 @@ class CachedHead:
             coef = (self.grad_clip / (norm + 1e-6)).clamp_(max=1.0)
             torch._foreach_mul_(grads, coef)
         self._adam(grads)
-        self.loss_steps += 1
 
     def _adam(self, grads: list[torch.Tensor]) -> None:
         b1, b2 = self.betas
@@ -122,9 +141,45 @@ class CachedHead:
         """Steps over consecutive batches of ``order`` (whole batches only, as live training); returns the count."""
         per_epoch = max(1, len(order) // batch_size)
         stop = per_epoch if stop is None else min(stop, per_epoch)
-        for i in range(start, stop):
-            self.step(order[i * batch_size : (i + 1) * batch_size])
+        i = start
+        if self.cuda_graphs and self.t > 0:  # after an eager step: kernels, handles and the fused kernel known to work
+            while stop - i >= GRAPH_STEPS and self._fused:
+                captured = self._graph(batch_size)
+                if captured is None:
+                    break
+                graph, rows = captured
+                rows.copy_(order[i * batch_size : (i + GRAPH_STEPS) * batch_size])
+                graph.replay()
+                self.t += GRAPH_STEPS
+                self.loss_steps += GRAPH_STEPS
+                i += GRAPH_STEPS
+        for j in range(i, stop):
+            self.step(order[j * batch_size : (j + 1) * batch_size])
         return stop - start
+
+    def _graph(self, batch_size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        """The captured run of :data:`GRAPH_STEPS` steps at ``batch_size`` (captured on first use), or ``None``."""
+        if batch_size in self._graphs:
+            return self._graphs[batch_size]
+        rows = torch.zeros(GRAPH_STEPS * batch_size, dtype=torch.int64, device=self.X.device)
+        graph = torch.cuda.CUDAGraph()
+        t = self.t
+        try:
+            with torch.cuda.graph(graph):
+                for k in range(GRAPH_STEPS):
+                    self._step(rows[k * batch_size : (k + 1) * batch_size])
+        except RuntimeError as err:  # go on eagerly
+            torch.cuda.synchronize(self.X.device)
+            self.cuda_graphs = False
+            self.why_eager = f"CUDA graph capture failed ({str(err).splitlines()[0][:200]})"
+            return None
+        finally:
+            self.t = t  # capture ran no step
+        if not self._fused:  # the fused kernel failed inside the capture: the graph holds the host-counted update
+            self.cuda_graphs, self.why_eager = False, "the fused Adam kernel was refused during capture"
+            return None
+        self._graphs[batch_size] = (graph, rows)
+        return self._graphs[batch_size]
 
     def mean_loss(self) -> float:
         """Mean training loss since the last call (one read from the device)."""

@@ -73,18 +73,20 @@ def compute_dtype(device, amp: str):
     return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
-def autocast(device, amp: str):
+def autocast(device, amp: str, cache: bool = True):
     """CUDA autocast in :func:`compute_dtype`; a no-op on CPU or with ``amp="none"``.
 
     Training keeps float32 master weights under autocast; extraction casts the
-    frozen weights once instead (:func:`cast_for_inference`).
+    frozen weights once instead (:func:`cast_for_inference`). ``cache=False``
+    turns off autocast's cache of cast weights, which a CUDA graph capture
+    needs (the cache would hold tensors from outside the graph's memory).
     """
     import torch
 
     dtype = compute_dtype(device, amp)
     if dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
 
 
 def cast_for_inference(backbone, device, amp: str):

@@ -31,7 +31,7 @@ def _problem(seed=0, n=600, d=10, classes=4, heads=1):
 
 @pytest.mark.parametrize("heads", [1, 3])
 def test_batched_path_equals_each_strength_alone(heads):
-    """All strengths in one batched L-BFGS give each strength's own minimum (same coefficients)."""
+    """All strengths in one batched L-BFGS give each strength's own minimum (same probabilities, same objective)."""
     Xc, Y, P, C, H = _problem(heads=heads)
     alphas = [1.0, 1e-1, 1e-2, 1e-3]
 
@@ -43,7 +43,11 @@ def test_batched_path_equals_each_strength_alone(heads):
     for i, a in enumerate(alphas):
         alone = problem([a])
         theta = lbfgs(alone, torch.zeros(1, alone.size), ftol=0, gtol=1e-5, max_iter=2000).theta
-        np.testing.assert_allclose(together[i].numpy(), theta[0].numpy(), atol=2e-4 * max(1, theta.abs().max()))
+        # the same fitted model: class probabilities on every row within 5e-4. Not the coefficients: the intercept
+        # of a class the rows almost never take (e^-12) is flat in the objective, and a float32 line search stops
+        # where the objective no longer changes in its last digits, anywhere along such directions
+        probs = [torch.softmax(alone.logits_t(Xc, t[None]), dim=2) for t in (together[i], theta[0])]
+        np.testing.assert_allclose(probs[0].numpy(), probs[1].numpy(), atol=5e-4)
         f_together, _ = alone(together[i:i + 1], torch.zeros(1, dtype=torch.long))
         f_alone, _ = alone(theta, torch.zeros(1, dtype=torch.long))
         assert abs(float(f_together - f_alone)) < 1e-6 * max(1.0, abs(float(f_alone)))

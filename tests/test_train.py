@@ -206,7 +206,8 @@ def test_results_json_holds_the_returned_result(tmp_path):
                         task_params={"n_train": 40, "n_test": 20, "n_bits": 2}, out=str(tmp_path / "run")),
             progress=False, extra={"note": "kept"})
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert list(saved) == [*OLD_RESULTS][:8] + ["rows", "note", "environment", "written"]
+    assert list(saved) == [*OLD_RESULTS][:8] + ["rows", "step_mode", "note", "environment", "written"]
+    assert saved["step_mode"] == "eager"  # on the CPU
     assert saved["metrics"]["test_interval"][0] <= saved["metrics"]["test_accuracy"] <= saved["metrics"]["test_interval"][1]
     assert TrainResult.read(tmp_path / "run" / "results.json").to_dict() == saved
     assert {k: v for k, v in saved.items() if k not in ("environment", "written")} == json.loads(

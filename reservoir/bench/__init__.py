@@ -6,6 +6,8 @@
   padded to the task's maximum, float32).
 * :func:`speedup` (``reservoir bench speedup``): cached vs live training cost
   per epoch.
+* :func:`bench_train` (``reservoir bench train``): the project's training step
+  vs a plain PyTorch loop over the Hugging Face model, same groups and batches.
 * :func:`readout_vs_sklearn` (``reservoir bench readout``).
 
 Each returns a typed result (:class:`BenchResult`, :class:`ReadoutBenchResult`);
@@ -17,6 +19,7 @@ from reservoir.bench.extract import bench_extract, format_extract
 from reservoir.bench.readout import ReadoutBenchResult, readout_vs_sklearn
 from reservoir.bench.result import BenchResult
 from reservoir.bench.speedup import format_speedup, speedup
+from reservoir.bench.train import PlainLoop, bench_train, format_train
 
-__all__ = ["BenchResult", "ReadoutBenchResult", "bench_extract", "format_extract", "format_speedup",
-           "readout_vs_sklearn", "speedup"]
+__all__ = ["BenchResult", "PlainLoop", "ReadoutBenchResult", "bench_extract", "bench_train", "format_extract",
+           "format_speedup", "format_train", "readout_vs_sklearn", "speedup"]

@@ -13,12 +13,13 @@
   backward through the top blocks) vs from a split-point store at layer ``s``
   (blocks ``s+1..K`` only).
 
-Live epochs are timed on at most ``max_live_rows`` rows and scaled to the
+Live epochs run ``reservoir train``'s step (:class:`~reservoir.training.step.Stepper`)
+on at most ``max_live_rows`` rows and are scaled to the
 epoch (per-row cost is flat across an epoch); cached epochs are timed whole,
 repeated for half a second and averaged.
 The split-point store keeps every position of every row, so it is extracted
 for the timed rows only and its cost scaled to the epoch. Every timed part
-follows a warm-up step. The break-even point is the number of epochs after
+follows warm-up steps (live: including the CUDA graph capture). The break-even point is the number of epochs after
 which extracting first was cheaper than training live. Times are wall-clock
 on this machine and noisy: compare ratios from one run, not seconds across
 runs.
@@ -42,40 +43,35 @@ from reservoir.runtime import synchronize as _sync
 LARGE_BATCH = 1024
 
 
-def _epoch_rows(n: int, batch_size: int, seed: int, limit: int | None) -> list[np.ndarray]:
-    perm = np.random.default_rng(seed).permutation(n)
-    if limit is not None:
-        perm = perm[:limit]
-    return [perm[i : i + batch_size] for i in range(0, len(perm), batch_size)]
+def _time_steps(model, feeder, batch_size: int, seed: int, device) -> tuple[float, int, str]:
+    """Seconds for an epoch of ``feeder``'s rows as ``reservoir train`` steps them, the rows they took, the step mode.
 
-
-def _time_steps(model, data, batches, device, start: int = 0) -> float:
-    """Seconds for one optimizer step per batch over ``batches`` (Adam on the trainable parameters), after a warm-up step."""
-    from reservoir.training import loss_fn
+    The steps are the live loop's (:class:`~reservoir.training.step.Stepper`:
+    batches ahead, autocast on CUDA, fused Adam, a CUDA graph where every row
+    has one length), after warm-up steps that include any graph capture.
+    """
+    from reservoir.training.step import GRAPH_WARMUP_STEPS, Stepper, adam
 
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=1e-3)
-
-    def step(rows):
-        x, lengths, y = data.batch(rows, device)
-        logits = model(x, lengths) if start == 0 else model.forward_from(x, lengths, start)
-        loss = loss_fn(logits, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    step(batches[0][:2])  # warm-up: kernel selection, optimizer state
-    _sync(device)
-    t0 = time.perf_counter()
-    for rows in batches:
-        step(rows)
-    _sync(device)
-    return time.perf_counter() - t0
+    stepper = Stepper(model, adam(params, 1e-3, device), feeder, device, batch_size, seed)
+    n_steps = max(1, len(feeder) // batch_size)
+    try:
+        stepper.run(GRAPH_WARMUP_STEPS + 1)  # warm-up: kernel selection, optimizer state, graph capture
+        _sync(device)
+        t0 = time.perf_counter()
+        stepper.run(n_steps)
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        mode = stepper.mode
+    finally:
+        stepper.close()
+    return seconds, n_steps * min(batch_size, len(feeder)), mode
 
 
 def _time_cached(head: torch.nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_classes: int, batch_size: int,
                  seed: int, device, min_seconds: float = 0.5) -> float:
-    """Seconds per cached epoch of a copy of ``head``: epochs repeated for at least ``min_seconds``, after a warm-up step.
+    """Seconds per cached epoch of a copy of ``head``: epochs repeated for at least ``min_seconds``, after a warm-up
+    step and a warm-up epoch.
 
     One epoch of a small head lasts milliseconds, too short to time alone on a
     shared machine; the mean over repeated epochs is the epoch's cost.
@@ -87,6 +83,7 @@ def _time_cached(head: torch.nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_clas
     trainer = CachedHead(copy.deepcopy(head), X, Y, n_classes)
     order = trainer.epoch_order(seed, 0)
     trainer.step(order[: min(batch_size, len(order))])
+    trainer.run(order, batch_size)  # warm-up epoch: any CUDA graph is captured here, not in the timed epochs
     _sync(device)
     epochs, t0 = 0, time.perf_counter()
     while True:
@@ -160,12 +157,11 @@ def speedup(
         result["extract_s"] = result["setup_s"] + result["pass_s"]
         result["output_only"] = timing.output_only(t["path"], K, result["extract_s"])
         # (b) a split-point store at layer s, extracted for the timed rows only
-        live_batches = timing.batches(batch_size)
-        timed = np.sort(np.concatenate(live_batches))
+        timed = timing.timed_rows()
         sprep = prepare(ExtractConfig(**{**base.__dict__, "full_seq_layer": s}), task=_subset(data, timed))
         st_t = time_pass(sprep, Path(tmp) / "split.zarr", "zarr", progress, bare=False)
         result["extract_split_s"] = result["setup_s"] + st_t["pass_s"] * len(data.splits["train"]) / len(timed)
-        result["layernorm_top"] = timing.layernorm_top(st_t["path"], live_batches, s, K, result["extract_split_s"])
+        result["layernorm_top"] = timing.layernorm_top(st_t["path"], timed, s, K, result["extract_split_s"])
     return BenchResult("bench-speedup", result)
 
 
@@ -173,17 +169,17 @@ class _Timing:
     """The live and cached epochs of one task and backbone, timed on the same rows and batches."""
 
     def __init__(self, data, live_bb, device, batch_size: int, max_live_rows: int, seed: int):
-        from reservoir.training import Feeder, heads_per_token
+        from reservoir.training import heads_per_token
 
         self.data, self.live_bb, self.dev = data, live_bb, device
         self.batch_size, self.max_live_rows, self.seed = batch_size, max_live_rows, seed
         tr = data.splits["train"]
-        self.n, self.live = len(tr), Feeder(tr.inputs, tr.lengths, tr.labels)
+        self.n = len(tr)
         self.n_heads = heads_per_token(data.label_shape, data.n_out_tokens)
 
-    def batches(self, batch_size: int) -> list[np.ndarray]:
-        """An epoch's batches of train rows, cut to the rows timed live."""
-        return _epoch_rows(self.n, min(batch_size, self.max_live_rows), self.seed, self.max_live_rows)
+    def timed_rows(self) -> np.ndarray:
+        """The train rows live epochs are timed on (sorted): a seeded ``max_live_rows`` of them."""
+        return np.sort(np.random.default_rng(self.seed).permutation(self.n)[: self.max_live_rows])
 
     def model(self, groups: tuple[str, ...], first_block: int = 0):
         from reservoir.freeze import apply_freeze
@@ -199,40 +195,43 @@ class _Timing:
         from reservoir.cached import resident
         from reservoir.readouts.features import load_layer
         from reservoir.store import FeatureStore
+        from reservoir.training import Feeder
 
         model = self.model(("output",))
         with FeatureStore.open(store) as st:
             X, Y = resident(*load_layer(st, "train", layer), self.data.n_out_tokens, self.dev)
         out: dict[str, Any] = {}
+        timed = self.timed_rows()
+        feeder = Feeder.from_split(self.data.splits["train"], timed)
         for key, b in (("", self.batch_size), ("large_batch_", LARGE_BATCH)):
-            live_batches = self.batches(b)
-            live_rows = sum(len(r) for r in live_batches)
-            t_live = _time_steps(model, self.live, live_batches, self.dev) * self.n / live_rows
+            seconds, live_rows, mode = _time_steps(model, feeder, min(b, len(timed)), self.seed, self.dev)
+            t_live = seconds * self.n / live_rows
             t_cached = _time_cached(model.head, X, Y, model.n_classes, b, self.seed, self.dev)
             steps = max(1, self.n // b)
             out.update({f"{key}live_epoch_s": t_live, f"{key}cached_epoch_s": t_cached,
                         f"{key}cached_step_ms": 1e3 * t_cached / steps, f"{key}speedup": t_live / t_cached})
             if not key:
-                out.update(live_rows_timed=live_rows, break_even_epochs=extract_s / max(t_live - t_cached, 1e-12))
+                out.update(live_rows_timed=live_rows, live_step_mode=mode, break_even_epochs=extract_s / max(t_live - t_cached, 1e-12))
         out["head_768x10_step_ms"] = head_step_ms(batch_size=self.batch_size, device=self.dev)
         return out
 
-    def layernorm_top(self, split_store: Path, live_batches: list[np.ndarray], s: int, K: int,
+    def layernorm_top(self, split_store: Path, timed: np.ndarray, s: int, K: int,
                       extract_split_s: float) -> dict[str, Any]:
-        """(b) Layernorm tuning of blocks s+1..K: live vs from the split-point store of the batches' rows."""
+        """(b) Layernorm tuning of blocks s+1..K: live vs from the split-point store of the ``timed`` rows."""
         from reservoir.store import FeatureStore
         from reservoir.training import Feeder
 
-        timed = np.sort(np.concatenate(live_batches))
         model = self.model(("layernorm", "output"), first_block=s)
-        t_live = _time_steps(model, self.live, live_batches, self.dev) * self.n / len(timed)
+        b = min(self.batch_size, len(timed))
+        seconds, rows, _ = _time_steps(model, Feeder.from_split(self.data.splits["train"], timed), b, self.seed,
+                                       self.dev)
+        t_live = seconds * self.n / rows
         with FeatureStore.open(split_store) as st:
             states = np.asarray(st.states("train")[...], dtype=np.float32)
-        local = {int(r): i for i, r in enumerate(timed)}
-        split_batches = [np.array([local[int(r)] for r in rows]) for rows in live_batches]
         sub = _subset(self.data, timed).splits["train"]
-        t_split = _time_steps(model, Feeder(states, sub.lengths, sub.labels, start=s), split_batches, self.dev,
-                              start=s) * self.n / len(timed)
+        seconds, rows, _ = _time_steps(model, Feeder(states, sub.lengths, sub.labels, start=s), b, self.seed,
+                                       self.dev)
+        t_split = seconds * self.n / rows
         return {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live, "split_store_epoch_s": t_split,
                 "speedup": t_live / t_split, "rows_timed": len(timed),
                 "break_even_epochs": extract_split_s / max(t_live - t_split, 1e-12)}
@@ -269,7 +268,8 @@ def format_speedup(r: BenchResult) -> str:
         f"{'(b) layernorm, blocks ' + str(b['blocks_trained'][0]) + '..' + str(b['blocks_trained'][-1]):<34} "
         f"{b['live_epoch_s']:9.2f} {b['split_store_epoch_s']:9.3f} {'':>8} {b['speedup']:8.1f}x "
         f"{b['break_even_epochs']:18.2f}",
-        f"(live epochs timed on {a['live_rows_timed']} rows and scaled to {r['n_train']}; cached epochs repeated "
+        f"(live epochs timed on {a['live_rows_timed']} rows ({a.get('live_step_mode', 'eager')} steps) and scaled to "
+        f"{r['n_train']}; cached epochs repeated "
         f"for 0.5 s and averaged)",
         f"cached step of a 768 x 10 head at batch {r['batch_size']}: {a['head_768x10_step_ms']:.3f} ms",
     ]

@@ -82,6 +82,46 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
         r.write(out)
 
 
+@bench.command("train")
+@click.option("--task", default=None, help="Task name; or --data PATH.")
+@data_options
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
+@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
+@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@click.option("--layers", default=None, type=int, help="Depth K (default all).")
+@click.option("--finetune", default="fpt", show_default=True, help="Groups to train (as `reservoir train`).")
+@click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--steps", default=50, show_default=True, type=int, help="Steps timed on each side.")
+@click.option("--warmup", default=10, show_default=True, type=int, help="Untimed steps first, on each side.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
+              help="Autocast on CUDA, both sides.")
+@click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+              help="The project's step as one CUDA graph (auto: on CUDA when every train row has one length).")
+@click.option("--out", default=None, help="Write the measurements as JSON here.")
+def bench_train(task, data, input_column, label_column, params, backbone, init, layers, finetune, batch_size, lr,
+                steps, warmup, seed, device, amp, cuda_graphs, out):
+    """The project's training step vs a plain PyTorch loop over the Hugging Face model (same groups, same batches)."""
+    from reservoir.bench import bench_train as run_bench
+    from reservoir.bench import format_train
+    from reservoir.training import TrainConfig
+
+    task, task_params = _task_from(task, data, input_column, label_column, params)
+    _check_out(out)
+    for name, value in (("--steps", steps), ("--warmup", warmup)):
+        if value < 1:
+            raise click.BadParameter(f"expected at least 1, found {value}", param_hint=name)
+    config = TrainConfig(task=task, task_params=task_params, backbone=backbone, init=init, layers=layers,
+                         finetune=finetune, batch_size=batch_size, lr=lr, seed=seed, device=device, amp=amp,
+                         cuda_graphs=cuda_graphs)
+    r = run_bench(config, steps=steps, warmup=warmup)
+    click.echo(format_train(r))
+    if out:
+        r.write(out)
+
+
 @bench.command("readout")
 @click.argument("store", type=click.Path())
 @click.option("--layer", default="all", show_default=True, help="Stored layer K, a list like 0,3,6, or 'all'.")

@@ -36,10 +36,14 @@ from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options
 @click.option("--split-layer", default=0, show_default=True, type=int,
               help="Train only blocks above this layer (what a split-point store at this layer allows).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
+              help="Autocast on CUDA (float32 master weights).")
+@click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+              help="Capture the training step as one CUDA graph (auto: on CUDA when every train row has one length).")
 @click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,
-          seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, out, quiet):
+          seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp, cuda_graphs, out, quiet):
     """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
     from reservoir.training import TrainConfig, config_for_store, parse_lr_sweep, run, sweep
 
@@ -47,7 +51,7 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
         raise click.BadParameter(f"expected at least 1, found {seeds}", param_hint="--seeds")
     settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
                     batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
-                    device=device, out=out)
+                    device=device, amp=amp, cuda_graphs=cuda_graphs, out=out)
     task, task_params = _task_from(task, data, input_column, label_column, params, alternative="--from-store")
     if from_store is not None:  # the store says which task, init, seed (and split layer)
         config = config_for_store(from_store, **settings)

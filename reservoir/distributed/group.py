@@ -24,16 +24,19 @@ def launch(out: Path, fmt: str | None, device: str, sharded: bool | None = None)
     ``sharded``: ``None`` shards when launched by torchrun with several
     processes (the CLI), ``False`` never (one process extracts alone, as in a
     DDP script where only rank 0 extracts), ``True`` requires a torchrun
-    launch. A sharded run is checked before the group forms: a Zarr store on
+    launch (of any size: a job of one process runs the whole protocol, its
+    group included). A sharded run is checked before the group forms: a Zarr store on
     a filesystem (HDF5 takes one writer without MPI), a device each rank can
     own. A group the caller formed is used, else one is formed here and ended
     on the way out.
     """
     world = world_size()
-    if sharded and world <= 1:
-        raise ReservoirError(f"expected a torchrun launch of several processes for sharded=True; found WORLD_SIZE="
-                             f"{os.environ.get('WORLD_SIZE', 'unset')}")
-    if world <= 1 or sharded is False:
+    launched = "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ  # torchrun sets both, even for 1 process
+    if sharded and not launched:
+        raise ReservoirError(f"expected a torchrun launch for sharded=True; found WORLD_SIZE="
+                             f"{os.environ.get('WORLD_SIZE', 'unset')} and MASTER_ADDR "
+                             f"{'set' if 'MASTER_ADDR' in os.environ else 'unset'}")
+    if sharded is False or (world <= 1 and not sharded):
         yield LOCAL
         return
     import torch.distributed as dist

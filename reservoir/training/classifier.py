@@ -53,19 +53,24 @@ class ReservoirClassifier(nn.Module):
         h = self.backbone.apply_final_norm(h[rows, idx])  # (B, n_out, n_dim)
         return self.head(h).view(B, self.n_out_tokens, self.n_heads, self.n_classes)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, start: int = 0, padded: bool | None = None
+                ) -> torch.Tensor:
         """Logits from inputs (token ids ``(B, L)`` or vectors ``(B, L, d_in)``), or from layer-``start`` states.
 
         ``start`` > 0: ``x`` are the states ``(B, L, n_dim)`` at layer
         ``start`` (a split-point store's), and blocks ``start+1..K`` run.
+        ``padded`` says whether any row is shorter than ``L`` when the caller
+        knows it from host-side lengths; otherwise the mask asks the device
+        (a host synchronisation, and nothing a CUDA graph can capture).
         """
         if start == 0:
             x = self.backbone.embed(x)  # (B, L, n_dim)
-        return self.forward_from(x, lengths, start)
+        return self.forward_from(x, lengths, start, padded)
 
-    def forward_from(self, h: torch.Tensor, lengths: torch.Tensor, start: int) -> torch.Tensor:
+    def forward_from(self, h: torch.Tensor, lengths: torch.Tensor, start: int, padded: bool | None = None
+                     ) -> torch.Tensor:
         """Logits from layer-``start`` states ``h`` ``(B, L, n_dim)`` (a split-point store's)."""
-        mask = self.backbone.attention_mask(lengths, h.shape[1], h.dtype)
+        mask = self.backbone.attention_mask(lengths, h.shape[1], h.dtype, padded)
         for _, after in self.backbone.run_blocks(h, mask, start, self.backbone.depth):
             h = after  # (B, L, n_dim) after each block, up to block K
         return self._read(h, lengths)

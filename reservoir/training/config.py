@@ -78,7 +78,7 @@ class TrainConfig:
     The builder :func:`reservoir.training.run` reads every field; the loop
     :func:`reservoir.training.train` reads the optimization settings (``lr``,
     ``steps``/``epochs``, ``batch_size``, ``eval_every``, ``seed``,
-    ``dropout``, ``grad_clip``, ``amp``) and the freeze (``finetune``,
+    ``dropout``, ``grad_clip``, ``amp``, ``cuda_graphs``) and the freeze (``finetune``,
     ``split_layer``), and saves :meth:`key` in its checkpoints.
 
     Examples
@@ -109,6 +109,9 @@ class TrainConfig:
     from_store: str | None = field(default=None, metadata={"help": "split-point store to start from"})
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
     amp: str = field(default="auto", metadata={"help": "CUDA autocast: bf16 | fp16 | none | auto"})
+    cuda_graphs: str = field(default="auto", metadata={
+        "help": "capture the training step as one CUDA graph: auto (on CUDA when every train row has one length), "
+                "on (refuse where it cannot), off"})
     out: str | None = field(default=None, metadata={"help": "run folder (checkpoints, results.json)"})
 
     def __post_init__(self) -> None:
@@ -116,6 +119,8 @@ class TrainConfig:
         for name in BOUNDS:
             check_number(name, getattr(self, name))
         parse_groups(self.finetune)
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ReservoirError(f"--cuda-graphs must be auto, on or off, found {self.cuda_graphs!r}")
 
     def default_out(self) -> str:
         """The run folder when ``out`` is unset: ``results/train/<task>-<backbone>-<init>-<groups>-lr<lr>-seed<s>``."""
@@ -140,6 +145,6 @@ class TrainConfig:
         holds): tuples become lists, numpy scalars floats.
         """
         d = asdict(self)
-        for k in ("device", "out", "amp", "eval_every"):
+        for k in ("device", "out", "amp", "eval_every", "cuda_graphs"):
             d.pop(k)
         return json.loads(json.dumps(d, default=float))

@@ -137,9 +137,32 @@ def carve_val(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarra
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
+class EpochOrder:
+    """The rows of each step: epoch ``e`` visits a permutation seeded by ``(seed, e)`` in whole batches.
+
+    One permutation is computed per epoch (a step only slices it).
+
+    Examples
+    --------
+    >>> order = EpochOrder(10, 4, seed=0)
+    >>> order.per_epoch, len(order.rows(0)), sorted([*order.rows(0), *order.rows(1)]) == sorted(
+    ...     np.random.default_rng([0, 0]).permutation(10)[:8])
+    (2, 4, True)
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.per_epoch = max(1, n // batch_size)
+        self._epoch, self._perm = -1, np.empty(0, np.int64)
+
+    def rows(self, step: int) -> np.ndarray:
+        """Rows of step ``step`` (``batch_size`` of them, or all ``n`` when ``n < batch_size``)."""
+        epoch, i = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
+
+
 def batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """Rows of step ``step``: epoch ``e`` visits a permutation seeded by ``(seed, e)`` in whole batches."""
-    per_epoch = max(1, n // batch_size)
-    epoch, i = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
-    return perm[i * batch_size : (i + 1) * batch_size]
+    """Rows of step ``step`` (:class:`EpochOrder`, for one step)."""
+    return EpochOrder(n, batch_size, seed).rows(step)

@@ -27,7 +27,8 @@ from reservoir.results import Result, writable_folder
 from reservoir.runtime import autocast
 from reservoir.training.classifier import ReservoirClassifier, loss_fn
 from reservoir.training.config import TrainConfig
-from reservoir.training.data import Feeder, TrainData, batch_rows
+from reservoir.training.data import Feeder, TrainData
+from reservoir.training.step import Stepper, adam, restore_optimizer_flags
 
 
 @dataclass(kw_only=True)
@@ -61,6 +62,8 @@ class TrainResult(Result):
     curve: list[dict[str, float]]
     timings: dict[str, float]
     rows: dict[str, Any] | None = None
+    #: How the training steps ran: ``"eager"`` or ``"cuda-graph"`` (:mod:`reservoir.training.step`).
+    step_mode: str | None = None
 
 
 def scored_metrics(test: tuple[np.ndarray, int], val: tuple[np.ndarray, int], seed: int
@@ -164,13 +167,15 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     device = next(model.parameters()).device
     steps = settings.total_steps(len(data.train))
     torch.manual_seed(settings.seed)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
+    opt = adam([p for p in model.parameters() if p.requires_grad], settings.lr, device)
+    flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
     _set_dropout(model, settings.dropout)
     model.train(settings.dropout > 0)
     state = ckpt.new_state()
     if folder is not None and (folder / "last.pt").exists():
         state = ckpt.resume(folder / "last.pt", settings, model, opt, device)
-    best = _loop(model, opt, data, settings, steps, state, folder, progress)
+        restore_optimizer_flags(opt, *flags)
+    best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress)
     if folder is not None:  # the best step may predate a resume
         best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
     ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
@@ -196,6 +201,7 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
         curve=state["curve"],
         timings={"train_s": state["train_seconds"], "test_eval_s": time.perf_counter() - t_eval},
         rows=rows,
+        step_mode=step_mode,
         extra=dict(extra or {}),
     )
     if folder is not None:
@@ -227,41 +233,39 @@ def _set_dropout(model: nn.Module, p: float) -> None:
 
 
 def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainData, settings: TrainConfig,
-          steps: int, state: dict[str, Any], folder: Path | None, progress: bool) -> dict[str, torch.Tensor] | None:
+          steps: int, state: dict[str, Any], folder: Path | None, progress: bool
+          ) -> tuple[dict[str, torch.Tensor] | None, str]:
     """Optimizer steps from ``state["step"]`` to ``steps``, validating every ``eval_every`` and at the end.
 
-    Updates ``state`` (step, curve, best, seconds) in place and, with a
-    ``folder``, checkpoints it after each validation. Returns the trained
-    tensors of the best step validated in this call (``None`` if none beat
-    the resumed best).
+    The steps run through a :class:`~reservoir.training.step.Stepper` (batches
+    ahead, loss on the device, CUDA graphs where they apply); the host reads
+    the device only at validations. Updates ``state`` (step, curve, best,
+    seconds) in place and, with a ``folder``, checkpoints it after each
+    validation. Returns the trained tensors of the best step validated in this
+    call (``None`` if none beat the resumed best) and how the steps ran
+    (``"eager"`` or ``"cuda-graph"``).
     """
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
     names = {n for n, p in model.named_parameters() if p.requires_grad}
-    best, running, t0 = None, [], time.perf_counter()
-    bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=None if progress else True, dynamic_ncols=True)
-    with bar:
-        while state["step"] < steps:
-            x, lengths, y = data.train.batch(batch_rows(len(data.train), settings.batch_size, settings.seed,
-                                                        state["step"]), device)
-            with autocast(device, settings.amp):
-                logits = model(x, lengths, data.start)
-            loss = loss_fn(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if settings.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-            opt.step()
-            state["step"] += 1
-            running.append(float(loss.detach()))
-            bar.update(1)
-            if state["step"] % settings.eval_every == 0 or state["step"] == steps:
+    best, t0 = None, time.perf_counter()
+    stepper = Stepper(model, opt, data.train, device, settings.batch_size, settings.seed, amp=settings.amp,
+                      grad_clip=settings.grad_clip, start=state["step"], cuda_graphs=settings.cuda_graphs)
+    bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=None if progress else True,
+               dynamic_ncols=True)
+    try:
+        with bar:
+            while state["step"] < steps:
+                # run to the next validation (or the end) without reading anything back from the device
+                n = min(settings.eval_every - state["step"] % settings.eval_every, steps - state["step"])
+                for _ in range(n):
+                    stepper.step()
+                    bar.update(1)
+                state["step"] += n
                 acc = evaluate(model, data.val, device, amp=settings.amp)
-                state["curve"].append({"step": state["step"], "train_loss": float(np.mean(running)),
+                state["curve"].append({"step": state["step"], "train_loss": stepper.mean_loss(),
                                        "val_accuracy": acc})
-                running = []
                 bar.set_postfix(loss=f"{state['curve'][-1]['train_loss']:.3f}", val=f"{acc:.3f}")
                 state["train_seconds"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -271,7 +275,10 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                     state["best_val"], state["best_step"], best = acc, state["step"], trainable
                 if folder is not None:
                     _checkpoint(folder, settings, trainable, opt, state, is_best)
-    return best
+        mode = stepper.mode
+    finally:
+        stepper.close()
+    return best, mode
 
 
 def _checkpoint(folder: Path, settings: TrainConfig, trainable: dict[str, torch.Tensor],

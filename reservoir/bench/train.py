@@ -1,0 +1,241 @@
+"""``reservoir bench train``: the project's training step against a plain PyTorch loop over the Hugging Face model.
+
+In one run, on one task, backbone, depth, freeze scheme and batch size:
+
+* **project**: the step ``reservoir train`` runs
+  (:class:`~reservoir.training.step.Stepper`: batches prepared ahead, the loss
+  kept on the device, fused Adam, the step captured as a CUDA graph where every
+  row has one length);
+* **plain**: the same model written the obvious way: the Hugging Face model's
+  own forward from input embeddings with its attention mask, a gather of the
+  last real token, a linear head, ``F.cross_entropy``, ``torch.optim.Adam``
+  with its defaults, gradient-norm clipping, each batch copied to the device
+  from host memory and its loss read back every step (as a loop that logs its
+  loss does).
+
+Both start from the same weights (the same seeded loads), train the same
+parameters (the same freeze groups, applied to the same modules) under the
+same autocast, and take the same batches in the same order; both are timed
+after the same warm-up steps. ``project step / plain step`` below 1 means
+the project's step is faster. Times are wall-clock and noisy: compare the
+ratio of one run.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from reservoir.bench.result import BenchResult
+from reservoir.errors import ReservoirError
+from reservoir.runtime import autocast, compute_dtype, resolve_device
+from reservoir.runtime import synchronize as _sync
+
+
+class PlainLoop:
+    """The obvious training loop over the bare Hugging Face model, with the project model's trainable groups.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The run (task, backbone, init, depth, groups, lr, batch size, seed, amp, clip).
+    task : Task
+        The loaded task (its train split is fed as :class:`~reservoir.training.TrainData` carves it).
+    feeder : Feeder
+        The training rows (the same as the project's).
+    device : torch.device
+    info : BackboneInfo
+        The project backbone's provenance (the same load).
+
+    Attributes
+    ----------
+    model : ReservoirClassifier
+        The bare HF model's modules seen as a reservoir (same parameter names
+        as the project's model); the forward below does not use its code.
+    """
+
+    def __init__(self, config, task, feeder, device: torch.device, info):
+        from reservoir.backbones.arch import arch_for, get_module
+        from reservoir.backbones.load import _load_hf, _stats_init, orthogonal_projection
+        from reservoir.backbones.model import Backbone
+        from reservoir.freeze import apply_freeze, parse_groups
+        from reservoir.training import ReservoirClassifier, heads_per_token
+        from reservoir.training.data import EpochOrder
+        from reservoir.training.loop import _set_dropout
+
+        if config.backbone.startswith("lstm-"):
+            raise ReservoirError(f"bench train compares against a Hugging Face model; backbone "
+                                 f"{config.backbone!r} (the LSTM baseline) has none")
+        hf, _, _ = _load_hf(config.backbone, config.init, config.seed, None, "sdpa")
+        if config.init == "stats":
+            _stats_init(hf, config.seed)
+        arch = arch_for(hf.config.model_type)
+        n_layer = int(hf.config.num_hidden_layers)
+        depth = n_layer if config.layers is None else config.layers
+        projection = orthogonal_projection(task.d_in, int(hf.config.hidden_size), config.projection_gain, config.seed)
+        view = Backbone(hf, arch=arch, depth=depth, projection=projection, info=info)
+        parent_path, _, attr = arch.blocks.rpartition(".")
+        parent = get_module(hf, parent_path) if parent_path else hf
+        setattr(parent, attr, nn.ModuleList(list(getattr(parent, attr))[:depth]))  # the same depth K
+        hf.config.num_hidden_layers = depth
+        n_heads = heads_per_token(task.label_shape, task.n_out_tokens)
+        self.model = ReservoirClassifier(view, task.n_out_tokens, n_heads, task.n_classes, seed=config.seed)
+        hf.requires_grad_(False)
+        apply_freeze(view, self.model.head, parse_groups(config.finetune), first_block=0)
+        self.hf = hf.to(device)
+        self.model.to(device)
+        _set_dropout(self.hf, config.dropout)
+        self.hf.train(config.dropout > 0)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.Adam(self.params, lr=config.lr)
+        self.config, self.feeder, self.device = config, feeder, device
+        self.order = EpochOrder(len(feeder), config.batch_size, config.seed)
+        self.step_index = 0
+        self.losses: list[float] = []
+
+    def step(self) -> None:
+        """One step, the obvious way: batch to the device, HF forward, loss, backward, clip, Adam, loss logged."""
+        from reservoir.backbones.model import last_token_index
+        from reservoir.bench.extract import _hf_forward
+
+        rows = self.order.rows(self.step_index)
+        self.step_index += 1
+        x, lengths, y = self.feeder.batch(rows, self.device)
+        L = x.shape[1]
+        mask = (torch.arange(L, device=self.device)[None, :] < lengths[:, None]).long()  # (B, L)
+        m = self.model
+        with autocast(self.device, self.config.amp):
+            h = _hf_forward(self.hf, m.backbone.project(x), mask).last_hidden_state  # (B, L, n_dim), final norm in
+            r, idx = last_token_index(lengths, m.n_out_tokens)
+            logits = m.head(h[r, idx]).view(len(y), m.n_out_tokens, m.n_heads, m.n_classes)
+        loss = F.cross_entropy(logits.float().reshape(-1, m.n_classes), y.reshape(-1))
+        self.opt.zero_grad()
+        loss.backward()
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        self.opt.step()
+        self.losses.append(loss.item())
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            self.step()
+
+
+def _peak_device_mb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def _timed(run, n: int, device: torch.device) -> float:
+    """Seconds for ``run(n)``, from a drained device to a drained device."""
+    _sync(device)
+    t0 = time.perf_counter()
+    run(n)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
+    """Time ``steps`` training steps of the project and of the plain loop, each after ``warmup`` steps.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        What to train (``steps``/``epochs`` and ``out`` are ignored; nothing is written).
+    steps, warmup : int
+        Timed steps and warm-up steps per side (the same batches on both sides).
+
+    Returns
+    -------
+    BenchResult
+        ``kind="bench-train"``: ``project`` and ``plain`` (``step_ms``,
+        ``steps_per_s``, ``peak_device_mb``, ``final_loss``), ``ratio``
+        (project step / plain step), the step mode, trainable and total
+        parameter counts, the device and compute dtype.
+
+    Examples
+    --------
+    >>> from reservoir.training import TrainConfig
+    >>> r = bench_train(TrainConfig(task="bit-xor", backbone="tiny-gpt2", device="cpu"), steps=5, warmup=2)
+    ... # doctest: +SKIP
+    >>> r["ratio"]  # doctest: +SKIP
+    """
+    from reservoir.training import build
+    from reservoir.training.loop import _freeze, _set_dropout
+    from reservoir.training.step import Stepper, adam
+
+    if steps < 1 or warmup < 1:
+        raise ReservoirError(f"bench train needs at least 1 timed and 1 warm-up step, found {steps} and {warmup}")
+    device = resolve_device(config.device)
+    task, model, data = build(config, device)
+    counts = _freeze(model, data, config)
+    _set_dropout(model, config.dropout)
+    model.train(config.dropout > 0)
+    torch.manual_seed(config.seed)
+    opt = adam([p for p in model.parameters() if p.requires_grad], config.lr, device)
+    stepper = Stepper(model, opt, data.train, device, config.batch_size, config.seed, amp=config.amp,
+                      grad_clip=config.grad_clip, cuda_graphs=config.cuda_graphs)
+    r: dict[str, Any] = {
+        "task": task.name, "task_params": task.params, "backbone": model.backbone.info.to_dict(),
+        "depth": model.backbone.depth, "finetune": config.finetune, "batch_size": config.batch_size,
+        "n_train": len(data.train), "max_length": task.max_length, "device": str(device),
+        "compute_dtype": str(compute_dtype(device, config.amp)).replace("torch.", ""),
+        "torch_threads": torch.get_num_threads(), "steps": steps, "warmup": warmup, "parameters": counts,
+    }
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        stepper.run(warmup)
+        stepper.mean_loss()
+        seconds = _timed(stepper.run, steps, device)
+        r["project"] = {"step_ms": 1e3 * seconds / steps, "steps_per_s": steps / seconds,
+                        "peak_device_mb": _peak_device_mb(device), "final_loss": stepper.mean_loss(),
+                        "mode": stepper.mode, "eager_because": stepper.why_eager}
+    finally:
+        stepper.close()
+    info = model.backbone.info
+    del stepper, opt, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    plain = PlainLoop(config, task, data.train, device, info)
+    plain.run(warmup)
+    seconds = _timed(plain.run, steps, device)
+    r["plain"] = {"step_ms": 1e3 * seconds / steps, "steps_per_s": steps / seconds,
+                  "peak_device_mb": _peak_device_mb(device), "final_loss": float(np.mean(plain.losses[-steps:]))}
+    r["ratio"] = r["project"]["step_ms"] / r["plain"]["step_ms"]
+    r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return BenchResult("bench-train", r)
+
+
+def format_train(r: BenchResult) -> str:
+    """The benchmark as the lines ``reservoir bench train`` prints."""
+    p, q = r["project"], r["plain"]
+    counts = r["parameters"]
+    mode = p["mode"] + ("" if p["mode"] == "cuda-graph" or not p["eager_because"] else f" ({p['eager_because']})")
+
+    def mem(side):
+        return "" if side["peak_device_mb"] is None else f"{side['peak_device_mb']:14,.0f}"
+
+    head = f"{'':<26} {'step ms':>9} {'steps/s':>9}" + ("" if p["peak_device_mb"] is None else f" {'peak device MB':>14}")
+    return "\n".join([
+        f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
+        f"finetune {r['finetune']} ({counts['trainable']:,} of {counts['total']:,} parameters), batch "
+        f"{r['batch_size']}, {r['device']} ({r['compute_dtype']}), {r['torch_threads']} threads",
+        f"project step: {mode}",
+        head,
+        f"{'project (reservoir train)':<26} {p['step_ms']:9.3f} {p['steps_per_s']:9.1f} {mem(p)}".rstrip(),
+        f"{'plain (HF model, Adam)':<26} {q['step_ms']:9.3f} {q['steps_per_s']:9.1f} {mem(q)}".rstrip(),
+        f"project step / plain step = {r['ratio']:.3f}",
+        f"({r['steps']} steps timed on each side after {r['warmup']} warm-up steps, the same batches; mean training "
+        f"loss over them: project {p['final_loss']:.4f}, plain {q['final_loss']:.4f}; peak host memory "
+        f"{r['peak_rss_mb']:,.0f} MB)",
+    ])
+
+
+__all__ = ["PlainLoop", "bench_train", "format_train"]
