@@ -138,3 +138,23 @@ def test_bench_train_cli(tmp_path):
     lstm = invoke("bench", "train", "--task", "bit-xor", "-p", "n_train=60", "-p", "n_test=20", "--backbone",
                   "lstm-1x16", "--init", "random", "--device", "cpu", "--steps", "1", "--warmup", "1")
     assert lstm.exit_code == 2 and "has none" in lstm.output
+
+
+def test_attention_backends_leave_out_cudnn_reusably_and_restore():
+    """The CUDA forward context: every SDPA backend but cuDNN's, entered again and nested, restored on exit."""
+    import contextlib
+
+    from reservoir.runtime import attention_backends, forward_context
+
+    cuda_ctx = attention_backends(torch.device("cuda"))  # toggles dispatch flags only: no GPU needed
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    for _ in range(2):  # one object serves every forward of a pass
+        with cuda_ctx:
+            with cuda_ctx:
+                assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    assert isinstance(attention_backends(CPU), contextlib.nullcontext)
+    from reservoir.backbones import load_backbone
+
+    assert isinstance(forward_context(load_backbone("tiny-bert", d_in=3), CPU, "auto"), contextlib.nullcontext)

@@ -7,8 +7,9 @@ batches:
     model loading and the pass (forwards, device-to-host copies, store writes);
 (b) the bare forward of the same truncated model: inputs to the device and
     ``Backbone.features``, nothing copied back;
-(c) the Hugging Face model's own forward (same depth, same dtype, SDPA, its
-    own attention mask) on the same batches;
+(c) the Hugging Face model's own forward (same depth, same dtype, SDPA with
+    PyTorch's default backend choice, its own attention mask) on the same
+    batches;
 (d) the naive way, as the official FPT code runs a model: the full model with
     ``output_hidden_states=True``, every sequence padded to the task's
     maximum, float32 weights, batch 32, on a subset of rows and scaled to the
@@ -194,7 +195,7 @@ def _time_hf(prep, plan, dtype) -> float:
         return float("nan")
     engine = prep.engine()
     t0 = time.perf_counter()
-    with torch.inference_mode(), prep.context:
+    with torch.inference_mode():  # as a user runs it: the weights cast, PyTorch's default attention dispatch
         for split, rows, order, bounds in plan:
             x, lens = engine.upload(split.inputs, split.lengths, rows[order])
             sorted_len = split.lengths[rows[order]]

@@ -7,6 +7,21 @@ import click
 from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options
 
 
+def _live_options(f):
+    """The task (or data file), backbone, init and depth of a benchmark that trains: bench speedup, bench train."""
+    for option in reversed([
+        click.option("--task", default=None, help="Task name; or --data PATH."),
+        data_options,
+        click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable."),
+        click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder."),
+        click.option("--init", default="pretrained", show_default=True,
+                     type=click.Choice(["pretrained", "random", "stats"])),
+        click.option("--layers", default=None, type=int, help="Depth K (default all)."),
+    ]):
+        f = option(f)
+    return f
+
+
 @click.group()
 def bench():
     """Benchmarks: what caching buys."""
@@ -55,12 +70,7 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
 
 
 @bench.command("speedup")
-@click.option("--task", default=None, help="Task name; or --data PATH.")
-@data_options
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
-@click.option("--layers", default=None, type=int, help="Depth K (default all).")
+@_live_options
 @click.option("--split-layer", default=None, type=int, help="Split point s for (b); default K-1 (tune the top block).")
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Rows per optimizer step.")
 @click.option("--max-live-rows", default=1024, show_default=True, type=int,
@@ -83,12 +93,7 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 
 
 @bench.command("train")
-@click.option("--task", default=None, help="Task name; or --data PATH.")
-@data_options
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
-@click.option("--layers", default=None, type=int, help="Depth K (default all).")
+@_live_options
 @click.option("--finetune", default="fpt", show_default=True, help="Groups to train (as `reservoir train`).")
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")

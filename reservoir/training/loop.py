@@ -24,8 +24,8 @@ from reservoir import checkpoint as ckpt
 from reservoir.errors import ReservoirError
 from reservoir.freeze import apply_freeze, describe, parse_groups
 from reservoir.results import Result, writable_folder
-from reservoir.runtime import autocast
-from reservoir.training.classifier import ReservoirClassifier, loss_fn
+from reservoir.runtime import attention_backends, autocast
+from reservoir.training.classifier import ReservoirClassifier
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData
 from reservoir.training.step import Stepper, adam, restore_optimizer_flags
@@ -92,7 +92,7 @@ def evaluate_rows(model: ReservoirClassifier, data: Feeder, device, batch_size: 
     correct = np.zeros(len(data), np.int64)
     heads = 1
     hits = []
-    with torch.inference_mode(), autocast(device, amp):
+    with torch.inference_mode(), autocast(device, amp), attention_backends(device):
         for lo in range(0, len(data), batch_size):
             x, lengths, y = data.batch(order[lo : lo + batch_size], device)
             pred = model(x, lengths, data.start).argmax(-1).reshape(len(y), -1)

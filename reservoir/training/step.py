@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from reservoir.errors import ReservoirError
-from reservoir.runtime import autocast
+from reservoir.runtime import attention_backends, autocast
 from reservoir.training.classifier import ReservoirClassifier, loss_fn
 from reservoir.training.data import EpochOrder, Feeder
 
@@ -259,7 +259,7 @@ class Stepper:
 
     # -- one eager step ------------------------------------------------------------------------------
     def _forward_backward(self, x, lengths, y, padded: bool, cache: bool = True) -> None:
-        with autocast(self.device, self.amp, cache=cache):
+        with autocast(self.device, self.amp, cache=cache), attention_backends(self.device):
             logits = self.model(x, lengths, self.start, padded=padded)
         loss = loss_fn(logits, y)
         loss.backward()
