@@ -120,12 +120,12 @@ def forward_context(backbone, device, amp: str):
 def attention_backends(device):
     """Scaled dot-product attention without the cuDNN backend on CUDA (nothing on the CPU).
 
-    cuDNN attention builds an execution plan for every new input shape: 35-65 ms
-    each on an H200 (torch 2.11, cuDNN 9.19), against 2-20 ms for the forward
-    itself. A pass over variable-length batches meets a new shape almost every
-    batch and never amortizes them (MiniLM over 4,200 ListOps rows: 3.9 s with
-    it, 0.7 s without). The flash and memory-efficient kernels need no plan
-    and ran as fast on the shapes measured once planned.
+    cuDNN attention builds an execution plan for every new input shape: tens of
+    milliseconds each on an H200 (torch 2.11, cuDNN 9.19), several times the
+    forward itself for a batch of 64. A pass over variable-length batches
+    meets a new shape almost every batch and never amortizes them (``bench
+    extract``, MiniLM on ListOps 20-500: pass 7.35 s with it, 1.88 s
+    without). The flash and memory-efficient kernels need no plan.
     """
     if getattr(device, "type", device) != "cuda":
         return contextlib.nullcontext()
