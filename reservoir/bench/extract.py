@@ -42,20 +42,27 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _hf_model(prep, full: bool, dtype):
-    """The backbone's Hugging Face model with the same weights recipe: ``full`` keeps every block, else ``depth``."""
-    from reservoir.backbones.arch import get_module
+def load_hf_model(name: str, init: str, seed: int, revision: str | None = None, depth: int | None = None):
+    """The bare Hugging Face model a backbone is loaded from, with the same weights recipe (init, seed, stats draw),
+    keeping blocks ``1..depth`` (all with ``None``); on the CPU, in float32, as loaded."""
+    from reservoir.backbones.arch import arch_for, get_module
     from reservoir.backbones.load import _load_hf, _stats_init
 
-    cfg = prep.config
-    model, _, _ = _load_hf(cfg.backbone, cfg.init, cfg.seed, cfg.revision, "sdpa")
-    if cfg.init == "stats":
-        _stats_init(model, cfg.seed)
-    if not full:
-        parent_path, _, attr = prep.backbone.arch.blocks.rpartition(".")
+    model, _, _ = _load_hf(name, init, seed, revision, "sdpa")
+    if init == "stats":
+        _stats_init(model, seed)
+    if depth is not None:
+        parent_path, _, attr = arch_for(model.config.model_type).blocks.rpartition(".")
         parent = get_module(model, parent_path) if parent_path else model
-        setattr(parent, attr, torch.nn.ModuleList(list(getattr(parent, attr))[: prep.backbone.depth]))
-        model.config.num_hidden_layers = prep.backbone.depth
+        setattr(parent, attr, torch.nn.ModuleList(list(getattr(parent, attr))[:depth]))
+        model.config.num_hidden_layers = depth
+    return model
+
+
+def _hf_model(prep, full: bool, dtype):
+    """The backbone's Hugging Face model, frozen on the device: ``full`` keeps every block, else ``depth``."""
+    cfg = prep.config
+    model = load_hf_model(cfg.backbone, cfg.init, cfg.seed, cfg.revision, None if full else prep.backbone.depth)
     return model.eval().requires_grad_(False).to(prep.device, dtype=dtype)
 
 
@@ -115,7 +122,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> Benc
     r["naive_over_pass"] = r["naive_s"] / r["pass_s"]
     r["tokens_per_s"] = n_tokens / r["pass_s"]
     r["peak_rss_mb"] = _peak_rss_mb()
-    r["peak_device_mb"] = _peak_device_mb(dev)
+    r["peak_device_mb"] = peak_device_mb(dev)
     return BenchResult("bench-extract", r)
 
 
@@ -140,7 +147,7 @@ def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = T
         _sync(prep.device)
         r["pass_s"] = time.perf_counter() - t0
         r["peak_rss_mb_extract"] = _peak_rss_mb()
-        r["peak_device_mb_extract"] = _peak_device_mb(prep.device)
+        r["peak_device_mb_extract"] = peak_device_mb(prep.device)
         r["plan"] = [(split, w.rows, order, bounds) for _, split, w, (order, bounds), _ in
                      iter_windows(prep, store, progress=False, every_chunk=True)]
     if bare:
@@ -267,7 +274,8 @@ def _embed_fp32(proj, x: torch.Tensor) -> torch.Tensor:
     return proj(x.float())
 
 
-def _peak_device_mb(device) -> float | None:
+def peak_device_mb(device) -> float | None:
+    """Peak CUDA memory allocated so far (since the last reset), in MB; ``None`` on the CPU."""
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 

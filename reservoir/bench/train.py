@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from torch.nn import functional as F
 
+from reservoir.bench.extract import _hf_forward, load_hf_model, peak_device_mb
 from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
 from reservoir.runtime import autocast, compute_dtype, resolve_device
@@ -61,8 +61,8 @@ class PlainLoop:
     """
 
     def __init__(self, config, task, feeder, device: torch.device, info):
-        from reservoir.backbones.arch import arch_for, get_module
-        from reservoir.backbones.load import _load_hf, _stats_init, orthogonal_projection
+        from reservoir.backbones.arch import arch_for
+        from reservoir.backbones.load import orthogonal_projection
         from reservoir.backbones.model import Backbone
         from reservoir.freeze import apply_freeze, parse_groups
         from reservoir.training import ReservoirClassifier, heads_per_token
@@ -72,18 +72,9 @@ class PlainLoop:
         if config.backbone.startswith("lstm-"):
             raise ReservoirError(f"bench train compares against a Hugging Face model; backbone "
                                  f"{config.backbone!r} (the LSTM baseline) has none")
-        hf, _, _ = _load_hf(config.backbone, config.init, config.seed, None, "sdpa")
-        if config.init == "stats":
-            _stats_init(hf, config.seed)
-        arch = arch_for(hf.config.model_type)
-        n_layer = int(hf.config.num_hidden_layers)
-        depth = n_layer if config.layers is None else config.layers
+        hf = load_hf_model(config.backbone, config.init, config.seed, depth=info.depth)  # the same depth K
         projection = orthogonal_projection(task.d_in, int(hf.config.hidden_size), config.projection_gain, config.seed)
-        view = Backbone(hf, arch=arch, depth=depth, projection=projection, info=info)
-        parent_path, _, attr = arch.blocks.rpartition(".")
-        parent = get_module(hf, parent_path) if parent_path else hf
-        setattr(parent, attr, nn.ModuleList(list(getattr(parent, attr))[:depth]))  # the same depth K
-        hf.config.num_hidden_layers = depth
+        view = Backbone(hf, arch=arch_for(hf.config.model_type), depth=info.depth, projection=projection, info=info)
         n_heads = heads_per_token(task.label_shape, task.n_out_tokens)
         self.model = ReservoirClassifier(view, task.n_out_tokens, n_heads, task.n_classes, seed=config.seed)
         hf.requires_grad_(False)
@@ -102,7 +93,6 @@ class PlainLoop:
     def step(self) -> None:
         """One step, the obvious way: batch to the device, HF forward, loss, backward, clip, Adam, loss logged."""
         from reservoir.backbones.model import last_token_index
-        from reservoir.bench.extract import _hf_forward
 
         rows = self.order.rows(self.step_index)
         self.step_index += 1
@@ -125,10 +115,6 @@ class PlainLoop:
     def run(self, n: int) -> None:
         for _ in range(n):
             self.step()
-
-
-def _peak_device_mb(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
 def _timed(run, n: int, device: torch.device) -> float:
@@ -166,18 +152,14 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     >>> r["ratio"]  # doctest: +SKIP
     """
     from reservoir.training import build
-    from reservoir.training.loop import _freeze, _set_dropout
-    from reservoir.training.step import Stepper, adam
+    from reservoir.training.loop import ready_to_train
+    from reservoir.training.step import Stepper
 
     if steps < 1 or warmup < 1:
         raise ReservoirError(f"bench train needs at least 1 timed and 1 warm-up step, found {steps} and {warmup}")
     device = resolve_device(config.device)
     task, model, data = build(config, device)
-    counts = _freeze(model, data, config)
-    _set_dropout(model, config.dropout)
-    model.train(config.dropout > 0)
-    torch.manual_seed(config.seed)
-    opt = adam([p for p in model.parameters() if p.requires_grad], config.lr, device)
+    counts, opt = ready_to_train(model, data, config)
     stepper = Stepper(model, opt, data.train, device, config.batch_size, config.seed, amp=config.amp,
                       grad_clip=config.grad_clip, cuda_graphs=config.cuda_graphs)
     r: dict[str, Any] = {
@@ -194,7 +176,7 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
         stepper.mean_loss()
         seconds = _timed(stepper.run, steps, device)
         r["project"] = {"step_ms": 1e3 * seconds / steps, "steps_per_s": steps / seconds,
-                        "peak_device_mb": _peak_device_mb(device), "final_loss": stepper.mean_loss(),
+                        "peak_device_mb": peak_device_mb(device), "final_loss": stepper.mean_loss(),
                         "mode": stepper.mode, "eager_because": stepper.why_eager}
     finally:
         stepper.close()
@@ -207,7 +189,7 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     plain.run(warmup)
     seconds = _timed(plain.run, steps, device)
     r["plain"] = {"step_ms": 1e3 * seconds / steps, "steps_per_s": steps / seconds,
-                  "peak_device_mb": _peak_device_mb(device), "final_loss": float(np.mean(plain.losses[-steps:]))}
+                  "peak_device_mb": peak_device_mb(device), "final_loss": float(np.mean(plain.losses[-steps:]))}
     r["ratio"] = r["project"]["step_ms"] / r["plain"]["step_ms"]
     r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return BenchResult("bench-train", r)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, step_options
 
 
 def _live_options(f):
@@ -101,10 +101,7 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 @click.option("--warmup", default=10, show_default=True, type=int, help="Untimed steps first, on each side.")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
-              help="Autocast on CUDA, both sides.")
-@click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
-              help="The project's step as one CUDA graph (auto: on CUDA when every train row has one length).")
+@step_options
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_train(task, data, input_column, label_column, params, backbone, init, layers, finetune, batch_size, lr,
                 steps, warmup, seed, device, amp, cuda_graphs, out):

@@ -120,3 +120,13 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
         raise click.BadParameter("expected a data file or folder; found an empty path", param_hint="--data")
     path = str(Path(data).expanduser().resolve())
     return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}
+
+
+def step_options(f: Any) -> Any:
+    """``--amp`` and ``--cuda-graphs``: how a live training step runs (``train``, ``bench train``)."""
+    f = click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+                     help="Capture the training step as one CUDA graph (auto: on CUDA when every train row has one "
+                          "length).")(f)
+    return click.option("--amp", default="auto", show_default=True,
+                        type=click.Choice(["auto", "bf16", "fp16", "none"]),
+                        help="Autocast on CUDA (float32 master weights).")(f)

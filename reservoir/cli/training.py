@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options
+from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options, step_options
 
 
 @click.command()
@@ -36,10 +36,7 @@ from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options
 @click.option("--split-layer", default=0, show_default=True, type=int,
               help="Train only blocks above this layer (what a split-point store at this layer allows).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
-              help="Autocast on CUDA (float32 master weights).")
-@click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
-              help="Capture the training step as one CUDA graph (auto: on CUDA when every train row has one length).")
+@step_options
 @click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,

@@ -161,16 +161,12 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     >>> r.metrics["steps"]
     20
     """
-    counts = _freeze(model, data, settings)
+    counts, opt = ready_to_train(model, data, settings)
     print(describe(counts))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     device = next(model.parameters()).device
     steps = settings.total_steps(len(data.train))
-    torch.manual_seed(settings.seed)
-    opt = adam([p for p in model.parameters() if p.requires_grad], settings.lr, device)
     flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
-    _set_dropout(model, settings.dropout)
-    model.train(settings.dropout > 0)
     state = ckpt.new_state()
     if folder is not None and (folder / "last.pt").exists():
         state = ckpt.resume(folder / "last.pt", settings, model, opt, device)
@@ -207,6 +203,18 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     if folder is not None:
         result.write(folder / "results.json")
     return result
+
+
+def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig
+                   ) -> tuple[dict[str, int], torch.optim.Optimizer]:
+    """What every run does before its first step: freeze (:func:`_freeze`), seed, dropout and train mode set,
+    and Adam (:func:`~reservoir.training.step.adam`) over the trainable parameters; the counts and the optimizer."""
+    counts = _freeze(model, data, settings)
+    torch.manual_seed(settings.seed)
+    _set_dropout(model, settings.dropout)
+    model.train(settings.dropout > 0)
+    device = next(model.parameters()).device
+    return counts, adam([p for p in model.parameters() if p.requires_grad], settings.lr, device)
 
 
 def _freeze(model: ReservoirClassifier, data: TrainData, settings: TrainConfig) -> dict[str, int]:

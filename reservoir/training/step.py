@@ -85,10 +85,10 @@ def restore_optimizer_flags(opt: torch.optim.Optimizer, fused: bool | None, capt
 class Batch:
     """One step's batch on the device: ``x``, ``lengths``, ``y``, and what the host knows (``L``, ``padded``)."""
 
-    __slots__ = ("x", "lengths", "y", "L", "padded", "rows")
+    __slots__ = ("x", "lengths", "y", "L", "padded")
 
-    def __init__(self, x, lengths, y, L: int, padded: bool, rows=None):
-        self.x, self.lengths, self.y, self.L, self.padded, self.rows = x, lengths, y, L, padded, rows
+    def __init__(self, x, lengths, y, L: int, padded: bool):
+        self.x, self.lengths, self.y, self.L, self.padded = x, lengths, y, L, padded
 
 
 class Batches:
@@ -167,7 +167,7 @@ class Batches:
             L = int(lens.max())
             idx = self.index(rows)
             X, Ls, Y = self.resident
-            return Batch(X[idx, :L], Ls[idx], Y[idx], L, bool(lens.min() < L), idx)
+            return Batch(X[idx, :L], Ls[idx], Y[idx], L, bool(lens.min() < L))
         item = self._queue.get()
         if isinstance(item, BaseException):
             raise item
@@ -239,23 +239,24 @@ class Stepper:
         self.loss_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self._static_rows: torch.Tensor | None = None
-        self.use_graph = self._graph_possible(cuda_graphs)
-        self.why_eager: str | None = None if self.use_graph else self._why_not
+        self.why_eager = self._why_eager(cuda_graphs)
+        self.use_graph = self.why_eager is None
         self._eager_steps = 0
 
-    def _graph_possible(self, setting: str) -> bool:
-        reasons = []
+    def _why_eager(self, setting: str) -> str | None:
+        """Why the steps cannot (or are not to) be captured; ``None`` when they will be."""
         if self.device.type != "cuda":
-            reasons.append(f"the device is {self.device.type}, not CUDA")
+            why = f"the device is {self.device.type}, not CUDA"
         elif self.batches.resident is None:
-            reasons.append("the training split is not resident on the device")
+            why = "the training split is not resident on the device"
         elif self.batches.fixed_length is None:
-            reasons.append("the training rows differ in length")
-        self._why_not = "; ".join(reasons) or ("turned off" if setting == "off" else None)
-        if setting == "on" and reasons:
+            why = "the training rows differ in length"
+        else:
+            return "turned off" if setting == "off" else None
+        if setting == "on":
             raise ReservoirError(f"--cuda-graphs on needs a CUDA device, a resident training split and rows of one "
-                                 f"length; found {self._why_not}")
-        return setting != "off" and not reasons
+                                 f"length; found {why}")
+        return why
 
     # -- one eager step ------------------------------------------------------------------------------
     def _forward_backward(self, x, lengths, y, padded: bool, cache: bool = True) -> None:
