@@ -387,16 +387,14 @@ def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.L
         if ready is not None:
             ready.synchronize()  # the window's device-to-host copy has landed
         feats, states = feats.numpy(), None if states is None else states.numpy()  # feats (n, P, n_layers, ...)
-        r, at = store.chunk_rows(name), 0
-        for c in window.chunks:
-            lo, hi = c * r, min((c + 1) * r, len(split))
-            if c in window.done:  # run again only to batch its window's rows as before
-                at += hi - lo
-                continue
-            store.write_chunk(name, c, {p: feats[at : at + hi - lo, i] for i, p in enumerate(store.poolings)},
-                              split.labels[lo:hi], lengths=split.lengths[lo:hi],
-                              states=None if states is None else states[at : at + hi - lo])
-            at += hi - lo
+        r = store.chunk_rows(name)
+        todo = [c for c in window.chunks if c not in window.done]  # done ones ran only to batch rows as before
+        if len(todo) < len(window.chunks):
+            keep = np.concatenate([np.full(min(r, len(split) - c * r), c not in window.done) for c in window.chunks])
+            feats, states = feats[keep], None if states is None else states[keep]
+        rows = np.concatenate([np.arange(c * r, min((c + 1) * r, len(split))) for c in todo])
+        store.write_chunks(name, todo, {p: feats[:, i] for i, p in enumerate(store.poolings)}, split.labels[rows],
+                           lengths=split.lengths[rows], states=states)
 
     with ChunkWriter(write) as writer, torch.inference_mode(), prep.context:
         for name, split, window, (order, bounds), bar in iter_windows(prep, store, progress, job=job):

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import reservoir.batching
+
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.store import SCHEMA, FeatureStore
@@ -409,16 +411,17 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
     args = ["extract", "--task", "bit-xor", "-p", "n_train=6000", "-p", "n_test=32", *TINY,
             "--dtype", "float32", "--batch-size", "512"]  # fmt: skip
     out, ref = tmp_path / "resumed.zarr", tmp_path / "reference.zarr"
-    original = FeatureStore.write_chunk
+    original = FeatureStore.write_chunks
     calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
-    def interrupted(self, split, chunk, features, labels, **kw):
-        calls.append((split, chunk))
+    def interrupted(self, split, chunks, features, labels, **kw):
+        calls.extend((split, c) for c in chunks)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return original(self, split, chunk, features, labels, **kw)
+        return original(self, split, chunks, features, labels, **kw)
 
-    monkeypatch.setattr(FeatureStore, "write_chunk", interrupted)
+    monkeypatch.setattr(FeatureStore, "write_chunks", interrupted)
     result = invoke(*args, "--out", out)
     assert result.exit_code == 130, (result.output, result.exception)
     assert "Traceback" not in result.output
@@ -439,15 +442,15 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
 
     calls.clear()
 
-    def recording(self, split, chunk, features, labels, **kw):
-        calls.append((split, chunk))
-        return original(self, split, chunk, features, labels, **kw)
+    def recording(self, split, chunks, features, labels, **kw):
+        calls.extend((split, c) for c in chunks)
+        return original(self, split, chunks, features, labels, **kw)
 
-    monkeypatch.setattr(FeatureStore, "write_chunk", recording)
+    monkeypatch.setattr(FeatureStore, "write_chunks", recording)
     result = invoke(*args, "--out", out)
     assert_ok(result)
     assert calls == [("train", 1), ("train", 2), ("test", 0)]  # the done chunk is skipped
-    monkeypatch.setattr(FeatureStore, "write_chunk", original)
+    monkeypatch.setattr(FeatureStore, "write_chunks", original)
 
     assert_ok(invoke(*args, "--out", ref))
     with FeatureStore.open(out) as st:

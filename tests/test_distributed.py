@@ -34,19 +34,22 @@ ROW_ARRAYS = ("features", "labels", "lengths", "checksums", "done")
 # rank 1 dies (SIGKILL) or stalls right after its first chunk is written and marked done
 FAULTS = """
 import os, signal, sys, time
+import reservoir.batching
 from reservoir.store import FeatureStore
 
-rank, fault, write = int(os.environ["RANK"]), os.environ.get("FAULT", ""), FeatureStore.write_chunk
+reservoir.batching.WINDOW_ROWS = 1  # a window (and a write) per chunk
+
+rank, fault, write = int(os.environ["RANK"]), os.environ.get("FAULT", ""), FeatureStore.write_chunks
 open(os.path.join(os.environ["PID_DIR"], f"rank{rank}.pid"), "w").write(str(os.getpid()))
 
-def write_chunk(self, *args, **kwargs):
+def write_chunks(self, *args, **kwargs):
     write(self, *args, **kwargs)
     if rank == 1 and fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 1 and fault == "stall":
         time.sleep(120)
 
-FeatureStore.write_chunk = write_chunk
+FeatureStore.write_chunks = write_chunks
 from reservoir.cli import main
 sys.exit(main())
 """

@@ -24,6 +24,7 @@ import h5py
 import numpy as np
 import pytest
 
+import reservoir.batching
 from reservoir.errors import ReservoirError
 from reservoir.store import FeatureStore
 from reservoir.store.backends import H5Backend, ZarrBackend
@@ -182,8 +183,9 @@ def test_two_concurrent_writers_leave_one_correct_store(tmp_path, reference):
 
 def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
     out = tmp_path / "s.zarr"
-    original = FeatureStore.write_chunk
+    original = FeatureStore.write_chunks
     calls = []
+    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def interrupted(self, *a, **k):
         calls.append(1)
@@ -191,7 +193,7 @@ def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return original(self, *a, **k)
 
-    monkeypatch.setattr(FeatureStore, "write_chunk", interrupted)
+    monkeypatch.setattr(FeatureStore, "write_chunks", interrupted)
     assert invoke(*ARGS, "--out", out).exit_code == 130
     line = assert_bad_input(invoke("fit-linear", out, "--results", tmp_path / "r"))
     assert "is incomplete (an extraction was interrupted)" in line
@@ -248,9 +250,9 @@ def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, m
     assert "1 damaged chunk(s), 0 damaged array(s)" in verify.stderr
 
     written = []
-    original = FeatureStore.write_chunk
-    monkeypatch.setattr(FeatureStore, "write_chunk",
-                        lambda self, split, c, *a, **k: (written.append((split, c)), original(self, split, c, *a, **k)))
+    original = FeatureStore.write_chunks
+    monkeypatch.setattr(FeatureStore, "write_chunks", lambda self, split, cs, *a, **k: (
+        written.extend((split, c) for c in cs), original(self, split, cs, *a, **k)))
     result = invoke(*ARGS, "--out", out)
     assert_ok(result)
     assert "1 damaged chunk(s) and 0 damaged array(s) will be written again: train 1" in result.stdout
@@ -314,6 +316,7 @@ def test_full_disk_stops_with_one_line_and_resumes_bit_identically(tmp_path, ref
     fmt = "zarr" if backend is ZarrBackend else "hdf5"
     out = tmp_path / ("s.zarr" if fmt == "zarr" else "s.h5")
     original, flushes = backend.flush, []
+    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def full_disk(self):
         flushes.append(1)

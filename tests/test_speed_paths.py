@@ -96,22 +96,24 @@ def test_chunk_writer_stops_the_run_on_a_write_error():
 def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "x.zarr"
     cfg = ExtractConfig(task="listops", backbone="tiny-gpt2", layers=1, task_params=LISTOPS, out=str(out))
-    calls = {"n": 0}
-    original = FeatureStore.write_chunk
+    calls = []
+    original = FeatureStore.write_chunks
 
-    def failing(self, split, chunk, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
+    def failing(self, split, chunks, *a, **k):
+        calls.append(list(chunks))
+        if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        return original(self, split, chunk, *a, **k)
+        return original(self, split, chunks, *a, **k)
 
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
-    monkeypatch.setattr(FeatureStore, "write_chunk", failing)
+    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 200)  # several windows of several chunks
+    monkeypatch.setattr(FeatureStore, "write_chunks", failing)
     with pytest.raises(OSError):
         run_extract(cfg, progress=False)
     with FeatureStore.open(out, allow_incomplete=True) as st:
-        assert not st.complete and st.done("train").sum() == 1
-    monkeypatch.setattr(FeatureStore, "write_chunk", original)
+        assert len(calls[0]) > 1  # a window's chunks are one write
+        assert not st.complete and np.flatnonzero(st.done("train")).tolist() == calls[0]
+    monkeypatch.setattr(FeatureStore, "write_chunks", original)
     run_extract(cfg, progress=False)
     ref = run_extract(ExtractConfig(**{**cfg.__dict__, "out": str(tmp_path / "ref.zarr")}), progress=False)
     with FeatureStore.open(out) as a, FeatureStore.open(ref) as b:

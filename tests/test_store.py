@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+import reservoir.batching
+
 from reservoir.errors import ReservoirError
 from reservoir.extraction import ExtractConfig, run as run_extract
 from reservoir.store import FeatureStore, first_difference, rows_per_chunk
@@ -67,7 +69,8 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
     full = run_extract(_config(tmp_path / f"full{suffix}", dtype="float32", task_params=params, batch_size=512),
                    progress=False)
     calls = {"n": 0}
-    original = FeatureStore.write_chunk
+    original = FeatureStore.write_chunks
+    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def flaky(self, *args, **kw):
         calls["n"] += 1
@@ -75,17 +78,17 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
             raise KeyboardInterrupt
         return original(self, *args, **kw)
 
-    monkeypatch.setattr(FeatureStore, "write_chunk", flaky)
+    monkeypatch.setattr(FeatureStore, "write_chunks", flaky)
     out = tmp_path / f"resumed{suffix}"
     with pytest.raises(KeyboardInterrupt):
         run_extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     with FeatureStore.open(out, allow_incomplete=True) as store:
         assert not store.complete
         assert store.done("train").tolist() == [True, False, False]
-    monkeypatch.setattr(FeatureStore, "write_chunk", original)
+    monkeypatch.setattr(FeatureStore, "write_chunks", original)
     written = []
-    monkeypatch.setattr(FeatureStore, "write_chunk",
-                        lambda self, split, c, *a, **kw: (written.append((split, c)), original(self, split, c, *a, **kw)))
+    monkeypatch.setattr(FeatureStore, "write_chunks", lambda self, split, cs, *a, **kw: (
+        written.extend((split, c) for c in cs), original(self, split, cs, *a, **kw)))
     run_extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     assert written == [("train", 1), ("train", 2), ("test", 0)]  # the done chunk was skipped
     with FeatureStore.open(out) as a, FeatureStore.open(full) as b:
@@ -138,3 +141,38 @@ def test_helpers():
     assert first_difference({"backbone": {"id": "a", "init": "x"}}, {"backbone": {"id": "a", "init": "y"}}) == (
         "backbone.init", "x", "y")
     assert first_difference({"layers": [0, 1]}, {"layers": [0, 1]}) is None
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_write_chunks_writes_runs_of_chunks_and_checks_each(tmp_path, monkeypatch, suffix):
+    """Chunks 0, 2, 3 of a 10-row split (3 rows a chunk, the last of one row) in one call: each chunk's rows,
+    checksums and done flag as separate write_chunk calls would leave them."""
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    feats = np.random.default_rng(0).standard_normal((10, 2, 1, 3)).astype(np.float32)
+    labels, lengths = np.arange(10) % 4, np.arange(10) + 1
+    rows = np.r_[0:3, 6:10]
+    with FeatureStore.create(tmp_path / f"a{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
+                             np.eye(2, 3, dtype=np.float32)) as st:
+        assert st.chunk_rows("train") == 3
+        with pytest.raises(ReservoirError, match=r"expected the 7 rows of ascending chunks \[0, 2, 3\]"):
+            st.write_chunks("train", [0, 2, 3], feats[rows[:-1]], labels[rows[:-1]], lengths=lengths[rows[:-1]])
+        with pytest.raises(ReservoirError, match="ascending chunks"):
+            st.write_chunks("train", [2, 0, 3], feats[rows], labels[rows], lengths=lengths[rows])
+        st.write_chunks("train", [0, 2, 3], feats[rows], labels[rows], lengths=lengths[rows])
+        assert st.done("train").tolist() == [True, False, True, True]
+        with FeatureStore.create(tmp_path / f"b{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
+                                 np.eye(2, 3, dtype=np.float32)) as one:
+            for c, (lo, hi) in zip((0, 2, 3), ((0, 3), (6, 9), (9, 10))):
+                one.write_chunk("train", c, feats[lo:hi], labels[lo:hi], lengths=lengths[lo:hi])
+            for name in ("checksums", "done"):
+                np.testing.assert_array_equal(st._b.array(f"train/{name}")[...], one._b.array(f"train/{name}")[...])
+        st.write_chunk("train", 1, feats[3:6], labels[3:6], lengths=lengths[3:6])
+        st.mark_complete()
+    with FeatureStore.open(tmp_path / f"a{suffix}") as st:
+        assert st.verify() == {}
+        np.testing.assert_array_equal(st.features("train")[...], feats)
+        np.testing.assert_array_equal(st.lengths("train"), lengths)

@@ -74,6 +74,7 @@ class ZarrBackend(Backend):
         import zarr
 
         self.root = zarr.open_group(str(path), mode=mode, zarr_format=3)
+        self._arrays: dict[str, Any] = {}
 
     def read_attrs(self):
         return dict(self.root.attrs)
@@ -82,13 +83,18 @@ class ZarrBackend(Backend):
         self.root.attrs.update(attrs)
 
     def array(self, name):
-        return self.root[name]
+        # Opened once (its metadata read once). Every chunk is written, zeros included: no comparison against the
+        # fill value per chunk, and a chunk's object exists once its done flag is set.
+        if name not in self._arrays:
+            self._arrays[name] = self.root[name].with_config({"write_empty_chunks": True})
+        return self._arrays[name]
 
     def has(self, name):
         return name in self.root
 
     def create(self, name, shape, dtype, chunk_rows):
         chunks = (chunk_rows, *shape[1:]) if shape else ()
+        self._arrays.pop(name, None)
         return self.root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=0)
 
     def flush(self):

@@ -246,14 +246,35 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
     return {s: b for s, b in bad.items() if b}
 
 
+def finite_along(a: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``(a.shape[axis],)`` whether every value at each index along ``axis`` is finite.
+
+    float16 is read through its exponent bits (all ones: inf or NaN), which
+    numpy reduces about 10x faster than ``isfinite`` on half floats.
+
+    Examples
+    --------
+    >>> finite_along(np.array([[1, np.inf], [0, 2]], np.float16)).tolist()
+    [False, True]
+    >>> finite_along(np.array([[1, np.nan], [0, 2]]), axis=1).tolist()
+    [True, False]
+    """
+    others = tuple(i for i in range(a.ndim) if i != axis % a.ndim)
+    if a.size == 0:
+        return np.ones(a.shape[axis], bool)
+    if a.dtype == np.float16:
+        return np.bitwise_and(a.view(np.uint16), 0x7C00).max(axis=others) != 0x7C00
+    return np.isfinite(a).all(axis=others)
+
+
 def check_finite(store: FeatureStore, split: str, lo: int, rows: dict[str, np.ndarray]) -> None:
     """Refuse (one line) a chunk's rows holding NaN or inf, naming the first such layer (or the states)."""
     where = None
-    if "states" in rows and not np.isfinite(rows["states"]).all():
+    if "states" in rows and not finite_along(rows["states"]).all():
         where = f"the layer-{store.full_seq_layer} states"
     for pooling in store.poolings:
         feats = rows[feature_array(pooling)]  # (r, n_layers, n_out, n_dim)
-        ok = np.isfinite(feats).reshape(len(feats), feats.shape[1], -1).all(axis=(0, 2))
+        ok = finite_along(feats, axis=1)  # (n_layers,)
         if where is None and not ok.all():
             where = f"layer {store.layers[int(np.flatnonzero(~ok)[0])]}" + ("" if pooling == "last" else
                                                                             f" ({pooling} pooling)")

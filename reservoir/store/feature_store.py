@@ -343,13 +343,23 @@ class FeatureStore:
     # -- writing -----------------------------------------------------------
     def write_chunk(self, split: str, chunk: int, features: np.ndarray | dict[str, np.ndarray], labels: np.ndarray,
                     lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
-        """Write the rows of one chunk and their checksums, then mark it done.
+        """Write the rows of one chunk and their checksums, then mark it done (:meth:`write_chunks` of one)."""
+        self.write_chunks(split, [chunk], features, labels, lengths=lengths, states=states)
 
-        ``features`` is ``{pooling: (r, n_layers, n_out, n_dim)}`` for every pooling of the store, or one array
-        for a store of one pooling.
+    def write_chunks(self, split: str, chunks: list[int], features: np.ndarray | dict[str, np.ndarray],
+                     labels: np.ndarray, lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
+        """Write the rows of several chunks and their checksums, then mark them done.
 
-        Refuses non-finite features or states (nothing of the chunk is
-        written); a failed write raises one line and leaves the chunk not done.
+        ``chunks`` are ascending chunk indices; the arrays hold their rows one
+        chunk after the other. ``features`` is ``{pooling: (r, n_layers, n_out,
+        n_dim)}`` for every pooling of the store, or one array for a store of
+        one pooling. Each run of consecutive chunks is one write per array (the
+        backend encodes its chunks together), then every chunk's checksums, then
+        the ``done`` flags: a kill in between leaves chunks written but not done,
+        which a rerun writes again.
+
+        Refuses non-finite features or states (nothing is written); a failed
+        write raises one line and leaves the chunks not done.
         """
         if self._lock is None:
             raise ReservoirError(f"{self.path}: opened for reading; write through FeatureStore.create")
@@ -359,29 +369,40 @@ class FeatureStore:
             if len(self.poolings) != 1:
                 raise ReservoirError(f"{self.path}: expected features of every pooling {self.poolings} as a dict")
             features = {self.poolings[0]: features}
-        r = self.chunk_rows(split)
-        lo = chunk * r
-        hi = lo + len(labels)
+        r, n = self.chunk_rows(split), self.n_rows(split)
+        spans = [(c * r, min((c + 1) * r, n)) for c in chunks]  # each chunk's rows in the store
+        total = sum(hi - lo for lo, hi in spans)
+        if len(labels) != total or list(chunks) != sorted(set(chunks)) or (chunks and spans[-1][0] >= n):
+            raise ReservoirError(f"{self.path}: expected the {total} rows of ascending chunks {list(chunks)[:5]} of "
+                                 f"split {split!r}, found {len(labels)} rows")
         dtype = np.dtype(self.attrs["dtype"])
         rows = {checks.feature_array(p): np.asarray(features[p], dtype=dtype) for p in self.poolings}
         rows.update({"labels": np.asarray(labels, dtype=np.int64),
-                     "lengths": np.zeros(hi - lo, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)})
+                     "lengths": np.zeros(total, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)})
         if "states" in self.row_arrays():
             rows["states"] = np.asarray(states, dtype=dtype)
-        checks.check_finite(self, split, lo, rows)
-        sums = np.array([checks.crc(rows[name], f"{split}/{name}/{chunk}") for name in self.row_arrays()],
-                        dtype=np.uint32)
+        checks.check_finite(self, split, spans[0][0] if spans else 0, rows)
+        at = np.cumsum([0] + [hi - lo for lo, hi in spans])  # each chunk's first row in the given arrays
+        sums = np.array([[checks.crc(rows[name][at[i] : at[i + 1]], f"{split}/{name}/{c}") for name in self.row_arrays()]
+                         for i, c in enumerate(chunks)], dtype=np.uint32).reshape(len(chunks), -1)
+        runs = _runs(chunks)  # (first index, end index) into chunks, of consecutive chunk numbers
         try:
             for name, values in rows.items():
-                self._b.array(f"{split}/{name}")[lo:hi] = values
-            self._b.array(f"{split}/checksums")[chunk] = sums
+                arr = self._b.array(f"{split}/{name}")
+                for i, j in runs:
+                    arr[spans[i][0] : spans[j - 1][1]] = values[at[i] : at[j]]
+            for i, j in runs:
+                self._b.array(f"{split}/checksums")[chunks[i] : chunks[j - 1] + 1] = sums[i:j]
             self._b.flush()
-            self._b.array(f"{split}/done")[chunk] = True
+            for i, j in runs:
+                self._b.array(f"{split}/done")[chunks[i] : chunks[j - 1] + 1] = True
             self._b.flush()
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
-            raise ReservoirError(f"{self.path}: could not write chunk {chunk} of split {split!r} "
-                                 f"({cause(err)}); it is not marked done: fix the cause (e.g. free disk space) "
-                                 "and rerun the same command to resume") from err
+            which = (f"chunk {chunks[0]}" if len(chunks) == 1 else
+                     f"chunks {', '.join(f'{chunks[i]}-{chunks[j - 1]}' if j - i > 1 else str(chunks[i]) for i, j in runs)}")
+            raise ReservoirError(f"{self.path}: could not write {which} of split {split!r} "
+                                 f"({cause(err)}); {'it is' if len(chunks) == 1 else 'they are'} not marked done: "
+                                 "fix the cause (e.g. free disk space) and rerun the same command to resume") from err
         self._sums.pop(split, None)
 
     def mark_complete(self) -> None:
@@ -433,3 +454,19 @@ class FeatureStore:
         except ReservoirError:
             if exc_type is None:
                 raise  # otherwise the error already in flight is the one to report
+
+
+def _runs(chunks: list[int]) -> list[tuple[int, int]]:
+    """``(i, j)`` index ranges of ``chunks`` whose numbers are consecutive.
+
+    Examples
+    --------
+    >>> _runs([2, 3, 4, 7, 9, 10])
+    [(0, 3), (3, 4), (4, 6)]
+    """
+    runs, i = [], 0
+    for j in range(1, len(chunks) + 1):
+        if j == len(chunks) or chunks[j] != chunks[j - 1] + 1:
+            runs.append((i, j))
+            i = j
+    return runs
