@@ -24,8 +24,10 @@ from reservoir.errors import ReservoirError
 DEFAULT_BATCH_SIZE = 64
 #: Host memory one window may use for its outputs and inputs (the extraction's working set).
 WINDOW_BYTES = 256 << 20
-#: Most rows per window: what a kill can cost, since a window's chunks are written when it ends.
-WINDOW_ROWS = 8192
+#: Most rows per window: what a kill can cost, since a window's chunks are written when it ends; small enough that
+#: a split runs as several windows, so writing one overlaps computing the next (the last window's write is the
+#: pass's tail), large enough that batching rows by length within a window pads little.
+WINDOW_ROWS = 2048
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,8 @@ def test_helpers():
     assert rows_per_chunk(1024, 10_000) == 1024
     assert rows_per_chunk(1024, 10) == 10
     assert rows_per_chunk(10 << 20, 5) == 1
+    assert rows_per_chunk(20_000, 20_000) == 313  # 400 MB: 64 chunks of 6.25 MB
+    assert rows_per_chunk(1024, 1 << 20) == 8192  # 1 GB: chunks of 8 MB, the largest
     assert first_difference({"backbone": {"id": "a", "init": "x"}}, {"backbone": {"id": "a", "init": "y"}}) == (
         "backbone.init", "x", "y")
     assert first_difference({"layers": [0, 1]}, {"layers": [0, 1]}) is None

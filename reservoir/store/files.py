@@ -22,12 +22,29 @@ from reservoir.errors import ReservoirError
 from reservoir.store import checks
 from reservoir.store.backends import BACKENDS, Backend, Format
 
+#: Smallest chunk (bytes of one row array's block); a split smaller than that is one chunk.
 MIN_CHUNK_BYTES = 1 << 20
+#: Largest chunk a split is cut into for its size alone.
+MAX_CHUNK_BYTES = 8 << 20
+#: Chunks a split is cut into between those bounds: enough to share among the ranks of a job.
+CHUNKS_PER_SPLIT = 64
 
 
 def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
-    """Rows per chunk so that a chunk holds at least :data:`MIN_CHUNK_BYTES`."""
-    return max(1, min(max(n_rows, 1), math.ceil(MIN_CHUNK_BYTES / max(row_bytes, 1))))
+    """Rows per chunk: the split's bytes over :data:`CHUNKS_PER_SPLIT`, within :data:`MIN_CHUNK_BYTES` and
+    :data:`MAX_CHUNK_BYTES`.
+
+    Every chunk costs one object per row array (rows, labels, lengths,
+    checksums, done flag) and its share of the backend's per-call work, so a
+    large split writes faster in larger chunks.
+
+    Examples
+    --------
+    >>> rows_per_chunk(20_000, 20_000)  # 400 MB: 64 chunks of 6.25 MB
+    313
+    """
+    target = min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, n_rows * row_bytes // CHUNKS_PER_SPLIT))
+    return max(1, min(max(n_rows, 1), math.ceil(target / max(row_bytes, 1))))
 
 
 def cause(err: BaseException) -> str:
