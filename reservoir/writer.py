@@ -6,42 +6,15 @@ goes on with the next one; one thread writes the window's chunks (and their
 in memory. A write error stops the run at the next hand-over (or at
 :meth:`ChunkWriter.close`) with the original exception; a chunk whose write
 failed is never marked done, so the same command resumes there.
-
-While the writer runs, the interpreter hands the GIL over every
-:data:`SWITCH_INTERVAL_S` instead of Python's 5 ms: a main thread that
-launches GPU kernels holds the GIL almost all the time, and each of the
-writer's many short waits (a file written, Zarr's I/O loop answering) would
-otherwise cost up to a whole interval before the writer runs again.
 """
 
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 from typing import Callable
 
 _STOP = object()
-#: GIL switch interval while a writer runs (seconds); the previous one is restored when the last writer closes.
-SWITCH_INTERVAL_S = 0.0002
-_switch_lock = threading.Lock()
-_switch_users = 0
-_switch_saved = 0.005
-
-
-def _hold_switch_interval(enter: bool) -> None:
-    """Shorten the interpreter's switch interval while at least one writer is open; restore it after the last."""
-    global _switch_users, _switch_saved
-    with _switch_lock:
-        if enter:
-            if _switch_users == 0:
-                _switch_saved = sys.getswitchinterval()
-                sys.setswitchinterval(min(_switch_saved, SWITCH_INTERVAL_S))
-            _switch_users += 1
-        else:
-            _switch_users -= 1
-            if _switch_users == 0:
-                sys.setswitchinterval(_switch_saved)
 
 
 class ChunkWriter:
@@ -70,7 +43,6 @@ class ChunkWriter:
         self._error: BaseException | None = None
         self._abandon = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reservoir-writer", daemon=True)
-        _hold_switch_interval(True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -100,10 +72,8 @@ class ChunkWriter:
         """Wait for queued writes (or, with ``abandon``, skip those not started) and stop the thread."""
         if abandon:
             self._abandon.set()
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join()
-            _hold_switch_interval(False)
+        self._queue.put(_STOP)
+        self._thread.join()
         if not abandon:
             self._raise()
 

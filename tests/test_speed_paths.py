@@ -227,25 +227,3 @@ def test_train_from_a_last_token_store_equals_live_output_only_training(tmp_path
     with pytest.raises(ReservoirError, match="found last-token features only, which train the output layer alone"):
         run(TrainConfig(task="bit-xor", from_store=str(store), finetune="fpt", out=str(tmp_path / "bad")),
             progress=False)
-
-
-def test_writer_shortens_the_switch_interval_while_open_and_restores_it():
-    import sys
-
-    import reservoir.writer
-
-    before, short = sys.getswitchinterval(), pytest.approx(reservoir.writer.SWITCH_INTERVAL_S, rel=1e-3)
-    seen = []
-    with ChunkWriter(lambda item: seen.append(sys.getswitchinterval())) as a:
-        assert sys.getswitchinterval() == short and short != before
-        with ChunkWriter(seen.append) as b:
-            b.submit(1)
-        assert sys.getswitchinterval() == short  # still held by the outer writer
-        a.submit(2)
-        a.close()
-        a.close()  # a second close changes nothing
-    assert sys.getswitchinterval() == before
-    assert seen == [1, short]
-    with pytest.raises(ValueError), ChunkWriter(lambda item: None):
-        raise ValueError
-    assert sys.getswitchinterval() == before
