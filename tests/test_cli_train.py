@@ -114,7 +114,12 @@ def test_bench_readout_cli(tmp_path):
     for name in ("reservoir", "sklearn"):  # what is printed is what is saved
         assert f"{100 * saved['per_layer'][0][name]['test_accuracy']:6.2f}%" in r.stdout
     assert f"scikit-learn / reservoir wall time: {saved['time_ratio']:.1f}x" in r.stdout
-    assert "wall time" in r.stdout
+    assert "wall time" in r.stdout and "standardized penalty, path on every fit row" in r.stdout
+    r = run("bench", "readout", store, "--layer", 1, "--penalty", "whitened", "--path-rows", 50)
+    assert r.exit_code == 0, r.output
+    assert "whitened penalty, path on 50 rows" in r.stdout
+    assert "--path-rows: expected 'all' or an integer >= 2, found '1'" in one_error_line(
+        run("bench", "readout", store, "--path-rows", 1))
     xor = tmp_path / "x.zarr"
     assert run("extract", *XOR, "--backbone", "tiny-gpt2", "--out", xor, "--quiet").exit_code == 0
     assert "one label per row" in one_error_line(run("bench", "readout", xor, "--layer", 1))

@@ -102,6 +102,35 @@ def test_cached_head_on_cuda_equals_the_cpu_head():
     torch.testing.assert_close(heads["cuda", True][0], heads["cuda", False][0], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("penalty", ["whitened", "standardized"])
+def test_logistic_readout_on_cuda_equals_the_cpu_readout(penalty):
+    """The batched L2 path (and the preconditioned standardized penalty) on CUDA: the CPU's choice and model."""
+    from reservoir.readouts import LogisticReadout
+
+    rng = np.random.default_rng(0)
+    X = (rng.normal(size=(3000, 48)) @ (rng.normal(size=(48, 48)) * np.logspace(0, -3, 48))).astype(np.float32)
+    y = (X @ rng.normal(size=(48, 5)) * 3 + rng.normal(size=(3000, 5))).argmax(1)
+    fits = {d: LogisticReadout(penalty=penalty, path_rows=1000, device=d).fit(X, y) for d in ("cpu", "cuda")}
+    assert fits["cuda"].alpha_ == fits["cpu"].alpha_
+    np.testing.assert_allclose(fits["cuda"].predict_proba(X), fits["cpu"].predict_proba(X), atol=2e-3)
+
+
+def test_fit_linear_sweep_on_cuda(tmp_path):
+    from click.testing import CliRunner
+
+    from reservoir.cli import main
+
+    store = run_extract(ExtractConfig(task="digits", backbone="tiny-gpt2", layers=2, task_params={"patch": 4},
+                                      out=str(tmp_path / "d.zarr")), progress=False)
+    runs = {d: CliRunner().invoke(main, ["fit-linear", str(store), "--device", d, "--results", str(tmp_path / d)])
+            for d in ("cpu", "cuda")}
+    for d, r in runs.items():
+        assert r.exit_code == 0, (d, r.output)
+    tests = [[float(line.split()[5].rstrip("%")) for line in r.output.splitlines() if line.strip()[:1].isdigit()]
+             for r in runs.values()]  # every layer's test accuracy, as printed
+    assert len(tests[0]) == 3 and np.allclose(tests[0], tests[1], atol=1.0), tests
+
+
 def _train(tmp_path, name, **kw):
     from reservoir.training import TrainConfig, run
 

@@ -135,6 +135,7 @@ def test_bench_readout_result(tmp_path, monkeypatch):
     with FeatureStore.open(store) as st:
         r = readout_vs_sklearn(st, max_iter=100)  # every layer: 0 and 1
     assert isinstance(r, ReadoutBenchResult) and (r.n_train, r.n_features, r.layers) == (1437, 32, [0, 1])
+    assert (r.penalty, r.path_rows) == ("standardized", "all")  # scikit-learn's model, on scikit-learn's rows
     for p in r.per_layer:
         assert p["reservoir"]["alpha"] in DEFAULT_ALPHAS
         # C = 1 / (alpha * n_fit) over the readout's grid, fitted on the readout's 1437 - 144 rows
@@ -151,6 +152,7 @@ def test_bench_readout_result(tmp_path, monkeypatch):
     assert cli.exit_code == 0, cli.output
     raw = json.loads(out.read_text())
     assert list(raw) == ["kind", "store", "layers", "n_train", "n_features", "per_layer", "reservoir_s", "sklearn_s",
-                         "time_ratio", "max_accuracy_gap", "torch_threads", "environment", "written"]
+                         "time_ratio", "max_accuracy_gap", "torch_threads", "penalty", "path_rows", "environment",
+                         "written"]
     assert raw["kind"] == "bench-readout" and ReadoutBenchResult.read(out).to_dict() == raw
     assert f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x" in cli.output

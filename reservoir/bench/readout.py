@@ -32,6 +32,11 @@ class ReadoutBenchResult(Result):
         The layers fitted (an all-layer sweep by default).
     n_train, n_features : int
         Train rows and features of each layer.
+    penalty : str
+        Where the readout measured its L2 penalty (``"standardized"``: the model scikit-learn fits).
+    path_rows : int or "all"
+        Rows the readout fitted its L2 path on (``"all"``: every row left after the validation carve, as
+        scikit-learn). Files written before these two fields existed read as ``"whitened"`` and ``16384``.
     per_layer : list of dict
         For each layer: ``layer``, ``reservoir`` (``fit_s``, ``test_accuracy``, ``test_interval``,
         ``alpha``) and ``sklearn`` (``fit_s``, ``test_accuracy``, ``test_interval``, ``C``).
@@ -55,6 +60,8 @@ class ReadoutBenchResult(Result):
     time_ratio: float
     max_accuracy_gap: float
     torch_threads: int
+    penalty: str = "whitened"
+    path_rows: int | str = 16384
 
     def __post_init__(self) -> None:
         if self.kind != "bench-readout":
@@ -62,12 +69,16 @@ class ReadoutBenchResult(Result):
 
 
 def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | int | list[int] = "all", *,
-                       seed: int = 0, max_iter: int = 1000) -> ReadoutBenchResult:
-    """``fit-linear``'s logistic readout vs scikit-learn's ``LogisticRegression`` over the same layers.
+                       seed: int = 0, max_iter: int = 1000, penalty: str = "standardized",
+                       path_rows: int | None = None) -> ReadoutBenchResult:
+    """The logistic readout vs scikit-learn's ``LogisticRegression`` over the same layers.
 
     Every layer is read from the store once (outside both timings). For each,
-    the readout fits its whole L2 path (batched, on a subsample) and the
-    chosen strength on all rows; scikit-learn gets standardized features and,
+    the readout fits its whole L2 path (batched) and the chosen strength on all
+    rows. By default it fits scikit-learn's model on scikit-learn's rows: the
+    penalty on the weights of standardized features, the path on every row the
+    validation carve leaves (``penalty="whitened", path_rows=16384`` is
+    ``fit-linear``'s default readout instead). scikit-learn gets standardized features and,
     like the readout, its ``C`` chosen on the same validation rows (the
     readout's carve, :func:`~reservoir.readouts.stats.carve_rows`; ``C = 1 /
     (alpha * n)`` over the readout's alpha grid, the same grid), fitted once
@@ -110,7 +121,7 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
     t_rows, v_rows = carve_rows(len(y), 0.1, seed)  # the readout's own carve (val_fraction 0.1)
     for i, k in enumerate(wanted):
         X, Xt = X_all[i], Xt_all[i]
-        ours = LogisticReadout(random_state=seed)  # as fit-linear fits it
+        ours = LogisticReadout(random_state=seed, penalty=penalty, path_rows=path_rows)
         t0 = time.perf_counter()
         ours.fit(X, y)
         t_ours = time.perf_counter() - t0
@@ -132,4 +143,4 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
     return ReadoutBenchResult(
         store=source, layers=wanted, n_train=len(y), n_features=int(X_all.shape[-1]), per_layer=per_layer,
         reservoir_s=ours_s, sklearn_s=sk_s, time_ratio=sk_s / ours_s, max_accuracy_gap=gap,
-        torch_threads=torch.get_num_threads())
+        torch_threads=torch.get_num_threads(), penalty=penalty, path_rows="all" if path_rows is None else path_rows)

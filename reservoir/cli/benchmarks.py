@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, step_options
+from reservoir.errors import ReservoirError
 
 
 def _live_options(f):
@@ -127,17 +128,25 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
 @bench.command("readout")
 @click.argument("store", type=click.Path())
 @click.option("--layer", default="all", show_default=True, help="Stored layer K, a list like 0,3,6, or 'all'.")
+@click.option("--penalty", default="standardized", show_default=True, type=click.Choice(["standardized", "whitened"]),
+              help="The readout's L2 penalty: on standardized features' weights (scikit-learn's model) or on "
+                   "whitened ones (fit-linear's default).")
+@click.option("--path-rows", default="all", show_default=True, metavar="N|all",
+              help="Rows the readout fits its L2 path on: all those scikit-learn fits on, or a seeded subsample of N "
+                   "(fit-linear's default: 16384).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
-def bench_readout(store, layer, seed, out):
-    """fit-linear's logistic readout vs scikit-learn's LogisticRegression over the layers: wall time, accuracy."""
+def bench_readout(store, layer, penalty, path_rows, seed, out):
+    """The logistic readout's all-layer sweep vs scikit-learn's LogisticRegression: wall time, accuracy."""
     from reservoir.bench import readout_vs_sklearn
 
     _check_out(out)
     layers = "all" if layer == "all" else _parse_layers(layer)
-    r = readout_vs_sklearn(store, layers, seed=seed)
+    rows = None if path_rows == "all" else _path_rows(path_rows)
+    r = readout_vs_sklearn(store, layers, seed=seed, penalty=penalty, path_rows=rows)
     click.echo(f"{len(r.layers)} layer(s), {r.n_train:,} train rows x {r.n_features} features, "
-               f"{r.torch_threads} threads; the same validation rows and L2 grid on both sides")
+               f"{r.torch_threads} threads; the same validation rows and L2 grid on both sides; readout: "
+               f"{r.penalty} penalty, path on {'every fit row' if rows is None else f'{rows:,} rows'}")
     click.echo(f"{'layer':>5}  {'reservoir s':>11}  {'test [95% CI]':<22}  {'sklearn s':>9}  {'test [95% CI]':<22}")
     for p in r.per_layer:
         ours, sk = p["reservoir"], p["sklearn"]
@@ -147,6 +156,17 @@ def bench_readout(store, layer, seed, out):
                f"{100 * r.max_accuracy_gap:.2f} points")
     if out:
         r.write(out)
+
+
+def _path_rows(text: str) -> int:
+    """``--path-rows N``: an integer of at least 2 (one line otherwise)."""
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 2:
+        raise ReservoirError(f"--path-rows: expected 'all' or an integer >= 2, found {text!r}")
+    return rows
 
 
 def _acc(side) -> str:

@@ -17,6 +17,12 @@ recursion gives a descent direction; a pair with ``sᵀy`` at rounding level is
 skipped, and a direction that is not one of descent falls back to the
 steepest descent.
 
+A diagonal ``precond`` (an estimate of each coordinate's inverse curvature,
+per problem) is L-BFGS's initial inverse Hessian, scaled at every step by
+``sᵀy / yᵀ(precond y)``: where the curvature of the coordinates differs by
+orders of magnitude and is known in advance (an L2 penalty that weighs
+directions unequally), the iterates converge as on a well-conditioned problem.
+
 A problem stops when an accepted step lowers its objective by less than
 ``ftol * max(1, |f|)``, when its largest gradient entry is at most ``gtol``,
 when its step falls below ``1e-10`` or after ``max_iter`` accepted steps; and,
@@ -50,8 +56,10 @@ class LBFGSResult:
 
 def lbfgs(fg: Objective, theta: torch.Tensor, *, max_iter: int = 500, ftol: float = 1e-7, gtol: float = 1e-6,
           history: int = 10, c1: float = 1e-4, watch: Callable[[torch.Tensor], torch.Tensor] | None = None,
-          every: int = 5, stable: int = 3) -> LBFGSResult:
+          every: int = 5, stable: int = 3, precond: torch.Tensor | None = None) -> LBFGSResult:
     """Minimize ``k`` independent objectives from ``theta`` (``(k, D)``, not modified).
+
+    ``precond`` ``(k, D)``, positive: the diagonal initial inverse Hessian of each problem (default the identity).
 
     ``watch(theta (b, D)) -> (b, ...)`` gives, for some problems' parameters, what must stop changing (e.g.
     validation predictions); checked every ``every`` rounds, a problem whose watched values are the same at
@@ -71,6 +79,7 @@ def lbfgs(fg: Objective, theta: torch.Tensor, *, max_iter: int = 500, ftol: floa
     dev, dt = theta.device, theta.dtype
     m = history
     theta = theta.clone()
+    H0 = torch.ones_like(theta) if precond is None else precond.to(dev, dt).expand(k, D)  # (k, D)
     S = torch.zeros(k, m, D, device=dev, dtype=dt)  # steps s = x_new - x
     Yd = torch.zeros(k, m, D, device=dev, dtype=dt)  # gradient changes y = g_new - g
     rho = torch.zeros(k, m, device=dev, dtype=dt)  # 1 / sᵀy, 0 for an empty slot
@@ -93,9 +102,10 @@ def lbfgs(fg: Objective, theta: torch.Tensor, *, max_iter: int = 500, ftol: floa
             alphas.append(a)
             q -= a[:, None] * Yd[ix, j]
         newest = (c - 1) % m
-        sy, yy = (S[ix, newest] * Yd[ix, newest]).sum(1), (Yd[ix, newest] ** 2).sum(1)
-        gamma = torch.where(c > 0, sy / yy.clamp_min(1e-30), torch.ones_like(sy))  # initial Hessian scale
-        r_ = q * gamma[:, None]
+        y_new = Yd[ix, newest]
+        sy, yHy = (S[ix, newest] * y_new).sum(1), (y_new * H0[ix] * y_new).sum(1)
+        gamma = torch.where(c > 0, sy / yHy.clamp_min(1e-30), torch.ones_like(sy))  # initial Hessian scale
+        r_ = q * gamma[:, None] * H0[ix]
         for back in reversed(range(m)):  # oldest to newest
             j = (c - 1 - back) % m
             b = rho[ix, j] * (back < c) * (Yd[ix, j] * r_).sum(1)
@@ -105,9 +115,9 @@ def lbfgs(fg: Objective, theta: torch.Tensor, *, max_iter: int = 500, ftol: floa
     d = torch.zeros_like(theta)
     gd = torch.zeros(k, device=dev, dtype=dt)
     step = torch.ones(k, device=dev, dtype=dt)
-    d[everyone] = -g
-    gd[everyone] = -(g * g).sum(1)
-    step[everyone] = torch.clamp(1.0 / g.abs().sum(1).clamp_min(1e-30), max=1.0)  # a cautious first step
+    d[everyone] = -H0 * g
+    gd[everyone] = (g * d).sum(1)
+    step[everyone] = torch.clamp(1.0 / d.abs().sum(1).clamp_min(1e-30), max=1.0)  # a cautious first step
     rounds = 0
     seen: torch.Tensor | None = None  # the watched values at the last check, per problem
     unchanged = torch.zeros(k, dtype=torch.long, device=dev)
@@ -159,7 +169,7 @@ def lbfgs(fg: Objective, theta: torch.Tensor, *, max_iter: int = 500, ftol: floa
                 if len(uphill):  # lost curvature information: restart from the steepest descent
                     count[uphill] = 0
                     rho[uphill] = 0
-                    d[uphill] = -g[uphill]
-                    gd[uphill] = -(g[uphill] ** 2).sum(1)
+                    d[uphill] = -H0[uphill] * g[uphill]
+                    gd[uphill] = (g[uphill] * d[uphill]).sum(1)
                 step[going] = 1.0
     return LBFGSResult(theta, f, n_iter, rounds)

@@ -16,16 +16,16 @@ import torch
 class Multinomial:
     """The objective of ``k`` logistic readouts over the same rows: one per L2 strength, evaluated together.
 
-    ``f_i(V, b) = sum_h mean_rows CE(softmax(Xc P V_h + b_h), y_h) + alpha_i/2 * ||M V||^2`` for
-    ``theta_i = [vec V (r, n_heads*C), b (n_heads*C)]``; ``M`` is the identity (the penalty on the whitened
-    weights) unless ``MtM = MᵀM`` is given. ``blocks()`` yields centred float32 rows ``(m, d)`` and their class
+    ``f_i(V, b) = sum_h mean_rows CE(softmax(Xc P V_h + b_h), y_h) + alpha_i/2 * sum_j w_j ||V_j||^2`` for
+    ``theta_i = [vec V (r, n_heads*C), b (n_heads*C)]``; the penalty weights ``w`` ``(r,)`` of the rows of ``V``
+    are ones (the penalty on the whitened weights) unless ``weights`` is given. ``blocks()`` yields centred float32 rows ``(m, d)`` and their class
     indices ``(m, n_heads)`` on the device; the rows may come in any number of blocks (one in memory, store
     chunks when streaming), and every call reads them once for all ``k`` problems.
     """
 
     def __init__(self, blocks, n: int, P: torch.Tensor, n_heads: int, n_classes: int, alphas: torch.Tensor,
-                 MtM: torch.Tensor | None = None):
-        self.blocks, self.n, self.P, self.MtM = blocks, n, P, MtM  # P (d, r)
+                 weights: torch.Tensor | None = None):
+        self.blocks, self.n, self.P, self.w = blocks, n, P, weights  # P (d, r), weights (r,)
         self.H, self.C = n_heads, n_classes
         self.alphas = alphas  # (problems,)
         self.r = P.shape[1]
@@ -70,7 +70,7 @@ class Multinomial:
             gX.addmm_(G.view(k * H * C, m), Xc)
         V, _ = self.unpack(theta)
         gV = torch.matmul(self.P.t(), gX.view(k, H * C, -1).transpose(1, 2)) / self.n  # (k, r, HC)
-        MV = V if self.MtM is None else torch.matmul(self.MtM, V)
+        MV = V if self.w is None else V * self.w[:, None]
         a = self.alphas[idx]
         loss = loss / self.n + 0.5 * a.double() * (V * MV).sum((1, 2), dtype=torch.float64)
         gV += a.view(k, 1, 1) * MV
@@ -83,3 +83,14 @@ class Multinomial:
             pred = self.logits_t(Xc, theta).argmax(2)  # (k, H, m)
             parts.append((pred == Y.t()[None]).sum(1).cpu().numpy())  # (k, m)
         return np.concatenate(parts, 1) if parts else np.zeros((len(theta), 0), np.int64)
+
+    def curvature(self) -> torch.Tensor:
+        """``(k, D)`` an estimate of each coordinate's inverse curvature: ``1 / (c + alpha_i w_j)`` for the
+        weights, ``1 / c`` for the biases, with ``c = 1 / C`` the cross-entropy's curvature along a whitened
+        direction at near-uniform predictions (what :func:`~reservoir.readouts.lbfgs.lbfgs` takes as ``precond``)."""
+        c = 1.0 / self.C
+        w = torch.ones(self.r, device=self.P.device) if self.w is None else self.w
+        HC = self.H * self.C
+        pv = (1.0 / (c + self.alphas[:, None] * w[None, :]))[:, :, None].expand(-1, -1, HC)  # (k, r, HC)
+        pb = torch.full((len(self.alphas), HC), 1.0 / c, device=self.P.device)
+        return torch.cat([pv.reshape(len(self.alphas), -1), pb], 1)
