@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import read_json
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
-from reservoir.tasks.files import read_json
 
 
 @dataclass

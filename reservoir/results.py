@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
-from reservoir.tasks.files import one_line, publish
+from reservoir.io import one_line, publish, unwritable, writable_folder  # noqa: F401 - writable_folder re-exported
 
 
 def environment() -> dict[str, Any]:
@@ -42,42 +42,6 @@ def environment() -> dict[str, Any]:
     }
 
 
-def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None = None) -> Path:
-    """Create folder ``path`` (and its parents) and prove a file can be written in it.
-
-    Called before expensive work whose results go there, so that an
-    unwritable folder is refused before anything is computed.
-
-    Raises
-    ------
-    ReservoirError
-        One line naming the folder (or ``for_path``, the output to be written
-        in it) and why it cannot be written (a file in the way, no
-        permission, a read-only disk).
-
-    Examples
-    --------
-    >>> writable_folder(tempfile.mkdtemp()).is_dir()
-    True
-    """
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise _unwritable(folder, err, for_path) from None
-    return folder
-
-
-def _unwritable(folder: Path, err: OSError, for_path: str | os.PathLike | None = None) -> ReservoirError:
-    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    found = f"{blocker} is a file" if blocker is not None and not blocker.is_dir() else (err.strerror or one_line(err))
-    if for_path is not None:
-        return ReservoirError(f"{for_path}: expected a writable output path; found {found}")
-    return ReservoirError(f"{folder}: expected a folder the results can be written to; found {found}")
-
-
 def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     """Write ``result`` (plus environment and timestamp) atomically as JSON; an unwritable path is one line."""
     p = Path(path)
@@ -87,7 +51,7 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
     except OSError as err:
-        raise _unwritable(p.parent, err) from None
+        raise unwritable(p.parent, err) from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2, sort_keys=False, default=float)
@@ -144,7 +108,7 @@ class Result:
     @classmethod
     def read(cls: type[R], path: str | os.PathLike) -> R:
         """A result from its JSON file; any reason it cannot be read is one line naming the file."""
-        from reservoir.tasks.files import read_json
+        from reservoir.io import read_json
 
         data = read_json(path, f"a {cls.__name__} JSON object")
         try:

@@ -7,10 +7,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from reservoir.attention import attention, capture_attention, plot_attention
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.training import TrainConfig, load_run, run
+from reservoir.training.attention import attention, capture_attention, plot_attention
 
 XOR = {"n_train": 80, "n_test": 40, "n_bits": 3}
 

@@ -171,7 +171,7 @@ def test_deeply_nested_task_parameter_is_one_line():
     (b"1" * 5000, "unreadable JSON"),
 ])  # fmt: skip
 def test_read_json_names_the_file_and_what_was_expected(tmp_path, content, found):
-    from reservoir.tasks.files import read_json
+    from reservoir.io import read_json
 
     path = tmp_path / "f.json"
     path.write_bytes(content)

@@ -19,8 +19,8 @@ from reservoir.backbones import load_backbone
 from reservoir.backbones.arch import ARCHS, get_module, norm_types
 from reservoir.backbones.load import TINY_CONFIGS, _load_hf
 from reservoir.errors import ReservoirError
-from reservoir.freeze import GROUPS, apply_freeze, parameter_groups
 from reservoir.readouts.features import apply_final_norm
+from reservoir.training.freeze import GROUPS, apply_freeze, parameter_groups
 
 FAMILIES = {"gpt2": "tiny-gpt2", "bert": "tiny-bert", "llama": "tiny-llama", "mistral": "tiny-mistral",
             "qwen2": "tiny-qwen2", "qwen3": "tiny-qwen3", "gemma": "tiny-gemma", "gemma2": "tiny-gemma2",

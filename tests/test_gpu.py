@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.extraction import ExtractConfig, run as run_extract
+from reservoir.extraction import ExtractConfig
+from reservoir.extraction import run as run_extract
 from reservoir.store import FeatureStore
 
 pytestmark = pytest.mark.gpu
@@ -81,7 +82,7 @@ def test_every_family_in_bf16_on_cuda_is_within_2_percent_of_float32(name):
 
 def test_cached_head_on_cuda_equals_the_cpu_head():
     """The fused Adam kernel on the CPU, on CUDA eagerly and on CUDA in captured 32-step graphs: the same head."""
-    from reservoir.cached import CachedHead
+    from reservoir.training.cached import CachedHead
 
     gen = torch.Generator().manual_seed(0)
     X, Y = torch.randn(1040, 1, 64, generator=gen), torch.randint(0, 10, (1040, 1, 1), generator=gen)

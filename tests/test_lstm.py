@@ -9,9 +9,10 @@ from torch.nn import functional as F
 from reservoir.backbones import backbone_names, load_backbone
 from reservoir.backbones.lstm import LSTMBackbone
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, run as run_extract
-from reservoir.freeze import GROUPS, PRESETS, apply_freeze, parse_groups
+from reservoir.extraction import ExtractConfig
+from reservoir.extraction import run as run_extract
 from reservoir.training import ReservoirClassifier, TrainConfig, run
+from reservoir.training.freeze import GROUPS, PRESETS, apply_freeze, parse_groups
 
 
 def _manual_lstm(lstm: torch.nn.LSTM, x: torch.Tensor) -> torch.Tensor:

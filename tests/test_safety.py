@@ -20,11 +20,11 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from reservoir.attention import attention
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.recipes import Recipe, run_recipe
 from reservoir.training import TrainConfig, run
+from reservoir.training.attention import attention
 
 XOR = {"n_train": 80, "n_test": 40, "n_bits": 2}
 XOR_ARGS = ["--task", "bit-xor", "-p", "n_train=80", "-p", "n_test=40", "-p", "n_bits=2"]

@@ -12,11 +12,12 @@ import reservoir.store
 from reservoir.backbones import load_backbone
 from reservoir.batching import plan_order, plan_windows
 from reservoir.bench import BenchResult
-from reservoir.cached import CachedHead
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, run as run_extract, extract_rows
+from reservoir.extraction import ExtractConfig, extract_rows
+from reservoir.extraction import run as run_extract
 from reservoir.store import FeatureStore
+from reservoir.training.cached import CachedHead
 from reservoir.writer import ChunkWriter
 
 LISTOPS = {"n_train": 150, "n_test": 40, "min_length": 5, "max_length": 90}

@@ -10,8 +10,8 @@ import torch
 
 from reservoir.backbones import load_backbone
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, run as run_extract
-from reservoir.freeze import GROUPS, apply_freeze, parse_groups
+from reservoir.extraction import ExtractConfig
+from reservoir.extraction import run as run_extract
 from reservoir.training import (
     Feeder,
     ReservoirClassifier,
@@ -25,6 +25,7 @@ from reservoir.training import (
     steps_to_converge,
     train,
 )
+from reservoir.training.freeze import GROUPS, apply_freeze, parse_groups
 
 XOR = {"n_train": 400, "n_test": 200, "n_bits": 3}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from reservoir.backbones.arch import arch_for
 from reservoir.errors import ReservoirError
-from reservoir.tasks.files import one_line
+from reservoir.io import one_line
 
 log = logging.getLogger("reservoir")
 
@@ -23,8 +23,10 @@ log = logging.getLogger("reservoir")
 HUB_TIMEOUT_S = 3.0
 
 
-def hub_offline(name: str, revision: str) -> bool:
+def hub_offline(name: str, revision: str, builtin: list[str]) -> bool:
     """Whether hub id ``name`` must load from the local Hugging Face cache alone (no network).
+
+    ``builtin``: the names that need no hub (named in the one-line refusals).
 
     True under ``HF_HUB_OFFLINE`` or when the hub does not answer within
     :data:`HUB_TIMEOUT_S`; then, unless the id's ``config.json`` is cached at
@@ -34,9 +36,7 @@ def hub_offline(name: str, revision: str) -> bool:
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    from reservoir.backbones.load import backbone_names
-
-    expected = f"expected a built-in name ({', '.join(backbone_names())}), a model folder, or a hub id"
+    expected = f"expected a built-in name ({', '.join(builtin)}), a model folder, or a hub id"
     try:
         validate_repo_id(name)
     except HFValidationError as err:

@@ -69,7 +69,7 @@ class LSTMBackbone(ReservoirBackbone):
         Provenance (``family="lstm"``).
     """
 
-    #: No architecture-table entry: :func:`reservoir.freeze.parameter_groups` asks :meth:`parameter_groups`.
+    #: No architecture-table entry: :func:`reservoir.training.freeze.parameter_groups` asks :meth:`parameter_groups`.
     arch = None
 
     def __init__(self, stack: LSTMStack, depth: int, projection: nn.Linear, info: BackboneInfo):

@@ -5,7 +5,7 @@
 * the one-time extraction (task, model, pass) and a bare forward of the same
   model over the same batches, so the pass's overhead is a ratio;
 * (a) one epoch of output-only training: live (frozen forward every batch,
-  then the head update) vs from the store (:class:`~reservoir.cached.CachedHead`:
+  then the head update) vs from the store (:class:`~reservoir.training.cached.CachedHead`:
   features resident on the device, a few fused operations a step), at the
   asked batch size (Lu et al. train with batches of up to 16) and at a large
   batch (1024);
@@ -78,7 +78,7 @@ def _time_cached(head: torch.nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_clas
     """
     import copy
 
-    from reservoir.cached import CachedHead
+    from reservoir.training.cached import CachedHead
 
     trainer = CachedHead(copy.deepcopy(head), X, Y, n_classes)
     order = trainer.epoch_order(seed, 0)
@@ -182,8 +182,8 @@ class _Timing:
         return np.sort(np.random.default_rng(self.seed).permutation(self.n)[: self.max_live_rows])
 
     def model(self, groups: tuple[str, ...], first_block: int = 0):
-        from reservoir.freeze import apply_freeze
         from reservoir.training import ReservoirClassifier
+        from reservoir.training.freeze import apply_freeze
 
         d = self.data
         model = ReservoirClassifier(self.live_bb, d.n_out_tokens, self.n_heads, d.n_classes, seed=self.seed)
@@ -192,10 +192,10 @@ class _Timing:
 
     def output_only(self, store: Path, layer: int, extract_s: float) -> dict[str, Any]:
         """(a) Live forward + head vs the head on resident cached features, at the batch size and at 1024."""
-        from reservoir.cached import resident
         from reservoir.readouts.features import load_layer
         from reservoir.store import FeatureStore
         from reservoir.training import Feeder
+        from reservoir.training.cached import resident
 
         model = self.model(("output",))
         with FeatureStore.open(store) as st:

@@ -64,9 +64,9 @@ class PlainLoop:
         from reservoir.backbones.arch import arch_for
         from reservoir.backbones.load import orthogonal_projection
         from reservoir.backbones.model import Backbone
-        from reservoir.freeze import apply_freeze, parse_groups
         from reservoir.training import ReservoirClassifier, heads_per_token
         from reservoir.training.data import EpochOrder
+        from reservoir.training.freeze import apply_freeze, parse_groups
         from reservoir.training.loop import _set_dropout
 
         if config.backbone.startswith("lstm-"):

@@ -61,7 +61,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
         except json.JSONDecodeError:
             params[key.strip()] = value
         except (RecursionError, ValueError) as err:  # nested too deeply; an integer of more than 4,300 digits
-            from reservoir.tasks.files import one_line
+            from reservoir.io import one_line
 
             found = "JSON nested too deeply to read" if isinstance(err, RecursionError) else one_line(err)
             raise click.BadParameter(f"expected a JSON value or plain text for {key.strip()!r}, found {found} "
@@ -71,7 +71,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 def _check_out(out: str | None) -> None:
     """Refuse an --out file that cannot be written before the work whose result it will hold."""
-    from reservoir.results import writable_folder
+    from reservoir.io import writable_folder
 
     if out is not None:
         if Path(out).is_dir():

@@ -133,7 +133,7 @@ def _write_npz(path: Path, arrays: dict) -> None:
     import numpy as np
 
     from reservoir.errors import ReservoirError
-    from reservoir.tasks.files import publish
+    from reservoir.io import publish
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
     try:

@@ -96,9 +96,9 @@ def plot():
 def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
                    layer, example, split, device, out):
     """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
-    from reservoir.attention import attention, summary
-    from reservoir.attention import plot_attention as draw
     from reservoir.results import writable_folder
+    from reservoir.training.attention import attention, summary
+    from reservoir.training.attention import plot_attention as draw
 
     if out is not None:
         writable_folder(Path(out).absolute().parent)  # before any training or drawing

@@ -58,7 +58,7 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
     from sklearn.utils.validation import check_is_fitted
 
     from reservoir.results import write_result
-    from reservoir.tasks.files import publish
+    from reservoir.io import publish
 
     check_is_fitted(est)
     weights, info = _files(base)
@@ -97,7 +97,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
 
     from reservoir.readouts.logistic import LogisticReadout
     from reservoir.readouts.ridge import RidgeReadout
-    from reservoir.tasks.files import read_json
+    from reservoir.io import read_json
 
     weights, info = _files(base)
     meta = read_json(info, "a probe JSON object")

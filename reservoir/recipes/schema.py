@@ -120,9 +120,9 @@ class Cell:
     max_live_rows: int = 1024
 
     def __post_init__(self) -> None:
-        from reservoir.freeze import parse_groups
         from reservoir.tasks import TASKS
         from reservoir.training import BOUNDS, check_number, parse_lr_sweep
+        from reservoir.training.freeze import parse_groups
 
         w = self.where
         _choices([self.kind], KINDS, "kind", w)

@@ -300,7 +300,7 @@ def repair(store: FeatureStore, fixed: dict[str, np.ndarray], progress: bool = F
     """Rewrite damaged fixed arrays from ``fixed`` and mark damaged chunks unwritten (see :meth:`FeatureStore.repair`)."""
     import logging
 
-    from reservoir.store.files import cause as _cause
+    from reservoir.io import cause as _cause
 
     log = logging.getLogger("reservoir")
     bad, bad_fixed = store.verify(progress), verify_fixed(store)

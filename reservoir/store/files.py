@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
+from reservoir.io import cause
 from reservoir.store import checks
 from reservoir.store.backends import BACKENDS, Backend, Format
 
@@ -45,17 +45,6 @@ def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
     """
     target = min(MAX_CHUNK_BYTES, max(MIN_CHUNK_BYTES, n_rows * row_bytes // CHUNKS_PER_SPLIT))
     return max(1, min(max(n_rows, 1), math.ceil(target / max(row_bytes, 1))))
-
-
-def cause(err: BaseException) -> str:
-    """The cause of a library error in a few words (HDF5's messages span lines and carry a C-level report)."""
-    if isinstance(err, OSError) and err.errno:
-        return os.strerror(err.errno)
-    text = str(err).strip()
-    found = re.search(r"error message = '([^']+)'", text)
-    if found:
-        return found.group(1)
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, projection_weight,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import one_line
 from reservoir.tasks.base import Split, TaskData
-from reservoir.tasks.files import one_line
 from reservoir.tasks.params import int_param
 
 __all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack"]

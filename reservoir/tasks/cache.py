@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from reservoir import __version__
+from reservoir.io import read_json
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
-from reservoir.tasks.files import read_json
 
 log = logging.getLogger("reservoir")
 

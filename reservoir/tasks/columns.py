@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.tasks.files import one_line
+from reservoir.io import one_line
 
 __all__ = ["SPLIT_COLUMN", "label_array", "read_tables", "sequence_arrays"]
 

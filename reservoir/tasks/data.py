@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import one_line
 from reservoir.tasks.arrays import checked_task
 from reservoir.tasks.base import TaskData, TaskSpec, register
-from reservoir.tasks.files import one_line
 
 __all__ = ["build_data", "check_split", "read_npz"]
 

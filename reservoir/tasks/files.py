@@ -1,15 +1,15 @@
 """Reading data files safely: where they lie, downloads that never leave partial files, pickles that only hold
-data, JSON.
+data.
 
 Shared by the task modules that read files a researcher downloads (images,
-remote homology), the task cache and the results report.
+remote homology). The low-level helpers every package shares (one-line
+errors, JSON, atomic publishing) live in :mod:`reservoir.io`.
 """
 
 from __future__ import annotations
 
 import codecs
 import io
-import json
 import os
 import pickle
 import shutil
@@ -22,52 +22,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import one_line, publish
 
-__all__ = ["data_folder", "download_file", "load_pickle", "one_line", "read_json"]
-
-
-def one_line(err: Any) -> str:
-    """An exception (or anything) as text on one line."""
-    return " ".join(str(err).split()) or type(err).__name__
-
-
-def read_json(path: str | os.PathLike, expected: str) -> Any:
-    """The JSON value in the file ``path``; any reason it cannot be read is one line naming the file.
-
-    ``expected`` says what the file should hold (e.g. ``"a results JSON
-    object"``); the ReservoirError reads ``<path>: expected <expected>; found
-    <what>`` for a missing or unreadable file, text that is not UTF-8, invalid
-    JSON, or JSON nested too deeply to parse.
-
-    Examples
-    --------
-    >>> read_json(os.devnull, "a JSON object")
-    Traceback (most recent call last):
-    ...
-    reservoir.errors.ReservoirError: /dev/null: expected a JSON object; found invalid JSON (Expecting value at line 1)
-    """
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as err:
-        found = err.strerror or one_line(err)
-    except UnicodeDecodeError as err:
-        found = f"text that is not UTF-8 ({one_line(err)})"
-    except json.JSONDecodeError as err:
-        found = f"invalid JSON ({err.msg} at line {err.lineno})"
-    except RecursionError:
-        found = "JSON nested too deeply to read"
-    except ValueError as err:  # e.g. an integer of more than 4,300 digits
-        found = f"unreadable JSON ({one_line(err)})"
-    raise ReservoirError(f"{path}: expected {expected}; found {found}")
-
-
-def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Move a finished temporary file into place with ordinary permissions (mkstemp makes it 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-    os.replace(tmp, dest)
+__all__ = ["data_folder", "download_file", "load_pickle"]
 
 
 def download_file(url: str, dest: str, names: str) -> None:

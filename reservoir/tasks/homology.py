@@ -33,9 +33,10 @@ from numbers import Integral
 from typing import Any
 
 from reservoir.errors import ReservoirError
+from reservoir.io import read_json
 from reservoir.tasks.arrays import encode
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
-from reservoir.tasks.files import load_pickle, read_json
+from reservoir.tasks.files import load_pickle
 from reservoir.tasks.params import choice_param, int_param
 
 __all__ = ["AMINO_ACIDS", "N_FOLDS", "TAPE_SPLITS", "VOCAB", "build_remote_homology", "encode_records",

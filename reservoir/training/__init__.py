@@ -19,7 +19,7 @@ The package, in the order a run uses it:
 - :mod:`~reservoir.training.stores`: training from split-point and last-token stores;
 - :mod:`~reservoir.training.sweeps`: lr sweeps, :class:`SweepResult`.
 
-Checkpoints (:mod:`reservoir.checkpoint`) hold tensors and plain data only
+Checkpoints (:mod:`reservoir.training.checkpoint`) hold tensors and plain data only
 and are read with ``torch.load(..., weights_only=True)``.
 
 Examples

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from reservoir import checkpoint as ckpt
 from reservoir.errors import ReservoirError
+from reservoir.io import one_line, read_json
 from reservoir.runtime import check_positions, resolve_device
-from reservoir.tasks.files import one_line, read_json
+from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import TrainData

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from reservoir.settings import slug
 from reservoir.errors import ReservoirError
-from reservoir.freeze import parse_groups
+from reservoir.settings import slug
+from reservoir.training.freeze import parse_groups
 
 
 class _Bound(NamedTuple):

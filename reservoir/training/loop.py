@@ -20,14 +20,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir import checkpoint as ckpt
 from reservoir.errors import ReservoirError
-from reservoir.freeze import apply_freeze, describe, parse_groups
-from reservoir.results import Result, writable_folder
+from reservoir.io import writable_folder
+from reservoir.results import Result
 from reservoir.runtime import attention_backends, autocast
+from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData
+from reservoir.training.freeze import apply_freeze, describe, parse_groups
 from reservoir.training.step import Stepper, adam, restore_optimizer_flags
 
 

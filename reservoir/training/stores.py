@@ -5,7 +5,7 @@ state at layer ``S``: :func:`build_from_store` rebuilds the backbone from the
 store's provenance and feeds those states to blocks ``S+1..K``, so the run
 equals a live run with ``split_layer=S``. A last-token store holds the
 features the head reads: :func:`train_cached` trains the output layer alone
-on them with :class:`~reservoir.cached.CachedHead`, at the cost of the head.
+on them with :class:`~reservoir.training.cached.CachedHead`, at the cost of the head.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from reservoir import checkpoint as ckpt
 from reservoir.errors import ReservoirError
-from reservoir.freeze import parse_groups
-from reservoir.results import writable_folder
+from reservoir.io import writable_folder
 from reservoir.runtime import resolve_device
+from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val
+from reservoir.training.freeze import parse_groups
 from reservoir.training.loop import TrainResult, scored_metrics, steps_to_converge
 
 
@@ -120,7 +120,7 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     the test split is evaluated once with it. With ``out``, writes
     ``best.pt`` (the head's tensors) and ``results.json`` there.
     """
-    from reservoir.cached import CachedHead
+    from reservoir.training.cached import CachedHead
 
     if parse_groups(config.finetune) != ("output",):
         raise ReservoirError(f"{config.from_store}: expected a split-point store (extract --full-seq-layer S) to "
@@ -163,9 +163,9 @@ def _resident_splits(config: TrainConfig, device) -> tuple[dict[str, tuple[torch
     Without a ``val`` split, a seeded ``config.val_fraction`` of train is
     held out as in live training.
     """
-    from reservoir.cached import resident
     from reservoir.readouts.features import load_layer
     from reservoir.store import FeatureStore
+    from reservoir.training.cached import resident
 
     with FeatureStore.open(config.from_store) as st:
         K = max(st.layers) if config.layers is None else config.layers

@@ -21,7 +21,7 @@ from torch import nn
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
-from reservoir.tasks.files import one_line, publish
+from reservoir.io import one_line, publish
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.training import TrainConfig
