@@ -11,9 +11,10 @@ import re
 from numbers import Integral
 from typing import Any
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 
-AMPS = ("auto", "bf16", "fp16", "none")
+AMPS = options.AMPS
 #: The largest seed every consumer takes (torch generators, numpy, scikit-learn's ``random_state``).
 SEED_MAX = 2**32 - 1
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")

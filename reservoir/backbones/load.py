@@ -43,12 +43,13 @@ from reservoir.backbones.arch import arch_for, get_module
 from reservoir.backbones.hub import from_pretrained, hub_offline, load_error
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.runtime import check_seed
 
 log = logging.getLogger("reservoir")
 
-INITS = ("pretrained", "random", "stats")
+INITS = options.INITS
 
 _TINY = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=16)
 _TINY_DECODER = dict(_TINY, num_key_value_heads=1, max_position_embeddings=1024)
@@ -210,7 +211,7 @@ def weights_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def orthogonal_projection(d_in: int, n_dim: int, gain: float = 1.41, seed: int = 0) -> nn.Linear:
+def orthogonal_projection(d_in: int, n_dim: int, gain: float = options.PROJECTION_GAIN, seed: int = 0) -> nn.Linear:
     """The fixed input map: ``Linear(d_in, n_dim)``, orthogonal weight scaled by ``gain``, zero bias.
 
     Examples
@@ -234,7 +235,7 @@ def load_backbone(
     depth: int | None = None,
     d_in: int,
     seed: int = 0,
-    projection_gain: float = 1.41,
+    projection_gain: float = options.PROJECTION_GAIN,
     projection_seed: int | None = None,
     revision: str | None = None,
     attn_implementation: str = "sdpa",

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, step_options
+from reservoir.cli.common import (
+    SEED,
+    _check_out,
+    _parse_layers,
+    _task_from,
+    amp_option,
+    backbone_option,
+    ci,
+    data_options,
+    device_option,
+    init_option,
+    step_options,
+)
 from reservoir.errors import ReservoirError
 
 
@@ -14,9 +26,8 @@ def _live_options(f):
         click.option("--task", default=None, help="Task name; or --data PATH."),
         data_options,
         click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable."),
-        click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder."),
-        click.option("--init", default="pretrained", show_default=True,
-                     type=click.Choice(["pretrained", "random", "stats"])),
+        backbone_option(),
+        init_option(),
         click.option("--layers", default=None, type=int, help="Depth K (default all)."),
     ]):
         f = option(f)
@@ -32,16 +43,16 @@ def bench():
 @click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH.")
 @data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@backbone_option()
+@init_option()
 @click.option("--layers", default=None, help="Depth K, a list like 0,3,6, or 'all'.")
 @click.option("--format", "fmt", default="zarr", show_default=True, type=click.Choice(["zarr", "hdf5"]),
               help="Backend of the temporary store.")
 @click.option("--batch-size", default=None, type=int, help="Most sequences per forward (default 64 without --max-tokens).")
 @click.option("--max-tokens", default=None, type=int, help="Token budget per forward (rows x longest length).")
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]))
+@device_option()
+@amp_option()
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the inits and the input projection.")
 @click.option("--full-seq-layer", default=None, type=int, help="Also store every position at this layer.")
 @click.option("--truncate", is_flag=True, help="Cut sequences longer than the backbone's positions.")
@@ -77,7 +88,7 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
 @click.option("--max-live-rows", default=1024, show_default=True, type=int,
               help="Rows timed for each live epoch (scaled to the full epoch).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@device_option()
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_speedup(task, data, input_column, label_column, params, backbone, init, layers, split_layer, batch_size,
                   max_live_rows, seed, device, out):
@@ -101,7 +112,7 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 @click.option("--steps", default=50, show_default=True, type=int, help="Steps timed on each side.")
 @click.option("--warmup", default=10, show_default=True, type=int, help="Untimed steps first, on each side.")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@device_option()
 @step_options
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_train(task, data, input_column, label_column, params, backbone, init, layers, finetune, batch_size, lr,

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.runtime import SEED_MAX
 
@@ -122,11 +123,38 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
     return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}
 
 
+def backbone_option(help: str = "Backbone name, hub id or local folder.") -> Any:
+    """``--backbone`` (default :data:`reservoir.options.DEFAULT_BACKBONE`)."""
+    return click.option("--backbone", default=options.DEFAULT_BACKBONE, show_default=True, help=help)
+
+
+def init_option(help: str = "Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std "
+                            "redraw.") -> Any:
+    """``--init``, one of :data:`reservoir.options.INITS`."""
+    return click.option("--init", default=options.INITS[0], show_default=True, type=click.Choice(options.INITS),
+                        help=help)
+
+
+def device_option(default: str = "auto", help: str = options.DEVICE_HELP) -> Any:
+    """``--device``: cpu, cuda, cuda:N or auto."""
+    return click.option("--device", default=default, show_default=True, help=help)
+
+
+def amp_option(help: str = "Autocast dtype on CUDA (auto: bf16 where supported).") -> Any:
+    """``--amp``, one of :data:`reservoir.options.AMPS`."""
+    return click.option("--amp", default=options.AMPS[0], show_default=True, type=click.Choice(options.AMPS),
+                        help=help)
+
+
+def gain_option() -> Any:
+    """``--gain`` (default :data:`reservoir.options.PROJECTION_GAIN`)."""
+    return click.option("--gain", default=options.PROJECTION_GAIN, show_default=True, type=float,
+                        help="Gain of the orthogonal input projection.")
+
+
 def step_options(f: Any) -> Any:
     """``--amp`` and ``--cuda-graphs``: how a live training step runs (``train``, ``bench train``)."""
     f = click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
                      help="Capture the training step as one CUDA graph (auto: on CUDA when every train row has one "
                           "length).")(f)
-    return click.option("--amp", default="auto", show_default=True,
-                        type=click.Choice(["auto", "bf16", "fp16", "none"]),
-                        help="Autocast on CUDA (float32 master weights).")(f)
+    return amp_option(help="Autocast on CUDA (float32 master weights).")(f)

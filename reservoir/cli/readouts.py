@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, device_option
 
 
 def _pct(value: float) -> str:
@@ -53,8 +53,8 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of the validation split, the path's subsample, the learning curve and the bootstrap.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
-@click.option("--device", default="cpu", show_default=True,
-              help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge readout runs on the CPU.")
+@device_option(default="cpu", help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge "
+                                   "readout runs on the CPU.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""

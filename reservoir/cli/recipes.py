@@ -6,6 +6,8 @@ import textwrap
 
 import click
 
+from reservoir.cli.common import device_option
+
 
 @click.group()
 def recipe():
@@ -25,7 +27,7 @@ def recipe_list():
 @recipe.command("run")
 @click.argument("ref", metavar="NAME|PATH")
 @click.option("--out", default=None, help="Results folder. Default: results/<recipe name>.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@device_option()
 @click.option("--cache", "cache_dir", default="cache/recipes", show_default=True,
               help="Where fit-linear feature stores are kept (reused across recipes when settings match).")
 @click.option("--force", is_flag=True, help="Redo runs whose results already exist.")

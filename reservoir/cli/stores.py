@@ -7,7 +7,17 @@ import sys
 
 import click
 
-from reservoir.cli.common import SEED, _parse_layers, _task_from, data_options
+from reservoir.cli.common import (
+    SEED,
+    _parse_layers,
+    _task_from,
+    amp_option,
+    backbone_option,
+    data_options,
+    device_option,
+    gain_option,
+    init_option,
+)
 from reservoir.errors import ReservoirError
 
 
@@ -16,11 +26,9 @@ from reservoir.errors import ReservoirError
 @data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
               help="Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).")
-@click.option("--backbone", default="minilm", show_default=True,
-              help="minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny-vit, ...), a hub id (gpt2, "
-                   "EleutherAI/pythia-410m) or a local model folder.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
-              help="Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std redraw.")
+@backbone_option(help="minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny-vit, ...), a hub id (gpt2, "
+                      "EleutherAI/pythia-410m) or a local model folder.")
+@init_option()
 @click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
 @click.option("--pooling", default="last", show_default=True, metavar="last|first|mean",
               help="How each layer becomes a row: the last real token, the first token, the mean over real tokens; "
@@ -33,11 +41,10 @@ from reservoir.errors import ReservoirError
 @click.option("--max-tokens", default=None, type=int,
               help="Token budget per forward pass (rows x longest length): short sequences travel in large batches.")
 @click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]), help="Stored feature dtype.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--amp", default="auto", show_default=True, type=click.Choice(["auto", "bf16", "fp16", "none"]),
-              help="Autocast dtype on CUDA (auto: bf16 where supported).")
+@device_option()
+@amp_option()
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random/stats inits and the input projection.")
-@click.option("--gain", default=1.41, show_default=True, type=float, help="Gain of the orthogonal input projection.")
+@gain_option()
 @click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
 @click.option("--full-seq-layer", default=None, type=int,
               help="Also store every position's state at this layer: a split-point store for `train --from-store`.")

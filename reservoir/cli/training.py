@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options, step_options
+from reservoir.cli.common import (
+    SEED,
+    _Group,
+    _task_from,
+    backbone_option,
+    ci,
+    data_options,
+    device_option,
+    init_option,
+    step_options,
+)
 
 
 @click.command()
@@ -16,9 +26,8 @@ from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options, ste
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
 @click.option("--from-store", default=None, type=click.Path(),
               help="Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.")
-@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]),
-              help="Backbone weights.")
+@backbone_option()
+@init_option()
 @click.option("--layers", default=None, type=int, help="Depth K: keep blocks 1..K (default all).")
 @click.option("--finetune", default="fpt", show_default=True,
               help="Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
@@ -35,7 +44,7 @@ from reservoir.cli.common import SEED, _Group, _task_from, ci, data_options, ste
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
 @click.option("--split-layer", default=0, show_default=True, type=int,
               help="Train only blocks above this layer (what a split-point store at this layer allows).")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@device_option()
 @step_options
 @click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -82,8 +91,8 @@ def plot():
 @click.option("--task", default=None, help="Task to train on when --run is not given (e.g. bit-xor); or --data PATH.")
 @data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@click.option("--backbone", default="minilm", show_default=True, help="Backbone name, hub id or local folder.")
-@click.option("--init", default="pretrained", show_default=True, type=click.Choice(["pretrained", "random", "stats"]))
+@backbone_option()
+@init_option()
 @click.option("--finetune", default="fpt", show_default=True, help="Groups trained (as in `reservoir train`).")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
 @click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000).")
@@ -91,7 +100,7 @@ def plot():
 @click.option("--layer", default=1, show_default=True, type=int, help="Block whose attention is drawn (1 = first).")
 @click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")
 @click.option("--split", default="test", show_default=True, help="Split the example comes from.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@device_option()
 @click.option("--out", default=None, help="PNG path. Default: <run>/attention-layer<L>-example<N>.png.")
 def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
                    layer, example, split, device, out):

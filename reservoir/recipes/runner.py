@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.settings import describe_difference, first_difference
 from reservoir.recipes.files import load_recipe
@@ -50,7 +51,7 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     c = run.cell
     task = load_task(run.task, c.task_params)
     key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
-           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": 1.41}
+           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": options.PROJECTION_GAIN}
     path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
     _check_inside(path, cache_dir)
     if path.exists():

@@ -52,24 +52,41 @@ def detect_format(path: str | os.PathLike, fmt: str | None = None) -> Format:
     return "hdf5" if p.suffix.lower() in (".h5", ".hdf5", ".hdf") else "zarr"
 
 
-class Backend:
-    """Per-backend operations of :class:`~reservoir.store.FeatureStore`."""
+#: How a backend opens a store: read, read and write, or create (refusing an existing one).
+Mode = Literal["r", "r+", "w"]
 
-    def __init__(self, path: Path, mode: str):
+
+class Backend:
+    """Per-backend operations of :class:`~reservoir.store.FeatureStore` (each backend implements all of them)."""
+
+    def __init__(self, path: Path, mode: Mode):
         self.path = path
         self.mode = mode
 
-    def read_attrs(self) -> dict[str, Any]: ...
-    def write_attrs(self, attrs: dict[str, Any]) -> None: ...
-    def array(self, name: str): ...
-    def create(self, name: str, shape, dtype, chunk_rows: int): ...
-    def has(self, name: str) -> bool: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
+    def read_attrs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def write_attrs(self, attrs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def array(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def create(self, name: str, shape, dtype, chunk_rows: int) -> Any:
+        raise NotImplementedError
+
+    def has(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 class ZarrBackend(Backend):
-    def __init__(self, path: Path, mode: str):
+    def __init__(self, path: Path, mode: Mode):
         super().__init__(path, mode)
         import zarr
 
@@ -111,7 +128,7 @@ class ZarrBackend(Backend):
 
 
 class H5Backend(Backend):
-    def __init__(self, path: Path, mode: str):
+    def __init__(self, path: Path, mode: Mode):
         super().__init__(path, mode)
         import h5py
 

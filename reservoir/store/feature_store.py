@@ -47,7 +47,7 @@ from reservoir import settings
 from reservoir.errors import ReservoirError
 from reservoir.store import checks
 from reservoir.store import lock as locks
-from reservoir.store.backends import BACKENDS, Backend, Format, detect_format
+from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format
 from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries, store_path
 
 
@@ -86,7 +86,7 @@ class FeatureStore:
 
     # -- opening -----------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, mode: str = "r", allow_incomplete: bool = False,
+    def open(cls, path: str | os.PathLike, mode: Mode = "r", allow_incomplete: bool = False,
              _lock: locks.StoreLock | locks.SharedLock | None = None) -> "FeatureStore":
         """Open an existing store for reading; refuses anything that is not a whole store of ours.
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.settings import slug
 from reservoir.training.freeze import parse_groups
@@ -90,7 +91,7 @@ class TrainConfig:
     """
 
     task: str = field(metadata={"help": "registered task name"})
-    backbone: str = field(default="minilm", metadata={"help": "backbone name, hub id or folder"})
+    backbone: str = field(default=options.DEFAULT_BACKBONE, metadata={"help": "backbone name, hub id or folder"})
     init: str = field(default="pretrained", metadata={"help": "pretrained | random | stats"})
     layers: int | None = field(default=None, metadata={"help": "depth K: blocks 1..K; default all"})
     finetune: str = field(default="fpt", metadata={"help": "groups to train: fpt, all, output or a comma list"})
@@ -104,7 +105,7 @@ class TrainConfig:
     dropout: float = field(default=0.0, metadata={"help": "dropout inside the backbone while training"})
     grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
     val_fraction: float = field(default=0.1, metadata={"help": "train share held out when the task has no val"})
-    projection_gain: float = field(default=1.41, metadata={"help": "gain of the orthogonal input projection"})
+    projection_gain: float = field(default=options.PROJECTION_GAIN, metadata={"help": "gain of the orthogonal input projection"})
     split_layer: int = field(default=0, metadata={"help": "train only blocks above this layer (split point)"})
     from_store: str | None = field(default=None, metadata={"help": "split-point store to start from"})
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
