@@ -81,6 +81,7 @@ def plan_order(lengths: np.ndarray, batch_size: int | None = None,
     order = np.argsort(lengths, kind="stable")
     n = len(order)
     if max_tokens is None:
+        assert batch_size is not None  # set above when both are None
         return order, [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
     cap = batch_size or n
     sorted_len = lengths[order].tolist()

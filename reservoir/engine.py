@@ -77,27 +77,29 @@ class Engine:
         x, lens = self.upload(inputs, lengths, rows[order])
         sorted_len = lengths[rows[order]]
         full = self.full_seq_layer
-        feats = states = None
+        feats: torch.Tensor | None = None
+        states: torch.Tensor | None = None
         if keep:
-            shape = (len(self.layers), self.n_out, bb.n_dim)
+            shape: tuple[int, ...] = (len(self.layers), self.n_out, bb.n_dim)
             if self.poolings is not None:
                 shape = (len(self.poolings), *shape)  # (P, n_layers, n_out, n_dim) per row
             feats = torch.empty((n, *shape), dtype=self.out_dtype, device=self.device)
             if full is not None:
+                assert self.states_length is not None  # given with full_seq_layer
                 states = torch.zeros((n, self.states_length, bb.n_dim), dtype=self.out_dtype, device=self.device)
         for lo, hi in bounds:
             L = int(sorted_len[hi - 1])
             res = bb.features(x[lo:hi, :L], lens[lo:hi], self.layers, self.n_out, full,
                               padded=bool(sorted_len[lo] < L), poolings=self.poolings)
-            if keep:
+            if feats is not None:
                 f = res if full is None else res[0]  # (b, [P,] n_layers, n_out, n_dim)
                 feats[lo:hi] = f.to(self.out_dtype)
-                if full is not None:
+                if states is not None:
                     pad = torch.arange(L, device=self.device)[None, :] >= lens[lo:hi, None]  # (b, L)
                     states[lo:hi, :L] = res[1].masked_fill(pad[..., None], 0).to(self.out_dtype)
             if progress is not None:
                 progress.update(hi - lo)
-        if not keep:
+        if feats is None:
             return None, None
         inv = torch.from_numpy(np.argsort(order)).to(self.device)  # sorted position of each row
         return feats[inv], (None if states is None else states[inv])

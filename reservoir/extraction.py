@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir import distributed
+from reservoir import distributed, options
 from reservoir.batching import check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
 from reservoir.engine import Engine, extract_rows, to_host  # noqa: F401 (extract_rows re-exported)
@@ -49,7 +49,7 @@ class ExtractConfig:
     """Everything that defines one extraction (saved, in parts, in the store's attrs)."""
 
     task: str = field(metadata={"help": "registered task name"})
-    backbone: str = field(default="minilm", metadata={"help": "backbone name, hub id or folder"})
+    backbone: str = field(default=options.DEFAULT_BACKBONE, metadata={"help": "backbone name, hub id or folder"})
     init: str = field(default="pretrained", metadata={"help": "pretrained | random | stats"})
     layers: list[int] | int | None = field(
         default=None, metadata={"help": "depth K (store layers 0..K) or an explicit list; default all"}
@@ -58,7 +58,8 @@ class ExtractConfig:
     format: str | None = field(default=None, metadata={"help": "zarr | hdf5; default from the suffix"})
     task_params: dict[str, Any] = field(default_factory=dict, metadata={"help": "task parameters"})
     seed: int = field(default=0, metadata={"help": "seed of the random/stats inits and the projection"})
-    projection_gain: float = field(default=1.41, metadata={"help": "gain of the orthogonal input projection"})
+    projection_gain: float = field(default=options.PROJECTION_GAIN,
+                                   metadata={"help": "gain of the orthogonal input projection"})
     batch_size: int | None = field(default=None, metadata={
         "help": "most sequences per forward; default 64 without max_tokens, unbounded with it"})
     max_tokens: int | None = field(default=None, metadata={
@@ -283,8 +284,8 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None, pooli
     info = backbone.info
     config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(out),
                            format=format, task_params=task.params, seed=info.seed,
-                           projection_gain=(backbone.projection_info or {}).get("gain", 1.41), batch_size=batch_size,
-                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
+                           projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
+                           batch_size=batch_size, max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
                            full_seq_layer=full_seq_layer, truncate=truncate, pooling=check_poolings(pooling))
     _check_out(Path(out), format)
     with distributed.launch(Path(out), format, device, sharded) as job:  # one process, or a rank of a torchrun job

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reservoir import options
 from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
 from reservoir.runtime import check_seed, resolve_device
@@ -109,7 +110,7 @@ def head_step_ms(n_dim: int = 768, n_classes: int = 10, batch_size: int = 16, n_
 def speedup(
     task: str,
     task_params: dict[str, Any] | None = None,
-    backbone: str = "minilm",
+    backbone: str = options.DEFAULT_BACKBONE,
     init: str = "pretrained",
     layers: int | None = None,
     split_layer: int | None = None,

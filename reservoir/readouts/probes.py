@@ -57,12 +57,12 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
     from safetensors.numpy import save as st_save
     from sklearn.utils.validation import check_is_fitted
 
-    from reservoir.results import write_result
     from reservoir.io import publish
+    from reservoir.results import write_result
 
     check_is_fitted(est)
     weights, info = _files(base)
-    arrays = {"coef": np.ascontiguousarray(est.coef_, np.float32),
+    arrays: dict[str, np.ndarray] = {"coef": np.ascontiguousarray(est.coef_, np.float32),
               "intercept": np.ascontiguousarray(est.intercept_, np.float32),
               "classes": np.ascontiguousarray(est.classes_, np.int64)}
     if hasattr(est, "mean_"):
@@ -95,9 +95,9 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 
+    from reservoir.io import read_json
     from reservoir.readouts.logistic import LogisticReadout
     from reservoir.readouts.ridge import RidgeReadout
-    from reservoir.io import read_json
 
     weights, info = _files(base)
     meta = read_json(info, "a probe JSON object")

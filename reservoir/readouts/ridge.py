@@ -48,6 +48,7 @@ class _Stats:
     """Streamed ``Moments`` of X plus, per label, ``Σ (x - shift) [y_h = label]`` ``(d, H)`` and counts ``(H,)``."""
 
     def __init__(self, shift: np.ndarray, dtype=np.float64):
+        self.shift = shift  # (d,)
         self.x = Moments(shift, dtype=dtype)
         self.by_class: dict = {}
 
@@ -56,7 +57,9 @@ class _Stats:
             return
         present = np.unique(Y)  # (k,)
         O = (Y[:, :, None] == present).reshape(len(Y), -1)  # (m, H*k): label c of head h in column h*k + c
-        sums = self.x.update(X, O).reshape(-1, Y.shape[1], len(present))  # (d, H, k) shifted, float64
+        xt = self.x.update(X, O)
+        assert xt is not None  # asked for with targets
+        sums = xt.reshape(-1, Y.shape[1], len(present))  # (d, H, k) shifted, float64
         counts = O.sum(0).reshape(Y.shape[1], len(present))  # (H, k)
         for i, c in enumerate(present):
             s, k = sums[:, :, i], counts[:, i].astype(np.float64)  # (d, H), (H,)
@@ -65,7 +68,7 @@ class _Stats:
 
     def __sub__(self, other: _Stats) -> _Stats:
         """The statistics of the rows of ``self`` that are not in ``other`` (a subset of them)."""
-        out = _Stats(self.x.shift, self.x.dtype)
+        out = _Stats(self.shift, self.x.dtype)
         out.x = self.x - other.x
         out.by_class = dict(self.by_class)
         for c, (s, k) in other.by_class.items():
@@ -74,7 +77,7 @@ class _Stats:
         return out
 
     def __add__(self, other: _Stats) -> _Stats:
-        out = _Stats(self.x.shift, self.x.dtype)
+        out = _Stats(self.shift, self.x.dtype)
         out.x = self.x + other.x
         out.by_class = dict(self.by_class)
         for c, (s, k) in other.by_class.items():
@@ -84,7 +87,7 @@ class _Stats:
 
     def centred(self, classes: np.ndarray, n_heads: int):
         """``mean_x (d,)``, ``XcᵀXc (d, d)``, ``XcᵀYc (d, H*C)`` and ``mean_y (H*C,)`` for ``±1`` targets."""
-        n, d = max(self.x.n, 1), len(self.x.shift)
+        n, d = max(self.x.n, 1), len(self.shift)
         zero = (np.zeros((d, n_heads)), np.zeros(n_heads))
         S1 = np.stack([self.by_class.get(c, zero)[0] for c in classes], -1)  # (d, H, C)
         cnt = np.stack([self.by_class.get(c, zero)[1] for c in classes], -1)  # (H, C)
@@ -217,11 +220,12 @@ class RidgeReadout(base.LinearReadout):
 
         Rows are held out by :func:`holdout_mask` with ``seed``; none when ``seed`` is None.
         """
-        every = held = None
+        every: _Stats | None = None
+        held: _Stats | None = None
         start, y_shape = 0, ()
         for X, y in checked_chunks(self, train_chunks, first=True, dtype=self._dtype):
             Y = y.reshape(len(y), -1)  # (m, H)
-            if every is None:
+            if every is None or held is None:
                 shift = X[:MOMENT_BLOCK_ROWS].astype(np.float64).mean(0) if len(X) else np.zeros(X.shape[1])
                 dtype = np.float32 if self._coarse(X) else np.float64
                 every, held = _Stats(shift, dtype), _Stats(shift, dtype)
@@ -230,7 +234,7 @@ class RidgeReadout(base.LinearReadout):
                 m = holdout_mask(start, len(X), self.val_fraction, seed)
                 held.update(X[m], Y[m])
             start, y_shape = start + len(X), y.shape[1:]
-        if start == 0:
+        if start == 0 or every is None or held is None:
             raise ValueError("train_chunks yielded no rows; expected at least one (X, y) chunk with rows")
         return every, held, y_shape
 

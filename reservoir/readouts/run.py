@@ -100,7 +100,9 @@ def _check_readout(readout: str) -> None:
 
 def _wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[int]:
     """The asked layers, each checked to be in the store (before anything is fitted)."""
-    if layers == "all":
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ReservoirError(f"expected layers 'all', a layer or a list of layers; found {layers!r}")
         wanted = store.layers
     elif isinstance(layers, int):
         wanted = [layers]
@@ -254,7 +256,7 @@ def _check_sizes(sizes) -> list[int | None] | None:
     """``train_sizes`` checked: positive integers or ``None`` (every row), no repeats."""
     if sizes is None:
         return None
-    out = []
+    out: list[int | None] = []
     for s in sizes:
         if s is None or s == "all":
             out.append(None)

@@ -142,9 +142,11 @@ class Moments:
     """
 
     def __init__(self, shift: np.ndarray | None = None, full: bool = True, dtype=np.float64):
-        self.shift, self.full, self.n = shift, full, 0
+        self.shift: np.ndarray | None = shift
+        self.full, self.n = full, 0
         self.dtype = np.dtype(dtype)  # of the products; sums across blocks are float64 either way
-        self.s1 = self.sxx = None
+        self.s1: np.ndarray | None = None  # (d,) sum of shifted rows
+        self.sxx: np.ndarray | None = None  # (d, d), or (d,) when not full: sum of their squares
 
     def update(self, X: np.ndarray, targets: np.ndarray | None = None) -> np.ndarray | None:
         """Add rows ``X (n, d)`` (any float dtype; sums in float64, a block of rows at a time).
@@ -165,9 +167,9 @@ class Moments:
             B -= shift  # (m, d)
             s1 += B.sum(0, dtype=np.float64)
             sxx += B.T @ B if self.full else np.einsum("ij,ij->j", B, B)  # BᵀB: a symmetric rank-k update
-            if xt is not None:  # (k, m) @ (m, d), transposed: the fast layout for a few target columns
+            if xt is not None and targets is not None:  # (k, m) @ (m, d), transposed: fast for a few targets
                 xt += (targets[lo: lo + step].T.astype(self.dtype) @ B).T
-        if self.s1 is None:
+        if self.s1 is None or self.sxx is None:
             self.s1, self.sxx = s1, sxx
         else:
             self.s1, self.sxx = self.s1 + s1, self.sxx + sxx
@@ -176,32 +178,45 @@ class Moments:
 
     def __add__(self, other: Moments) -> Moments:
         """The moments of both row sets; both must be shifted alike (else the sums would not add up)."""
-        if other.full != self.full or not (other.shift is self.shift or np.array_equal(other.shift, self.shift)):
+        if other.full != self.full or not _same(other.shift, self.shift):
             raise ValueError("expected Moments with the same shift and kind to add up; found different ones")
         if other.s1 is None:
             return self
         if self.s1 is None:
             return other
         out = Moments(self.shift, self.full, self.dtype)
-        out.n, out.s1, out.sxx = self.n + other.n, self.s1 + other.s1, self.sxx + other.sxx
+        out.n, out.s1, out.sxx = self.n + other.n, self.s1 + other.s1, _sum(self.sxx) + _sum(other.sxx)
         return out
 
     def __sub__(self, other: Moments) -> Moments:
         """The moments of the rows of ``self`` not in ``other`` (a subset of them, shifted alike)."""
-        if other.full != self.full or not (other.shift is self.shift or np.array_equal(other.shift, self.shift)):
+        if other.full != self.full or not _same(other.shift, self.shift):
             raise ValueError("expected Moments with the same shift and kind to subtract; found different ones")
         if other.s1 is None:
             return self
         out = Moments(self.shift, self.full, self.dtype)
-        out.n, out.s1, out.sxx = self.n - other.n, self.s1 - other.s1, self.sxx - other.sxx
+        out.n, out.s1, out.sxx = self.n - other.n, _sum(self.s1) - other.s1, _sum(self.sxx) - _sum(other.sxx)
         return out
 
     @property
     def mean(self) -> np.ndarray:
         """The mean row ``(d,)``."""
-        return self.shift + self.s1 / max(self.n, 1)  # (d,)
+        return _sum(self.shift) + _sum(self.s1) / max(self.n, 1)  # (d,)
 
     def scatter(self) -> np.ndarray:
         """Centred ``Xcᵀ Xc`` ``(d, d)`` (its diagonal ``(d,)`` when ``full=False``)."""
-        m = self.s1 / max(self.n, 1)
-        return self.sxx - (np.outer(self.s1, m) if self.full else self.s1 * m)
+        s1 = _sum(self.s1)
+        m = s1 / max(self.n, 1)
+        return _sum(self.sxx) - (np.outer(s1, m) if self.full else s1 * m)
+
+
+def _sum(a: np.ndarray | None) -> np.ndarray:
+    """A sum of :class:`Moments` that rows have been added to (one line if none were)."""
+    if a is None:
+        raise ValueError("expected Moments with rows added; found none")
+    return a
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Whether two shifts are one (both unset, or equal arrays)."""
+    return a is b or (a is not None and b is not None and bool(np.array_equal(a, b)))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.settings import slug
 
@@ -102,7 +103,7 @@ class Cell:
     task_params: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
     tag: str | None = None
-    backbone: list[str] = field(default_factory=lambda: ["minilm"])
+    backbone: list[str] = field(default_factory=lambda: [options.DEFAULT_BACKBONE])
     init: list[str] = field(default_factory=lambda: ["pretrained"])
     layers: list[int | None] = field(default_factory=lambda: [None])
     fit_layers: str | list[int] = "all"
