@@ -25,12 +25,12 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from reservoir import distributed, options
-from reservoir.batching import check_batching, plan_order, plan_windows
+from reservoir.batching import Window, check_batching, plan_order, plan_windows
 from reservoir.errors import ReservoirError
 from reservoir.engine import Engine, extract_rows, to_host  # noqa: F401 (extract_rows re-exported)
 from reservoir.settings import slug
@@ -40,6 +40,13 @@ from reservoir.runtime import (  # noqa: F401 (autocast, resolve_device re-expor
     check_positions,
     resolve_device,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from reservoir.backbones.model import ReservoirBackbone
+    from reservoir.tasks import TaskData
+
 
 DTYPES = ("float16", "float32")
 
@@ -139,9 +146,9 @@ class Prepared:
     """A validated extraction before anything is written: task, backbone on its device, store settings."""
 
     config: ExtractConfig
-    task: Any
-    backbone: Any
-    device: Any
+    task: TaskData
+    backbone: ReservoirBackbone
+    device: torch.device
     layers: list[int]
     attrs: dict[str, Any]
     projection_weight: np.ndarray
@@ -285,8 +292,8 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None, pooli
     config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(out),
                            format=format, task_params=task.params, seed=info.seed,
                            projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
-                           batch_size=batch_size, max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=info.revision,
-                           full_seq_layer=full_seq_layer, truncate=truncate, pooling=check_poolings(pooling))
+                           batch_size=batch_size, max_tokens=max_tokens, dtype=dtype, device=device, amp=amp,
+                           revision=info.revision, full_seq_layer=full_seq_layer, truncate=truncate, pooling=check_poolings(pooling))
     _check_out(Path(out), format)
     with distributed.launch(Path(out), format, device, sharded) as job:  # one process, or a rank of a torchrun job
         prep = job.prepare(lambda cfg, t: _prepared(cfg, t, backbone, {}), config, task)
@@ -375,6 +382,28 @@ def _create_store(prep: Prepared, out: Path, progress: bool):
     )
 
 
+@dataclass
+class PlannedWindow:
+    """One window of one split as the pass runs it: its rows' length order and batch bounds, and the split's bar."""
+
+    name: str  # the split's name
+    split: Any  # the task's Split
+    window: Window
+    order: np.ndarray  # (n,) positions in window.rows, by increasing length
+    bounds: list[tuple[int, int]]  # batch i is order[lo:hi]
+    bar: Any  # the split's progress bar
+
+
+@dataclass
+class FinishedWindow:
+    """A computed window on its way to the store (what the pass hands the background writer)."""
+
+    planned: PlannedWindow
+    feats: Any  # (n, P, n_layers, n_out, n_dim) host tensor, pinned on CUDA
+    states: Any  # (n, L, n_dim) host tensor or None
+    ready: Any  # the CUDA event that marks the copy to the host done; None on the CPU
+
+
 def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.LOCAL) -> None:
     """Compute every unfinished chunk of every split and write it (the pass itself; ``job``: this rank's share)."""
     import torch
@@ -383,11 +412,12 @@ def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.L
 
     engine = prep.engine()
 
-    def write(item):
-        name, split, window, feats, states, ready = item
-        if ready is not None:
-            ready.synchronize()  # the window's device-to-host copy has landed
-        feats, states = feats.numpy(), None if states is None else states.numpy()  # feats (n, P, n_layers, ...)
+    def write(item: FinishedWindow) -> None:
+        name, split, window = item.planned.name, item.planned.split, item.planned.window
+        if item.ready is not None:
+            item.ready.synchronize()  # the window's device-to-host copy has landed
+        feats = item.feats.numpy()  # (n, P, n_layers, n_out, n_dim)
+        states = None if item.states is None else item.states.numpy()
         r = store.chunk_rows(name)
         todo = [c for c in window.chunks if c not in window.done]  # done ones ran only to batch rows as before
         if len(todo) < len(window.chunks):
@@ -398,14 +428,14 @@ def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.L
                            lengths=split.lengths[rows], states=states)
 
     with ChunkWriter(write) as writer, torch.inference_mode(), prep.context:
-        for name, split, window, (order, bounds), bar in iter_windows(prep, store, progress, job=job):
-            feats, states = engine.run(split.inputs, split.lengths, window.rows, order, bounds, progress=bar)
-            feats, states, ready = to_host(feats, states)
-            writer.submit((name, split, window, feats, states, ready))
+        for w in iter_windows(prep, store, progress, job=job):
+            feats, states = engine.run(w.split.inputs, w.split.lengths, w.window.rows, w.order, w.bounds,
+                                       progress=w.bar)
+            writer.submit(FinishedWindow(w, *to_host(feats, states)))
 
 
 def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool = False, job=distributed.LOCAL):
-    """Yield ``(split name, split, window, (order, bounds), progress bar)`` for every unfinished window.
+    """Yield a :class:`PlannedWindow` for every unfinished window.
 
     The one plan both the pass and ``bench extract``'s bare forward follow
     (the latter with ``every_chunk``: the windows of a fresh store). A split
@@ -424,7 +454,8 @@ def iter_windows(prep: Prepared, store, progress: bool = True, every_chunk: bool
                            split.lengths)
         with job.bar(name, sum(len(w.rows) for w in windows), progress) as bar:
             for w in windows:
-                yield name, split, w, plan_order(split.lengths[w.rows], cfg.batch_size, cfg.max_tokens), bar
+                yield PlannedWindow(name, split, w, *plan_order(split.lengths[w.rows], cfg.batch_size, cfg.max_tokens),
+                                    bar)
 
 
 def _row_bytes(store, name: str, split) -> int:

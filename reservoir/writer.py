@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable
+from typing import Callable, Generic, TypeVar
 
 _STOP = object()
+T = TypeVar("T")
 
 
-class ChunkWriter:
+class ChunkWriter(Generic[T]):
     """Run ``write(item)`` for every submitted item on one background thread, in order.
 
     Parameters
@@ -37,7 +38,7 @@ class ChunkWriter:
     [1, 2]
     """
 
-    def __init__(self, write: Callable[[object], None], depth: int = 2):
+    def __init__(self, write: Callable[[T], None], depth: int = 2):
         self._write = write
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
@@ -63,7 +64,7 @@ class ChunkWriter:
             self._abandon.set()
             raise err
 
-    def submit(self, item: object) -> None:
+    def submit(self, item: T) -> None:
         """Queue one item; raises a previous write's error instead, if there was one."""
         self._raise()
         self._queue.put(item)
@@ -77,7 +78,7 @@ class ChunkWriter:
         if not abandon:
             self._raise()
 
-    def __enter__(self) -> "ChunkWriter":
+    def __enter__(self) -> "ChunkWriter[T]":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

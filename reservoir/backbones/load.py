@@ -148,7 +148,8 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
                              "found no such folder")
     if not is_folder and revision is None:
         revision = "main"
-    hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=hub_offline(name, revision, backbone_names()))
+    offline = False if is_folder else hub_offline(name, revision, backbone_names())
+    hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=offline)
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
         kwargs = _attention_for(name, config, kwargs)

@@ -148,8 +148,8 @@ def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = T
         r["pass_s"] = time.perf_counter() - t0
         r["peak_rss_mb_extract"] = _peak_rss_mb()
         r["peak_device_mb_extract"] = peak_device_mb(prep.device)
-        r["plan"] = [(split, w.rows, order, bounds) for _, split, w, (order, bounds), _ in
-                     iter_windows(prep, store, progress=False, every_chunk=True)]
+        r["plan"] = [(w.split, w.window.rows, w.order, w.bounds)
+                     for w in iter_windows(prep, store, progress=False, every_chunk=True)]
     if bare:
         r["bare_forward_s"] = _time_bare(prep, r["plan"])
     return r

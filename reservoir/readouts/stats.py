@@ -211,7 +211,7 @@ class Moments:
 
 
 def _sum(a: np.ndarray | None) -> np.ndarray:
-    """A sum of :class:`Moments` that rows have been added to (one line if none were)."""
+    """A sum held by :class:`Moments`; a ValueError if no rows were added yet."""
     if a is None:
         raise ValueError("expected Moments with rows added; found none")
     return a

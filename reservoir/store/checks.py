@@ -15,83 +15,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.store.layout import (  # noqa: F401 - re-exported: what a store's layout is
+    ALGORITHM,
+    MUTABLE_ATTRS,
+    attrs_crc,
+    crc,
+    feature_array,
+    finite_along,
+    layout,
+    pooling_attrs,
+    poolings,
+    row_arrays,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store.feature_store import FeatureStore
-
-ALGORITHM = "crc32c"
-
-
-def crc(block: np.ndarray, where: str) -> int:
-    """CRC32C of ``where`` (e.g. ``train/features/3``) then the array's bytes in C order.
-
-    Naming the place in the checksum ties a chunk to its position: a chunk
-    moved to another row block, split or store does not match.
-    """
-    import google_crc32c
-
-    return int(google_crc32c.extend(google_crc32c.value(where.encode()), np.ascontiguousarray(block).tobytes()))
-
-
-#: Attributes left out of the attributes' checksum (``complete`` changes as chunks are written).
-MUTABLE_ATTRS = ("complete", "attrs_crc32c")
-
-
-def attrs_crc(attrs: dict) -> int:
-    """Checksum of a store's attributes (all but :data:`MUTABLE_ATTRS`), over their canonical JSON."""
-    import json
-
-    fixed = {k: v for k, v in attrs.items() if k not in MUTABLE_ATTRS}
-    text = json.dumps(fixed, sort_keys=True, separators=(",", ":"))
-    return crc(np.frombuffer(text.encode(), np.uint8), "attrs")
-
-
-def feature_array(pooling: str) -> str:
-    """The row array holding a pooling's features: ``features`` for ``last`` (every store has had it), else
-    ``features_<pooling>``."""
-    return "features" if pooling == "last" else f"features_{pooling}"
-
-
-def pooling_attrs(pooling: dict) -> dict:
-    """A store's ``pooling`` attribute in the current form ``{kinds, n_out_tokens}`` (stores written before
-    poolings existed say ``{kind: "last_real_token", n_out_tokens}``: the last real token(s) only)."""
-    if "kinds" in pooling:
-        return pooling
-    return {"kinds": ["last"], "n_out_tokens": pooling["n_out_tokens"]}
-
-
-def poolings(attrs: dict) -> list[str]:
-    """The poolings a store holds, in its arrays' order (stores written before poolings existed: ``last``)."""
-    return list(pooling_attrs(attrs["pooling"])["kinds"])
-
-
-def layout(attrs: dict, splits: dict[str, tuple[int, tuple[int, ...]]], feature_shape: tuple[int, ...],
-           chunk_rows: dict[str, int], states_length: int | None, d_in: int, norm: bool) -> dict[str, dict]:
-    """Every array of a store with its shape and dtype (recorded in ``attrs["arrays"]``, checked at open)."""
-    dtype = str(np.dtype(attrs["dtype"]))
-    n_dim = feature_shape[-1]
-    out = {"projection/weight": {"shape": [d_in, n_dim], "dtype": "float32"}}
-    if norm:
-        out.update({f"final_norm/{k}": {"shape": [n_dim], "dtype": "float32"} for k in ("weight", "bias")})
-    for split, (n, label_shape) in splits.items():
-        n_chunks = -(-n // chunk_rows[split])
-        for pooling in poolings(attrs):
-            out[f"{split}/{feature_array(pooling)}"] = {"shape": [n, *feature_shape], "dtype": dtype}
-        out[f"{split}/labels"] = {"shape": [n, *label_shape], "dtype": "int64"}
-        out[f"{split}/lengths"] = {"shape": [n], "dtype": "int64"}
-        if states_length is not None:
-            out[f"{split}/states"] = {"shape": [n, states_length, n_dim], "dtype": dtype}
-        out[f"{split}/done"] = {"shape": [n_chunks], "dtype": "bool"}
-        out[f"{split}/checksums"] = {"shape": [n_chunks, len(row_arrays(states_length is not None,
-                                                                         poolings(attrs)))], "dtype": "uint32"}
-    return out
-
-
-def row_arrays(states: bool, kinds: list[str] | tuple[str, ...] = ("last",)) -> list[str]:
-    """The arrays of a split whose chunks carry checksums, in the column order of ``checksums``: the features
-    of each pooling (``features`` first when it is one), labels, lengths (and states)."""
-    return [*map(feature_array, kinds), "labels", "lengths", *(["states"] if states else [])]
-
 
 def check_layout(store: FeatureStore) -> None:
     """Refuse (one line) a store whose arrays are missing, unreadable, or not the recorded shape and dtype."""
@@ -105,7 +43,7 @@ def check_layout(store: FeatureStore) -> None:
                              "delete it and extract again")
     for name, spec in expected.items():
         try:
-            arr = store._b.array(name)
+            arr = store.backend_array(name)
             shape, dtype = list(arr.shape), str(np.dtype(arr.dtype))
         except Exception as err:  # noqa: BLE001 - a missing or garbled array, whatever the library says
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -176,7 +114,7 @@ class CheckedArray:
 
     def __init__(self, store: FeatureStore, split: str, name: str):
         self._store, self._split, self._name = store, split, name
-        self._arr = store._b.array(f"{split}/{name}")
+        self._arr = store.backend_array(f"{split}/{name}")
         self.shape = tuple(self._arr.shape)
         self.dtype = np.dtype(self._arr.dtype)
 
@@ -227,7 +165,7 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
             bad[split] = {}
             n_chunks = store.shape(split, "done")[0]
             try:
-                done, _ = store._done_and_sums(split)
+                done, _ = store.done_and_sums(split)
             except Damaged as err:
                 bad[split] = dict.fromkeys(range(n_chunks), err.reason)
                 bar.update(n_chunks)
@@ -244,27 +182,6 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
                 bar.update(1)
             bar.update(n_chunks - int(done.sum()))
     return {s: b for s, b in bad.items() if b}
-
-
-def finite_along(a: np.ndarray, axis: int = 0) -> np.ndarray:
-    """``(a.shape[axis],)`` whether every value at each index along ``axis`` is finite.
-
-    float16 is read through its exponent bits (all ones: inf or NaN), which
-    numpy reduces about 10x faster than ``isfinite`` on half floats.
-
-    Examples
-    --------
-    >>> finite_along(np.array([[1, np.inf], [0, 2]], np.float16)).tolist()
-    [False, True]
-    >>> finite_along(np.array([[1, np.nan], [0, 2]]), axis=1).tolist()
-    [True, False]
-    """
-    others = tuple(i for i in range(a.ndim) if i != axis % a.ndim)
-    if a.size == 0:
-        return np.ones(a.shape[axis], bool)
-    if a.dtype == np.float16:
-        return np.bitwise_and(a.view(np.uint16), 0x7C00).max(axis=others) != 0x7C00
-    return np.isfinite(a).all(axis=others)
 
 
 def check_finite(store: FeatureStore, split: str, lo: int, rows: dict[str, np.ndarray]) -> None:
@@ -293,34 +210,4 @@ def verify_fixed(store: FeatureStore) -> dict[str, str]:
             store.read_fixed(name)
         except Damaged as err:
             bad[name] = err.reason
-    return bad
-
-
-def repair(store: FeatureStore, fixed: dict[str, np.ndarray], progress: bool = False) -> dict[str, dict[int, str]]:
-    """Rewrite damaged fixed arrays from ``fixed`` and mark damaged chunks unwritten (see :meth:`FeatureStore.repair`)."""
-    import logging
-
-    from reservoir.io import cause as _cause
-
-    log = logging.getLogger("reservoir")
-    bad, bad_fixed = store.verify(progress), verify_fixed(store)
-    if not bad and not bad_fixed:
-        return bad
-    listed = "; ".join([*(f"{s} {', '.join(map(str, sorted(b)))}" for s, b in bad.items()), *bad_fixed])
-    log.warning("%s: %d damaged chunk(s) and %d damaged array(s) will be written again: %s",
-                store.path, sum(map(len, bad.values())), len(bad_fixed), listed)
-    try:
-        store._b.write_attrs({"complete": False})
-        store.attrs["complete"] = False
-        for name in bad_fixed:
-            store._b.array(name)[...] = fixed[name]
-        for split, chunks in bad.items():
-            for c in chunks:
-                store._b.array(f"{split}/done")[c] = False
-        store._b.flush()
-    except Exception as err:  # noqa: BLE001 - a read-only store, a full disk
-        raise ReservoirError(f"{store.path}: could not repair the damaged store ({_cause(err)}); "
-                             "delete it and extract again") from err
-    store._sums.clear()
-    store._verified.clear()
     return bad

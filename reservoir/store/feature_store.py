@@ -38,6 +38,7 @@ reopening it with other settings is refused, naming the first differing field.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -46,6 +47,7 @@ import numpy as np
 from reservoir import settings
 from reservoir.errors import ReservoirError
 from reservoir.store import checks
+from reservoir.store import layout as lay
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format
 from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries, store_path
@@ -112,7 +114,7 @@ class FeatureStore:
                     if str(schema).startswith("reservoir.features/") else ""
                 raise ReservoirError(f"{p}: expected a store of schema {SCHEMA!r}, found schema {schema!r}{hint}")
             checks.check_layout(store)
-            store.attrs["pooling"] = checks.pooling_attrs(store.attrs["pooling"])  # stores written before poolings
+            store.attrs["pooling"] = lay.pooling_attrs(store.attrs["pooling"])  # stores written before poolings
             if not store.complete and not allow_incomplete:
                 raise ReservoirError(f"{p} is incomplete (an extraction was interrupted); rerun the same "
                                      "`reservoir extract` command to finish it")
@@ -158,7 +160,7 @@ class FeatureStore:
         lock = locks.StoreLock(p).acquire()
         try:
             fmt = detect_format(p, fmt)
-            attrs = {**attrs, "pooling": checks.pooling_attrs(attrs["pooling"])}
+            attrs = {**attrs, "pooling": lay.pooling_attrs(attrs["pooling"])}
             key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
             if not p.exists():
                 remove_temporaries(p)
@@ -203,7 +205,7 @@ class FeatureStore:
     @property
     def poolings(self) -> list[str]:
         """How each layer was read into a row (``last``, ``first``, ``mean``), in the store's order."""
-        return checks.poolings(self.attrs)
+        return lay.poolings(self.attrs)
 
     def pooling(self, pooling: str | None = None) -> str:
         """``pooling`` checked to be in the store (one line if not), or the store's first when ``None``."""
@@ -233,7 +235,7 @@ class FeatureStore:
         """``(N, n_layers, n_out_tokens, n_dim)`` array of one pooling (default the store's first; lazy: slice it;
         rows are checked when read)."""
         self._check_split(split)
-        return checks.CheckedArray(self, split, checks.feature_array(self.pooling(pooling)))
+        return checks.CheckedArray(self, split, lay.feature_array(self.pooling(pooling)))
 
     def n_rows(self, split: str) -> int:
         """Rows of ``split`` (reads no data)."""
@@ -274,7 +276,7 @@ class FeatureStore:
             value = np.asarray(self._b.array(name)[...])
         except Exception as err:  # noqa: BLE001
             raise checks.Damaged(self, f"{name} unreadable ({cause(err)})") from None
-        if checks.crc(value, name) != self.attrs["checksums"]["fixed"][name]:
+        if lay.crc(value, name) != self.attrs["checksums"]["fixed"][name]:
             raise checks.Damaged(self, f"{name} does not match its checksum")
         return value
 
@@ -297,7 +299,9 @@ class FeatureStore:
         return {k: self.attrs.get(k) for k in (*KEY_FIELDS, "reservoir_version", "created")}
 
     # -- checking ----------------------------------------------------------
-    def _done_and_sums(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+    def done_and_sums(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """``{split}/done`` ``(n_chunks,)`` and ``{split}/checksums`` ``(n_chunks, k)``, read once (``Damaged`` if
+        unreadable)."""
         if split not in self._sums:
             try:
                 self._sums[split] = (np.asarray(self._b.array(f"{split}/done")[...], dtype=bool),
@@ -314,7 +318,7 @@ class FeatureStore:
             block = np.asarray(self._b.array(f"{split}/{name}")[lo:hi])
         except Exception as err:  # noqa: BLE001 - a truncated or garbled chunk
             raise checks.Damaged(self, f"{split}/{name} rows {lo}-{hi - 1} unreadable ({cause(err)})") from None
-        done, sums = self._done_and_sums(split)
+        done, sums = self.done_and_sums(split)
         col = self.row_arrays().index(name)
         for c in range(c0, c1):
             if (split, name, c) in self._verified:
@@ -325,7 +329,7 @@ class FeatureStore:
                 raise ReservoirError(f"{self.path}: chunk {c} of split {split!r} is not written yet (the store is "
                                      "incomplete); rerun the extract command to finish it")
             part = block[(c - c0) * r: (c - c0 + 1) * r]
-            if checks.crc(part, f"{split}/{name}/{c}") != int(sums[c, col]):
+            if lay.crc(part, f"{split}/{name}/{c}") != int(sums[c, col]):
                 raise checks.Damaged(self, f"chunk {c} of {split}/{name} (rows {c * r}-{c * r + len(part) - 1}) "
                                            "does not match its checksum")
             self._verified.add((split, name, c))
@@ -338,7 +342,32 @@ class FeatureStore:
     def repair(self, fixed: dict[str, np.ndarray], progress: bool = False) -> dict[str, dict[int, str]]:
         """Verify a store reopened for writing: rewrite damaged fixed arrays from ``fixed`` (the values this run
         computed, equal by the settings) and mark damaged chunks unwritten, so the extraction redoes them."""
-        return checks.repair(self, fixed, progress)
+        bad, bad_fixed = self.verify(progress), checks.verify_fixed(self)
+        if not bad and not bad_fixed:
+            return bad
+        listed = "; ".join([*(f"{s} {', '.join(map(str, sorted(b)))}" for s, b in bad.items()), *bad_fixed])
+        logging.getLogger("reservoir").warning(
+            "%s: %d damaged chunk(s) and %d damaged array(s) will be written again: %s",
+            self.path, sum(map(len, bad.values())), len(bad_fixed), listed)
+        try:
+            self._b.write_attrs({"complete": False})
+            self.attrs["complete"] = False
+            for name in bad_fixed:
+                self._b.array(name)[...] = fixed[name]
+            for split, chunks in bad.items():
+                for c in chunks:
+                    self._b.array(f"{split}/done")[c] = False
+            self._b.flush()
+        except Exception as err:  # noqa: BLE001 - a read-only store, a full disk
+            raise ReservoirError(f"{self.path}: could not repair the damaged store ({cause(err)}); "
+                                 "delete it and extract again") from err
+        self._sums.clear()
+        self._verified.clear()
+        return bad
+
+    def backend_array(self, name: str) -> Any:
+        """The backend's array ``name``, unchecked (what :mod:`reservoir.store.checks` reads through)."""
+        return self._b.array(name)
 
     # -- writing -----------------------------------------------------------
     def write_chunk(self, split: str, chunk: int, features: np.ndarray | dict[str, np.ndarray], labels: np.ndarray,
@@ -376,14 +405,14 @@ class FeatureStore:
             raise ReservoirError(f"{self.path}: expected the {total} rows of ascending chunks {list(chunks)[:5]} of "
                                  f"split {split!r}, found {len(labels)} rows")
         dtype = np.dtype(self.attrs["dtype"])
-        rows = {checks.feature_array(p): np.asarray(features[p], dtype=dtype) for p in self.poolings}
+        rows = {lay.feature_array(p): np.asarray(features[p], dtype=dtype) for p in self.poolings}
         rows.update({"labels": np.asarray(labels, dtype=np.int64),
                      "lengths": np.zeros(total, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)})
         if "states" in self.row_arrays():
             rows["states"] = np.asarray(states, dtype=dtype)
         checks.check_finite(self, split, spans[0][0] if spans else 0, rows)
         at = np.cumsum([0] + [hi - lo for lo, hi in spans])  # each chunk's first row in the given arrays
-        sums = np.array([[checks.crc(rows[name][at[i] : at[i + 1]], f"{split}/{name}/{c}") for name in self.row_arrays()]
+        sums = np.array([[lay.crc(rows[name][at[i] : at[i + 1]], f"{split}/{name}/{c}") for name in self.row_arrays()]
                          for i, c in enumerate(chunks)], dtype=np.uint32).reshape(len(chunks), -1)
         runs = _runs(chunks)  # (first index, end index) into chunks, of consecutive chunk numbers
         try:
@@ -398,8 +427,8 @@ class FeatureStore:
                 self._b.array(f"{split}/done")[chunks[i] : chunks[j - 1] + 1] = True
             self._b.flush()
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
-            which = (f"chunk {chunks[0]}" if len(chunks) == 1 else
-                     f"chunks {', '.join(f'{chunks[i]}-{chunks[j - 1]}' if j - i > 1 else str(chunks[i]) for i, j in runs)}")
+            spans_text = ", ".join(f"{chunks[i]}-{chunks[j - 1]}" if j - i > 1 else str(chunks[i]) for i, j in runs)
+            which = f"chunk {chunks[0]}" if len(chunks) == 1 else f"chunks {spans_text}"
             raise ReservoirError(f"{self.path}: could not write {which} of split {split!r} "
                                  f"({cause(err)}); {'it is' if len(chunks) == 1 else 'they are'} not marked done: "
                                  "fix the cause (e.g. free disk space) and rerun the same command to resume") from err

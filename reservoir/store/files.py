@@ -19,7 +19,7 @@ import numpy as np
 from reservoir import __version__
 from reservoir.errors import ReservoirError
 from reservoir.io import cause
-from reservoir.store import checks
+from reservoir.store import layout as lay
 from reservoir.store.backends import BACKENDS, Backend, Format
 
 #: Smallest chunk (bytes of one row array's block); a split smaller than that is one chunk.
@@ -51,10 +51,10 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
            final_norm, states_length) -> None:
     """Write a new store's whole layout at ``tmp`` (removed again if anything fails)."""
     dtype = np.dtype(attrs["dtype"])
-    kinds = checks.poolings(attrs)
+    kinds = lay.poolings(attrs)
     row_bytes = (len(kinds) * int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
     chunk_rows = {s: rows_per_chunk(row_bytes, n) for s, (n, _) in splits.items()}
-    layout = checks.layout(attrs, splits, feature_shape, chunk_rows, states_length, projection_weight.shape[0],
+    layout = lay.layout(attrs, splits, feature_shape, chunk_rows, states_length, projection_weight.shape[0],
                            final_norm is not None)
     try:
         backend = BACKENDS[fmt](tmp, "w")
@@ -72,10 +72,10 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
             "splits": list(splits),
             "chunk_rows": chunk_rows,
             "arrays": layout,
-            "checksums": {"algorithm": checks.ALGORITHM, "arrays": checks.row_arrays(states_length is not None, kinds),
-                          "fixed": {k: checks.crc(np.asarray(v, np.float32), k) for k, v in fixed.items()}},
+            "checksums": {"algorithm": lay.ALGORITHM, "arrays": lay.row_arrays(states_length is not None, kinds),
+                          "fixed": {k: lay.crc(np.asarray(v, np.float32), k) for k, v in fixed.items()}},
         }))  # as the attributes read back
-        backend.write_attrs({**full, "attrs_crc32c": checks.attrs_crc(full)})
+        backend.write_attrs({**full, "attrs_crc32c": lay.attrs_crc(full)})
         for name, spec in layout.items():
             shape = tuple(spec["shape"])
             rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
