@@ -15,12 +15,23 @@ from typing import Any
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["cause", "one_line", "publish", "read_json", "unwritable", "writable_folder"]
+__all__ = ["cause", "first_sentence", "one_line", "publish", "read_json", "unwritable", "writable_folder"]
 
 
 def one_line(err: Any) -> str:
     """An exception (or anything) as text on one line."""
     return " ".join(str(err).split()) or type(err).__name__
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text`` on one line, without its full stop (a library's reason, not its advice).
+
+    Examples
+    --------
+    >>> first_sentence("Connection closed by peer. See the docs.")
+    'Connection closed by peer'
+    """
+    return " ".join(text.split(". ")[0].rstrip(".").split())
 
 
 def cause(err: BaseException) -> str:

@@ -104,9 +104,7 @@ def info(store, as_json, verify):
 
 def _verify_store(st) -> None:
     """``info --verify``: every chunk and fixed array against its checksum; one error line if any is damaged."""
-    from reservoir.store.checks import verify_fixed
-
-    bad, bad_fixed = st.verify(progress=sys.stderr.isatty()), verify_fixed(st)
+    bad, bad_fixed = st.verify(progress=sys.stderr.isatty()), st.verify_fixed()
     for split in st.splits:
         written = st.shape(split, "done")[0] if st.complete else int(st.done(split).sum())
         found = bad.get(split, {})

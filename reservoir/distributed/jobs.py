@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import first_sentence
 
 ENV_TIMEOUT = "RESERVOIR_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
@@ -252,4 +253,4 @@ def _names(ranks: list[int]) -> str:
 def _gloo_cause(err: BaseException) -> str:
     """A gloo error's message without its source location and advice: ``Connection closed by peer [..]:4760``."""
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
-    return text.split(". ")[0].rstrip(".")
+    return first_sentence(text)

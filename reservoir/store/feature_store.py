@@ -339,10 +339,14 @@ class FeatureStore:
         """Check every written chunk of every row array; ``{split: {chunk: reason}}`` for the damaged ones."""
         return checks.verify(self, progress)
 
+    def verify_fixed(self) -> dict[str, str]:
+        """The fixed arrays (projection, final norm) that do not read back as written: ``{name: reason}``."""
+        return checks.verify_fixed(self)
+
     def repair(self, fixed: dict[str, np.ndarray], progress: bool = False) -> dict[str, dict[int, str]]:
         """Verify a store reopened for writing: rewrite damaged fixed arrays from ``fixed`` (the values this run
         computed, equal by the settings) and mark damaged chunks unwritten, so the extraction redoes them."""
-        bad, bad_fixed = self.verify(progress), checks.verify_fixed(self)
+        bad, bad_fixed = self.verify(progress), self.verify_fixed()
         if not bad and not bad_fixed:
             return bad
         listed = "; ".join([*(f"{s} {', '.join(map(str, sorted(b)))}" for s, b in bad.items()), *bad_fixed])

@@ -21,7 +21,7 @@ from torch import nn
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line, publish
+from reservoir.io import first_sentence, one_line, publish
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.training import TrainConfig
@@ -48,7 +48,7 @@ def _refusal(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     if len(lines) > 2 and lines[0].startswith("Weights only load failed"):  # advice, ..., reason, link to the docs
         lines = lines[-2:-1]
-    return one_line(lines[0].split(". ")[0].rstrip(".")) if lines else type(err).__name__
+    return first_sentence(lines[0]) if lines else type(err).__name__
 
 
 def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.device = "cpu"
