@@ -57,7 +57,7 @@ class ExtractConfig:
 
     task: str = field(metadata={"help": "registered task name"})
     backbone: str = field(default=options.DEFAULT_BACKBONE, metadata={"help": "backbone name, hub id or folder"})
-    init: str = field(default="pretrained", metadata={"help": "pretrained | random | stats"})
+    init: str = field(default=options.INITS[0], metadata={"help": " | ".join(options.INITS)})
     layers: list[int] | int | None = field(
         default=None, metadata={"help": "depth K (store layers 0..K) or an explicit list; default all"}
     )
@@ -73,7 +73,7 @@ class ExtractConfig:
         "help": "most padded tokens per forward (rows x longest length): batches sized by a token budget"})
     dtype: str = field(default="float16", metadata={"help": "store dtype: float16 | float32"})
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
-    amp: str = field(default="auto", metadata={"help": "CUDA autocast: bf16 | fp16 | none | auto"})
+    amp: str = field(default=options.AMPS[0], metadata={"help": "CUDA autocast: " + " | ".join(options.AMPS)})
     revision: str | None = field(default=None, metadata={"help": "hub revision for hub ids"})
     full_seq_layer: int | None = field(default=None, metadata={
         "help": "also store every position's state at this layer (a split-point store for `train --from-store`)"})
@@ -88,8 +88,8 @@ class ExtractConfig:
         if self.dtype not in DTYPES:
             raise ReservoirError(f"unknown store dtype {self.dtype!r}; expected one of: {', '.join(DTYPES)}")
         check_batching(self.batch_size, self.max_tokens)
-        if self.amp not in ("auto", "bf16", "fp16", "none"):
-            raise ReservoirError(f"unknown amp {self.amp!r}; expected bf16, fp16, none or auto")
+        if self.amp not in options.AMPS:
+            raise ReservoirError(f"unknown amp {self.amp!r}; expected one of: {', '.join(options.AMPS)}")
         if not math.isfinite(self.projection_gain) or self.projection_gain <= 0:
             raise ReservoirError(f"--gain must be a finite number above 0, found {self.projection_gain}")
         self.pooling = check_poolings(self.pooling)

@@ -92,7 +92,7 @@ class TrainConfig:
 
     task: str = field(metadata={"help": "registered task name"})
     backbone: str = field(default=options.DEFAULT_BACKBONE, metadata={"help": "backbone name, hub id or folder"})
-    init: str = field(default="pretrained", metadata={"help": "pretrained | random | stats"})
+    init: str = field(default=options.INITS[0], metadata={"help": " | ".join(options.INITS)})
     layers: int | None = field(default=None, metadata={"help": "depth K: blocks 1..K; default all"})
     finetune: str = field(default="fpt", metadata={"help": "groups to train: fpt, all, output or a comma list"})
     task_params: dict[str, Any] = field(default_factory=dict, metadata={"help": "task parameters"})
@@ -109,7 +109,7 @@ class TrainConfig:
     split_layer: int = field(default=0, metadata={"help": "train only blocks above this layer (split point)"})
     from_store: str | None = field(default=None, metadata={"help": "split-point store to start from"})
     device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
-    amp: str = field(default="auto", metadata={"help": "CUDA autocast: bf16 | fp16 | none | auto"})
+    amp: str = field(default=options.AMPS[0], metadata={"help": "CUDA autocast: " + " | ".join(options.AMPS)})
     cuda_graphs: str = field(default="auto", metadata={
         "help": "capture the training step as one CUDA graph: auto (on CUDA when every train row has one length), "
                 "on (refuse where it cannot), off"})
