@@ -293,7 +293,8 @@ def extract(task, backbone, out, *, layers: list[int] | int | None = None, pooli
                            format=format, task_params=task.params, seed=info.seed,
                            projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
                            batch_size=batch_size, max_tokens=max_tokens, dtype=dtype, device=device, amp=amp,
-                           revision=info.revision, full_seq_layer=full_seq_layer, truncate=truncate, pooling=check_poolings(pooling))
+                           revision=info.revision, full_seq_layer=full_seq_layer, truncate=truncate,
+                           pooling=check_poolings(pooling))
     _check_out(Path(out), format)
     with distributed.launch(Path(out), format, device, sharded) as job:  # one process, or a rank of a torchrun job
         prep = job.prepare(lambda cfg, t: _prepared(cfg, t, backbone, {}), config, task)
@@ -334,7 +335,7 @@ def run(config: ExtractConfig, progress: bool = True, task=None, timings: dict[s
 def _check_out(out: Path, fmt: str | None) -> None:
     """What the output path alone decides, refused before the task and the model load: a file that is not a
     store, a ``--format`` that contradicts the store there, a folder that cannot be written."""
-    from reservoir.results import writable_folder
+    from reservoir.io import writable_folder
     from reservoir.store import detect_format
 
     detect_format(out, fmt)
@@ -418,12 +419,11 @@ def write_splits(prep: Prepared, store, progress: bool = True, job=distributed.L
             item.ready.synchronize()  # the window's device-to-host copy has landed
         feats = item.feats.numpy()  # (n, P, n_layers, n_out, n_dim)
         states = None if item.states is None else item.states.numpy()
-        r = store.chunk_rows(name)
         todo = [c for c in window.chunks if c not in window.done]  # done ones ran only to batch rows as before
-        if len(todo) < len(window.chunks):
-            keep = np.concatenate([np.full(min(r, len(split) - c * r), c not in window.done) for c in window.chunks])
-            feats, states = feats[keep], None if states is None else states[keep]
-        rows = np.concatenate([np.arange(c * r, min((c + 1) * r, len(split))) for c in todo])
+        rows = window.rows  # the split's rows of window.chunks, chunk after chunk
+        if window.done:
+            keep = ~np.isin(rows // store.chunk_rows(name), window.done)  # (n,) the rows of chunks still to write
+            rows, feats, states = rows[keep], feats[keep], None if states is None else states[keep]
         store.write_chunks(name, todo, {p: feats[:, i] for i, p in enumerate(store.poolings)}, split.labels[rows],
                            lengths=split.lengths[rows], states=states)
 

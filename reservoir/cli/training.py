@@ -105,7 +105,7 @@ def plot():
 def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
                    layer, example, split, device, out):
     """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
-    from reservoir.results import writable_folder
+    from reservoir.io import writable_folder
     from reservoir.training.attention import attention, summary
     from reservoir.training.attention import plot_attention as draw
 

@@ -340,16 +340,17 @@ class LogisticReadout(base.LinearReadout):
         if not keep.any():  # constant features: nothing to learn from them
             keep = lam >= lam.max()
             lam = np.where(keep, 1.0, lam)
-        self._P = (V[:, keep] / np.sqrt(lam[keep])).astype(np.float32)  # (d, r)
+        P = V[:, keep] / np.sqrt(lam[keep])  # (d, r), float64
         self.rank_ = int(keep.sum())
         if self.penalty == "standardized":
             # The weights on standardized features are diag(sd) P V, so the penalty is Vᵀ K V with K = Pᵀ diag(sd²) P.
             # Rotating the whitened basis onto K's eigenvectors (still a whitening) makes it diagonal: sum_j w_j
             # ||V_j||^2 with w K's eigenvalues, and 1 / (c + alpha w_j) a per-coordinate preconditioner for L-BFGS.
-            M = sd[:, None] * (V[:, keep] / np.sqrt(lam[keep]))  # (d, r), float64
+            M = sd[:, None] * P  # (d, r)
             w, Q = np.linalg.eigh(M.T @ M)
-            self._P = ((V[:, keep] / np.sqrt(lam[keep])) @ Q).astype(np.float32)
+            P = P @ Q
             self._w = np.maximum(w, 0.0).astype(np.float32)
+        self._P = P.astype(np.float32)
 
     # -- predicting ----------------------------------------------------------
     def predict_proba(self, X):

@@ -18,8 +18,8 @@ class Multinomial:
 
     ``f_i(V, b) = sum_h mean_rows CE(softmax(Xc P V_h + b_h), y_h) + alpha_i/2 * sum_j w_j ||V_j||^2`` for
     ``theta_i = [vec V (r, n_heads*C), b (n_heads*C)]``; the penalty weights ``w`` ``(r,)`` of the rows of ``V``
-    are ones (the penalty on the whitened weights) unless ``weights`` is given. ``blocks()`` yields centred float32 rows ``(m, d)`` and their class
-    indices ``(m, n_heads)`` on the device; the rows may come in any number of blocks (one in memory, store
+    are ones (the penalty on the whitened weights) unless ``weights`` is given. ``blocks()`` yields centred
+    float32 rows ``(m, d)`` and their class indices ``(m, n_heads)`` on the device; the rows may come in any number of blocks (one in memory, store
     chunks when streaming), and every call reads them once for all ``k`` problems.
     """
 

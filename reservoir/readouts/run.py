@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
 from reservoir.readouts.sweep import make_readout, test_metrics, validation_metrics
-from reservoir.results import Result, writable_folder
+from reservoir.results import Result
 from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
 
