@@ -37,9 +37,8 @@ _SOURCES = {
     "Split": "reservoir.tasks",
     # backbones
     "load_backbone": "reservoir.backbones",
-    # extraction and stores
-    "extract": "reservoir.extraction",
-    "ExtractConfig": "reservoir.extraction",
+    # extraction and stores (``extract`` is the package reservoir.extract, which calls reservoir.extract.extract)
+    "ExtractConfig": "reservoir.extract",
     "FeatureStore": "reservoir.store",
     # readouts
     "LogisticReadout": "reservoir.readouts",
@@ -61,10 +60,12 @@ _SOURCES = {
     "BenchResult": "reservoir.bench",
 }
 
-__all__ = ["__version__", "ReservoirError", *_SOURCES]
+__all__ = ["__version__", "ReservoirError", "extract", *_SOURCES]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "extract":  # the package, callable as its function: the same object however it was first reached
+        return importlib.import_module("reservoir.extract")
     if name in _SOURCES:
         value = getattr(importlib.import_module(_SOURCES[name]), name)
         globals()[name] = value  # later lookups skip this function

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from numbers import Integral
 from typing import Any
 
 from reservoir import options
@@ -16,7 +15,7 @@ from reservoir.errors import ReservoirError
 
 AMPS = options.AMPS
 #: The largest seed every consumer takes (torch generators, numpy, scikit-learn's ``random_state``).
-SEED_MAX = 2**32 - 1
+SEED_MAX = options.SEED_MAX
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -56,8 +55,7 @@ def check_seed(seed: Any, what: str = "seed") -> int:
     >>> check_seed(7)
     7
     """
-    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed <= SEED_MAX:
-        raise ReservoirError(f"{what} must be an integer in 0..{SEED_MAX}; found {seed!r}")
+    options.SEEDS.check(seed, what)
     return int(seed)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import reservoir.batching
+import reservoir.extract.plan
 
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
@@ -413,7 +413,7 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
     out, ref = tmp_path / "resumed.zarr", tmp_path / "reference.zarr"
     original = FeatureStore.write_chunks
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def interrupted(self, split, chunks, features, labels, **kw):
         calls.extend((split, c) for c in chunks)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from reservoir import Task, TaskData
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig
+from reservoir.extract import ExtractConfig
 from reservoir.store import FeatureStore
 from reservoir.tasks import get_task, load_task
 

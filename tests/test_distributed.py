@@ -34,10 +34,10 @@ ROW_ARRAYS = ("features", "labels", "lengths", "checksums", "done")
 # rank 1 dies (SIGKILL) or stalls right after its first chunk is written and marked done
 FAULTS = """
 import os, signal, sys, time
-import reservoir.batching
+import reservoir.extract.plan
 from reservoir.store import FeatureStore
 
-reservoir.batching.WINDOW_ROWS = 1  # a window (and a write) per chunk
+reservoir.extract.plan.WINDOW_ROWS = 1  # a window (and a write) per chunk
 
 rank, fault, write = int(os.environ["RANK"]), os.environ.get("FAULT", ""), FeatureStore.write_chunks
 open(os.path.join(os.environ["PID_DIR"], f"rank{rank}.pid"), "w").write(str(os.getpid()))
@@ -166,16 +166,18 @@ def test_python_dash_m_reservoir():
 
 
 def test_sharded_hdf5_or_url_is_refused(tmp_path, monkeypatch):
+    from reservoir.extract.api import open_job
+
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ReservoirError, match=r"expected a Zarr store for a sharded run \(2 processes"):
-        with distributed.launch(tmp_path / "x.h5", None, "cpu"):
+        with open_job(tmp_path / "x.h5", None, "cpu"):
             pass
     with pytest.raises(ReservoirError, match="expected a Zarr store"):
-        with distributed.launch(tmp_path / "x.zarr", "hdf5", "cpu"):
+        with open_job(tmp_path / "x.zarr", "hdf5", "cpu"):
             pass
     assert not (tmp_path / "x.h5").exists()
     with pytest.raises(ReservoirError, match="expected a store path on a filesystem every node mounts, found the URL"):
-        with distributed.launch(Path("s3://bucket/x.zarr"), None, "cpu"):
+        with open_job(Path("s3://bucket/x.zarr"), None, "cpu"):
             pass
 
 
@@ -196,19 +198,18 @@ def test_rank_devices_and_timeout_setting(monkeypatch):
 
 def test_chunks_or_windows_are_dealt_round_robin_over_the_splits():
     """Equal lengths: chunks dealt (continuing over the splits); varying lengths: the single-process windows dealt."""
-    from reservoir.batching import plan_windows
+    from reservoir.extract.plan import plan_windows
 
     def plan(chunks):  # 10 rows a chunk, 2 chunks a window
         return plan_windows(np.asarray(chunks, dtype=int), 10, 75, 1, budget=20, max_rows=20)
 
     todo = np.array([1, 2, 4, 5, 6, 7])  # chunks 0 and 3 done
-    same, varying = np.full(75, 7), np.arange(75) % 9 + 1
     jobs = [distributed.Job(r, 3, r, "cpu", 10.0) for r in range(3)]
-    chunks = [[c for w in j.deal(todo, plan, same) for c in w.chunks] for j in jobs]
+    chunks = [[c for w in plan(j.deal(todo)) for c in w.chunks] for j in jobs]  # equal lengths: chunks dealt
     assert chunks == [[1, 5], [2, 6], [4, 7]]
-    windows = [[w.chunks for w in j.deal(todo, plan, varying)] for j in jobs]
+    windows = [[w.chunks for w in j.deal(plan(todo))] for j in jobs]  # varying lengths: windows dealt
     assert windows == [[[1, 2]], [[4, 5]], [[6, 7]]] and sum(windows, []) == [w.chunks for w in plan(todo)]
-    more = [[w.chunks for w in j.deal(np.array([0, 1, 2]), plan, varying)] for j in jobs]
+    more = [[w.chunks for w in j.deal(plan(np.array([0, 1, 2])))] for j in jobs]
     assert more == [[[0, 1]], [[2]], []]  # after 6 chunks and 3 windows: rank 0 deals first again
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reservoir.extraction import ExtractConfig, run as run_extract
+from reservoir.extract import ExtractConfig, run as run_extract
 from reservoir.readouts.run import fit_linear
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, run as run_extract, extract_rows, resolve_layers
+from reservoir.extract import ExtractConfig, run as run_extract, extract_rows, resolve_layers
 from reservoir.store import FeatureStore
 
 LISTOPS = {"n_train": 30, "n_test": 10, "min_length": 40, "max_length": 90}

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 import pytest
 
-import reservoir.batching
+import reservoir.extract.plan
 from reservoir.errors import ReservoirError
 from reservoir.store import FeatureStore
 from reservoir.store.backends import H5Backend, ZarrBackend
@@ -185,7 +185,7 @@ def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
     out = tmp_path / "s.zarr"
     original = FeatureStore.write_chunks
     calls = []
-    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def interrupted(self, *a, **k):
         calls.append(1)
@@ -316,7 +316,7 @@ def test_full_disk_stops_with_one_line_and_resumes_bit_identically(tmp_path, ref
     fmt = "zarr" if backend is ZarrBackend else "hdf5"
     out = tmp_path / ("s.zarr" if fmt == "zarr" else "s.h5")
     original, flushes = backend.flush, []
-    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def full_disk(self):
         flushes.append(1)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.extraction import ExtractConfig
-from reservoir.extraction import run as run_extract
+from reservoir.extract import ExtractConfig
+from reservoir.extract import run as run_extract
 from reservoir.store import FeatureStore
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +31,7 @@ def test_cuda_extraction_matches_cpu(tmp_path, amp):
 
 def test_window_copies_to_pinned_memory_and_many_windows_equal_cpu(tmp_path):
     """More rows than one window (8,192): every window's pinned copy back, marked by its event, lands in order."""
-    from reservoir.engine import to_host
+    from reservoir.extract.engine import to_host
 
     feats = torch.randn(300, 3, 1, 32, device=CUDA)
     host, states, ready = to_host(feats, None)

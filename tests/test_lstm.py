@@ -9,8 +9,8 @@ from torch.nn import functional as F
 from reservoir.backbones import backbone_names, load_backbone
 from reservoir.backbones.lstm import LSTMBackbone
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig
-from reservoir.extraction import run as run_extract
+from reservoir.extract import ExtractConfig
+from reservoir.extract import run as run_extract
 from reservoir.training import ReservoirClassifier, TrainConfig, run
 from reservoir.training.freeze import GROUPS, PRESETS, apply_freeze, parse_groups
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, run as run_extract
+from reservoir.extract import ExtractConfig, run as run_extract
 from reservoir.readouts import fit_linear, load_layer
 from reservoir.store import FeatureStore
 

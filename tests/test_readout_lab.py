@@ -176,7 +176,7 @@ def test_probe_save_load_round_trip(tmp_path, cls, multi):
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    from reservoir.extraction import ExtractConfig, run as run_extract
+    from reservoir.extract import ExtractConfig, run as run_extract
 
     root = tmp_path_factory.mktemp("lab")
 

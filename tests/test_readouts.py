@@ -66,7 +66,7 @@ def test_layer_norm_matches_torch():
 
 
 def test_fit_linear_from_store_applies_final_norm(tmp_path):
-    from reservoir.extraction import ExtractConfig, run as run_extract
+    from reservoir.extract import ExtractConfig, run as run_extract
     from reservoir.readouts.run import fit_linear
     from reservoir.store import FeatureStore
 
@@ -157,7 +157,7 @@ def test_logistic_fit_chunks_equals_fit(multi):
 
 @pytest.fixture(scope="module")
 def xor_store(tmp_path_factory):
-    from reservoir.extraction import ExtractConfig, run as run_extract
+    from reservoir.extract import ExtractConfig, run as run_extract
 
     out = tmp_path_factory.mktemp("xor") / "s.zarr"
     return run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2, out=str(out),
@@ -270,7 +270,7 @@ def test_parameters_are_checked_at_fit(cls, name, value):
     X, y = _three_classes(n=40)
     est = cls(**{name: value})  # __init__ only stores
     assert est.get_params()[name] is value
-    with pytest.raises(ValueError, match=rf"^{cls.__name__}: {name} must be .*; found {re.escape(repr(value))}$"):
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}: {name} must be .*, found {re.escape(repr(value))}$"):
         est.fit(X, y)
     with pytest.raises(ValueError, match=f"{name} must be"):
         est.fit_chunks([(X, y)])

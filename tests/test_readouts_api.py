@@ -45,7 +45,7 @@ def _json(obj):
 @pytest.fixture(scope="module")
 def xor_store(tmp_path_factory):
     """Three-bit XOR through tiny GPT-2 in an HDF5 store (the other backend than test_readouts' Zarr)."""
-    from reservoir.extraction import ExtractConfig, run as run_extract
+    from reservoir.extract import ExtractConfig, run as run_extract
 
     config = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2, task_params={"n_bits": 3, "n_train": 120,
                            "n_test": 50}, out=str(tmp_path_factory.mktemp("api") / "s.h5"))
@@ -127,7 +127,7 @@ def test_fit_raw_takes_a_task_object_and_the_cli_writes_its_result(tmp_path):
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_bench_readout_result(tmp_path, monkeypatch):
     import reservoir.bench
-    from reservoir.extraction import ExtractConfig, run as run_extract
+    from reservoir.extract import ExtractConfig, run as run_extract
     from reservoir.readouts.logistic import DEFAULT_ALPHAS
 
     store = run_extract(ExtractConfig(task="digits", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "d.zarr"),

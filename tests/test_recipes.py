@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 import reservoir.bench
-import reservoir.extraction
+import reservoir.extract
 import reservoir.readouts.run
 import reservoir.training
 from reservoir.cli import main
@@ -188,7 +188,7 @@ def _forbid(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed")
 
-    for mod, name in ((reservoir.extraction, "run"), (reservoir.readouts.run, "fit_linear"),
+    for mod, name in ((reservoir.extract, "run"), (reservoir.readouts.run, "fit_linear"),
                       (reservoir.readouts.run, "fit_raw"), (reservoir.training, "run"), (reservoir.training, "sweep"),
                       (reservoir.bench, "speedup")):
         monkeypatch.setattr(mod, name, boom)
@@ -244,7 +244,7 @@ def test_matching_store_is_reused_from_another_recipe(tiny_run, tmp_path, monkey
     data["name"] = "other"
     data["cells"] = [{**data["cells"][0], "fit_layers": [2], "init": "random"}]  # same extraction settings
     data["paper"] = []
-    monkeypatch.setattr(reservoir.extraction, "run", lambda *a, **k: pytest.fail("extract called"))
+    monkeypatch.setattr(reservoir.extract, "run", lambda *a, **k: pytest.fail("extract called"))
     res = run_recipe(make(data), out=tmp_path / "other", device="cpu", progress=False, cache_dir=root / "cache")
     assert res["ran"] == ["fit-linear__bit-xor__tiny-gpt2__random__d2__seed0"]
     assert (tmp_path / "other" / res["ran"][0] / "logistic-layer2.json").is_file()
@@ -404,8 +404,8 @@ def test_unfinished_store_is_resumed_not_reused(tiny_run, tmp_path, monkeypatch)
         g.attrs["complete"] = False
         g["train/done"][0] = False
     calls = []
-    real = reservoir.extraction.run
-    monkeypatch.setattr(reservoir.extraction, "run", lambda cfg, **k: calls.append(cfg.out) or real(cfg, **k))
+    real = reservoir.extract.run
+    monkeypatch.setattr(reservoir.extract, "run", lambda cfg, **k: calls.append(cfg.out) or real(cfg, **k))
     data = yaml.safe_load(TINY)
     data["cells"], data["paper"] = [{**data["cells"][0], "fit_layers": [1]}], []
     res = run_recipe(make(data), out=tmp_path / "resumed", device="cpu", progress=False, cache_dir=cache)

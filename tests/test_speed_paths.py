@@ -10,15 +10,15 @@ from click.testing import CliRunner
 
 import reservoir.store
 from reservoir.backbones import load_backbone
-from reservoir.batching import plan_order, plan_windows
+from reservoir.extract.plan import plan_order, plan_windows
 from reservoir.bench import BenchResult
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, extract_rows
-from reservoir.extraction import run as run_extract
+from reservoir.extract import ExtractConfig, extract_rows
+from reservoir.extract import run as run_extract
 from reservoir.store import FeatureStore
 from reservoir.training.cached import CachedHead
-from reservoir.writer import ChunkWriter
+from reservoir.extract.writer import ChunkWriter
 
 LISTOPS = {"n_train": 150, "n_test": 40, "min_length": 5, "max_length": 90}
 
@@ -66,11 +66,11 @@ def test_token_budget_gives_the_same_features_as_fixed_batches(tmp_path, name):
 
 def test_windows_of_one_chunk_give_the_same_store(tmp_path, monkeypatch):
     """Many small windows (resume-sized) and one large window write the same bytes."""
-    import reservoir.batching
+    import reservoir.extract.plan
 
     big = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
                                 out=str(tmp_path / "big.zarr")), progress=False)
-    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
     small = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS,
                                   out=str(tmp_path / "small.zarr")), progress=False)
@@ -107,7 +107,7 @@ def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch
         return original(self, split, chunks, *a, **k)
 
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
-    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 200)  # several windows of several chunks
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 200)  # several windows of several chunks
     monkeypatch.setattr(FeatureStore, "write_chunks", failing)
     with pytest.raises(OSError):
         run_extract(cfg, progress=False)

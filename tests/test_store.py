@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-import reservoir.batching
+import reservoir.extract.plan
 
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig, run as run_extract
+from reservoir.extract import ExtractConfig, run as run_extract
 from reservoir.store import FeatureStore, first_difference, rows_per_chunk
 
 XOR = {"n_train": 96, "n_test": 40, "n_bits": 5}
@@ -70,7 +70,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
                    progress=False)
     calls = {"n": 0}
     original = FeatureStore.write_chunks
-    monkeypatch.setattr(reservoir.batching, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def flaky(self, *args, **kw):
         calls["n"] += 1

@@ -10,8 +10,8 @@ import torch
 
 from reservoir.backbones import load_backbone
 from reservoir.errors import ReservoirError
-from reservoir.extraction import ExtractConfig
-from reservoir.extraction import run as run_extract
+from reservoir.extract import ExtractConfig
+from reservoir.extract import run as run_extract
 from reservoir.training import (
     Feeder,
     ReservoirClassifier,

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from reservoir import options
 from reservoir.backbones.arch import ArchFacts
 
 
@@ -58,7 +59,7 @@ def last_token_index(lengths: torch.Tensor, n_out_tokens: int = 1) -> tuple[torc
 
 
 #: How a layer's hidden states become a store row: the last real token(s), the first token, the mean over real ones.
-POOLINGS = ("last", "first", "mean")
+POOLINGS = options.POOLINGS
 
 
 @dataclass
@@ -94,6 +95,10 @@ class ReservoirBackbone(nn.Module):
     the input projection), which a feature store records.
     """
 
+    # set by every subclass's __init__ (declared here for type checkers: nn.Module's __getattr__ types them loosely)
+    info: BackboneInfo
+    input: nn.Linear
+    blocks: nn.ModuleList
     projection_info: dict | None = None
     #: Added to the final norm's weight to give the scale it applies (Gemma's ``1 + w``).
     norm_offset: float = 0.0

@@ -84,11 +84,11 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> Benc
 
     Examples
     --------
-    >>> from reservoir.extraction import ExtractConfig
+    >>> from reservoir.extract import ExtractConfig
     >>> r = bench_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=2))  # doctest: +SKIP
     >>> r["pass_over_bare"]  # doctest: +SKIP
     """
-    from reservoir.extraction import prepare
+    from reservoir.extract import prepare
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -134,11 +134,11 @@ def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = T
     """
     from dataclasses import replace
 
-    from reservoir.extraction import iter_windows, write_splits
+    from reservoir.extract.passes import create_store, iter_windows, write_splits
 
     _warm_up(prep)
     prep.config = replace(prep.config, out=str(path), format=fmt)
-    store = _create(prep, path, fmt)
+    store = create_store(prep, path, progress)
     r: dict[str, Any] = {"format": store.format, "path": path}
     with store:
         t0 = time.perf_counter()
@@ -155,24 +155,13 @@ def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = T
     return r
 
 
-def _create(prep, path: Path, fmt: str):
-    from reservoir.store import FeatureStore
-
-    task = prep.task
-    return FeatureStore.create(
-        path, prep.attrs, splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
-        feature_shape=(len(prep.layers), task.n_out_tokens, prep.backbone.n_dim),
-        projection_weight=prep.projection_weight, final_norm=prep.final_norm, fmt=fmt,
-        states_length=task.max_length if prep.config.full_seq_layer is not None else None)
-
-
 def _warm_up(prep) -> None:
     """Run the largest batch of the first split's plan once: kernels chosen, allocator grown to its peak size.
 
     Without it the first timed part pays one-time costs (about a tenth of a
     MiniLM pass over 2,000 ListOps rows on a CPU) that the later parts do not.
     """
-    from reservoir.batching import WINDOW_ROWS, plan_order
+    from reservoir.extract.plan import WINDOW_ROWS, plan_order
 
     split = next(iter(prep.task.splits.values()))
     rows = np.arange(min(len(split), WINDOW_ROWS))

@@ -129,7 +129,7 @@ def speedup(
     """
     from reservoir.backbones import load_backbone
     from reservoir.bench.extract import time_pass
-    from reservoir.extraction import ExtractConfig, prepare
+    from reservoir.extract import ExtractConfig, prepare
 
     if batch_size < 1 or max_live_rows < 1:
         raise ReservoirError(f"batch size and max live rows must be >= 1, found {batch_size}, {max_live_rows}")

@@ -9,13 +9,12 @@ from reservoir.cli.common import (
     _check_out,
     _parse_layers,
     _task_from,
-    amp_option,
-    backbone_option,
     ci,
     data_options,
-    device_option,
-    init_option,
+    extract_option,
+    forward_options,
     step_options,
+    train_option,
 )
 from reservoir.errors import ReservoirError
 
@@ -23,12 +22,12 @@ from reservoir.errors import ReservoirError
 def _live_options(f):
     """The task (or data file), backbone, init and depth of a benchmark that trains: bench speedup, bench train."""
     for option in reversed([
-        click.option("--task", default=None, help="Task name; or --data PATH."),
+        train_option("task", default=None),
         data_options,
-        click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable."),
-        backbone_option(),
-        init_option(),
-        click.option("--layers", default=None, type=int, help="Depth K (default all)."),
+        train_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None),
+        train_option("backbone"),
+        train_option("init"),
+        train_option("layers"),
     ]):
         f = option(f)
     return f
@@ -40,22 +39,16 @@ def bench():
 
 
 @bench.command("extract")
-@click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH.")
+@extract_option("task", default=None)
 @data_options
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@backbone_option()
-@init_option()
-@click.option("--layers", default=None, help="Depth K, a list like 0,3,6, or 'all'.")
-@click.option("--format", "fmt", default="zarr", show_default=True, type=click.Choice(["zarr", "hdf5"]),
-              help="Backend of the temporary store.")
-@click.option("--batch-size", default=None, type=int, help="Most sequences per forward (default 64 without --max-tokens).")
-@click.option("--max-tokens", default=None, type=int, help="Token budget per forward (rows x longest length).")
-@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]))
-@device_option()
-@amp_option()
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the inits and the input projection.")
-@click.option("--full-seq-layer", default=None, type=int, help="Also store every position at this layer.")
-@click.option("--truncate", is_flag=True, help="Cut sequences longer than the backbone's positions.")
+@extract_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None)
+@extract_option("backbone")
+@extract_option("init")
+@extract_option("layers", type=str)
+@extract_option("format", "--format", "fmt", default="zarr", show_default=True, help="Backend of the temporary store.")
+@forward_options
+@extract_option("full_seq_layer")
+@extract_option("truncate")
 @click.option("--naive-rows", default=128, show_default=True, type=int,
               help="Rows the naive way (full model, padded to the maximum, fp32) is timed on, then scaled.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
@@ -65,7 +58,7 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
     """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
     from reservoir.bench import bench_extract as run_bench
     from reservoir.bench import format_extract
-    from reservoir.extraction import ExtractConfig
+    from reservoir.extract import ExtractConfig
 
     if naive_rows < 1:
         raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
@@ -87,8 +80,8 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Rows per optimizer step.")
 @click.option("--max-live-rows", default=1024, show_default=True, type=int,
               help="Rows timed for each live epoch (scaled to the full epoch).")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
-@device_option()
+@train_option("seed")
+@train_option("device")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_speedup(task, data, input_column, label_column, params, backbone, init, layers, split_layer, batch_size,
                   max_live_rows, seed, device, out):
@@ -111,8 +104,8 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
 @click.option("--steps", default=50, show_default=True, type=int, help="Steps timed on each side.")
 @click.option("--warmup", default=10, show_default=True, type=int, help="Untimed steps first, on each side.")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
-@device_option()
+@train_option("seed")
+@train_option("device")
 @step_options
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_train(task, data, input_column, label_column, params, backbone, init, layers, finetune, batch_size, lr,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -11,7 +12,6 @@ import click
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.runtime import SEED_MAX
 
 
 class _Group(click.Group):
@@ -39,8 +39,7 @@ class _EchoHandler(logging.Handler):
 
 
 #: Every --seed: what torch generators, numpy and scikit-learn's ``random_state`` all take.
-SEED = click.IntRange(0, SEED_MAX)
-
+SEED = click.IntRange(0, options.SEED_MAX)
 
 def ci(interval) -> str:
     """A 95% interval of an accuracy as printed beside it: ``[21.33, 22.95]`` (percent); ``[n/a]`` without one."""
@@ -123,38 +122,68 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
     return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}
 
 
-def backbone_option(help: str = "Backbone name, hub id or local folder.") -> Any:
-    """``--backbone`` (default :data:`reservoir.options.DEFAULT_BACKBONE`)."""
-    return click.option("--backbone", default=options.DEFAULT_BACKBONE, show_default=True, help=help)
+#: Click types of the plain field types (the annotation without ``| None``); others parse as text.
+_TYPES: dict[str, Any] = {"int": int, "float": float}
 
 
-def init_option(help: str = "Backbone weights: checkpoint, architecture's random init, or per-tensor mean/std "
-                            "redraw.") -> Any:
-    """``--init``, one of :data:`reservoir.options.INITS`."""
-    return click.option("--init", default=options.INITS[0], show_default=True, type=click.Choice(options.INITS),
-                        help=help)
+def setting_option(found: options.Setting, *decls: str, annotation: str = "str", **changes: Any) -> Any:
+    """A click option of a :class:`~reservoir.options.Setting`: its flag, default, help and choices.
+
+    ``decls`` replaces the declared names (default: the setting's flag);
+    ``annotation`` is the field's type, which picks the click type where no
+    choices or seed range do; ``changes`` sets what the command line does
+    differently (``multiple``, ``metavar``, a ``type`` the command parses itself).
+    """
+    default = found.default
+    kw: dict[str, Any] = {"help": found.help}
+    if isinstance(default, bool):
+        kw["is_flag"] = True
+    else:
+        kw["default"] = ",".join(map(str, default)) if isinstance(default, list) else default
+        kw["show_default"] = default is not None and not isinstance(default, dict)
+        choices = found.constraint.choices if found.constraint is not None else None
+        if choices is not None:
+            kw["type"] = click.Choice(choices)
+        elif found.constraint is options.SEEDS:
+            kw["type"] = SEED
+        else:
+            kw["type"] = _TYPES.get(annotation.removesuffix(" | None"), str)
+    kw.update(changes)
+    if not decls and found.flag is None:
+        raise TypeError("a setting without a flag needs its option's names")
+    return click.option(*(decls or (found.flag,)), **kw)
 
 
-def device_option(default: str = "auto", help: str = options.DEVICE_HELP) -> Any:
-    """``--device``: cpu, cuda, cuda:N or auto."""
-    return click.option("--device", default=default, show_default=True, help=help)
+def config_option(config: Any, name: str, *decls: str, **changes: Any) -> Any:
+    """A click option built from field ``name`` of the configuration dataclass ``config``
+    (:mod:`reservoir.options`), so its help, default and choices exist once, on the field."""
+    found = options.field_setting(config, name)
+    annotation = str(next(f.type for f in dataclasses.fields(config) if f.name == name))
+    return setting_option(found, *(decls or (options.flag_of(name, found),)), annotation=annotation, **changes)
 
 
-def amp_option(help: str = "Autocast dtype on CUDA (auto: bf16 where supported).") -> Any:
-    """``--amp``, one of :data:`reservoir.options.AMPS`."""
-    return click.option("--amp", default=options.AMPS[0], show_default=True, type=click.Choice(options.AMPS),
-                        help=help)
+def extract_option(name: str, *decls: str, **changes: Any) -> Any:
+    """:func:`config_option` of :class:`~reservoir.extract.ExtractConfig` (``reservoir extract``, ``bench extract``)."""
+    from reservoir.extract.config import ExtractConfig
+
+    return config_option(ExtractConfig, name, *decls, **changes)
 
 
-def gain_option() -> Any:
-    """``--gain`` (default :data:`reservoir.options.PROJECTION_GAIN`)."""
-    return click.option("--gain", default=options.PROJECTION_GAIN, show_default=True, type=float,
-                        help="Gain of the orthogonal input projection.")
+def forward_options(f: Any) -> Any:
+    """How the forwards of an extraction run: ``--batch-size``, ``--max-tokens``, ``--dtype``, ``--device``,
+    ``--amp``, ``--seed`` (``reservoir extract``, ``bench extract``)."""
+    for name in reversed(("batch_size", "max_tokens", "dtype", "device", "amp", "seed")):
+        f = extract_option(name)(f)
+    return f
+
+
+def train_option(name: str, *decls: str, **changes: Any) -> Any:
+    """:func:`config_option` of :class:`~reservoir.training.TrainConfig` (``reservoir train``, ``plot attention``)."""
+    from reservoir.training.config import TrainConfig
+
+    return config_option(TrainConfig, name, *decls, **changes)
 
 
 def step_options(f: Any) -> Any:
     """``--amp`` and ``--cuda-graphs``: how a live training step runs (``train``, ``bench train``)."""
-    f = click.option("--cuda-graphs", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
-                     help="Capture the training step as one CUDA graph (auto: on CUDA when every train row has one "
-                          "length).")(f)
-    return amp_option(help="Autocast on CUDA (float32 master weights).")(f)
+    return train_option("amp")(train_option("cuda_graphs")(f))

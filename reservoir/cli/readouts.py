@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, device_option
+from reservoir import options
+from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, setting_option
 
 
 def _pct(value: float) -> str:
@@ -38,7 +39,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.command("fit-linear")
 @click.argument("store", type=click.Path())
 @click.option("--layer", default="all", show_default=True, help="Layer K, a list like 0,3,6, or 'all' (a depth sweep).")
-@click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]),
+@click.option("--readout", default="logistic", show_default=True, type=click.Choice(options.READOUTS),
               help="Multinomial logistic (its L2 path batched, whitened) or closed-form ridge (one eigendecomposition "
                    "per layer).")
 @click.option("--train-sizes", default=None, metavar="N,N,...,all",
@@ -53,7 +54,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of the validation split, the path's subsample, the learning curve and the bootstrap.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
-@device_option(default="cpu", help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge "
+@setting_option(options.DEVICE, default="cpu", help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge "
                                    "readout runs on the CPU.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
@@ -148,7 +149,7 @@ def _write_npz(path: Path, arrays: dict) -> None:
 @click.option("--task", default=None, help="A continuous task (images, bit XOR); or --data PATH.")
 @data_options
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@click.option("--readout", default="logistic", show_default=True, type=click.Choice(["logistic", "ridge"]))
+@click.option("--readout", default="logistic", show_default=True, type=click.Choice(options.READOUTS))
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the result as JSON here.")
 def fit_raw(task, data, input_column, label_column, params, readout, seed, out):

@@ -6,7 +6,8 @@ import textwrap
 
 import click
 
-from reservoir.cli.common import device_option
+from reservoir import options
+from reservoir.cli.common import setting_option
 
 
 @click.group()
@@ -27,7 +28,7 @@ def recipe_list():
 @recipe.command("run")
 @click.argument("ref", metavar="NAME|PATH")
 @click.option("--out", default=None, help="Results folder. Default: results/<recipe name>.")
-@device_option()
+@setting_option(options.DEVICE)
 @click.option("--cache", "cache_dir", default="cache/recipes", show_default=True,
               help="Where fit-linear feature stores are kept (reused across recipes when settings match).")
 @click.option("--force", is_flag=True, help="Redo runs whose results already exist.")

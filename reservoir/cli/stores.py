@@ -7,49 +7,25 @@ import sys
 
 import click
 
-from reservoir.cli.common import (
-    SEED,
-    _parse_layers,
-    _task_from,
-    amp_option,
-    backbone_option,
-    data_options,
-    device_option,
-    gain_option,
-    init_option,
-)
+from reservoir.cli.common import _parse_layers, _task_from, data_options, extract_option, forward_options
 from reservoir.errors import ReservoirError
 
 
 @click.command()
-@click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH.")
+@extract_option("task", default=None)
 @data_options
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
-              help="Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).")
-@backbone_option(help="minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny-vit, ...), a hub id (gpt2, "
-                      "EleutherAI/pythia-410m) or a local model folder.")
-@init_option()
-@click.option("--layers", default=None, help="Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all'.")
-@click.option("--pooling", default="last", show_default=True, metavar="last|first|mean",
-              help="How each layer becomes a row: the last real token, the first token, the mean over real tokens; "
-                   "several in one pass, e.g. last,mean (read with fit-linear --pooling).")
-@click.option("--out", default=None, help="Store path (.zarr folder or .h5 file). Default: "
-                                          "cache/<task>-<backbone>-<init>.zarr (--data: data-<file stem> as the task)")
-@click.option("--format", "fmt", default=None, type=click.Choice(["zarr", "hdf5"]), help="Store backend; default from the suffix.")
-@click.option("--batch-size", default=None, type=int,
-              help="Most sequences per forward pass (default 64; no row cap with --max-tokens unless given).")
-@click.option("--max-tokens", default=None, type=int,
-              help="Token budget per forward pass (rows x longest length): short sequences travel in large batches.")
-@click.option("--dtype", default="float16", show_default=True, type=click.Choice(["float16", "float32"]), help="Stored feature dtype.")
-@device_option()
-@amp_option()
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random/stats inits and the input projection.")
-@gain_option()
-@click.option("--revision", default=None, help="Hub revision (branch, tag or commit) for hub ids.")
-@click.option("--full-seq-layer", default=None, type=int,
-              help="Also store every position's state at this layer: a split-point store for `train --from-store`.")
-@click.option("--truncate", is_flag=True,
-              help="Keep the first max-positions tokens of longer sequences (recorded in the store) instead of failing.")
+@extract_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None)
+@extract_option("backbone")
+@extract_option("init")
+@extract_option("layers", type=str)
+@extract_option("pooling", metavar="last|first|mean")
+@extract_option("out")
+@extract_option("format", "--format", "fmt")
+@forward_options
+@extract_option("projection_gain")
+@extract_option("revision")
+@extract_option("full_seq_layer")
+@extract_option("truncate")
 @click.option("--download", is_flag=True,
               help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -57,8 +33,8 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
             max_tokens, dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.distributed import is_leader
-    from reservoir.extraction import ExtractConfig
-    from reservoir.extraction import run as run_extract
+    from reservoir.extract import ExtractConfig
+    from reservoir.extract import run as run_extract
     from reservoir.store import FeatureStore
 
     task, task_params = _task_from(task, data, input_column, label_column, params)

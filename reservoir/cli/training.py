@@ -6,47 +6,32 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import (
-    SEED,
-    _Group,
-    _task_from,
-    backbone_option,
-    ci,
-    data_options,
-    device_option,
-    init_option,
-    step_options,
-)
+from reservoir.cli.common import _Group, _task_from, ci, data_options, step_options, train_option
 
 
 @click.command()
-@click.option("--task", default=None, help="Task name (see `reservoir tasks`); or --data PATH; not needed with "
-                                           "--from-store.")
+@train_option("task", default=None)
 @data_options
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@click.option("--from-store", default=None, type=click.Path(),
-              help="Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.")
-@backbone_option()
-@init_option()
-@click.option("--layers", default=None, type=int, help="Depth K: keep blocks 1..K (default all).")
-@click.option("--finetune", default="fpt", show_default=True,
-              help="Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
-                   "input, positions, layernorm, attention, feedforward, recurrent (LSTM), output.")
-@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@train_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None)
+@train_option("from_store", type=click.Path())
+@train_option("backbone")
+@train_option("init")
+@train_option("layers")
+@train_option("finetune")
+@train_option("lr")
 @click.option("--lr-sweep", default=None, metavar="LOW:HIGH:N",
               help="Sweep N log-spaced learning rates; pick by mean validation accuracy (Rothermel et al.).")
 @click.option("--seeds", default=1, show_default=True, type=int, help="Seeds per learning rate (with --lr-sweep).")
-@click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000 unless --epochs).")
-@click.option("--epochs", default=None, type=float, help="Passes over the training split.")
-@click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
-@click.option("--eval-every", default=100, show_default=True, type=int, help="Steps between validation passes.")
-@click.option("--dropout", default=0.0, show_default=True, type=float, help="Dropout inside the backbone in training.")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
-@click.option("--split-layer", default=0, show_default=True, type=int,
-              help="Train only blocks above this layer (what a split-point store at this layer allows).")
-@device_option()
+@train_option("steps")
+@train_option("epochs")
+@train_option("batch_size")
+@train_option("eval_every")
+@train_option("dropout")
+@train_option("seed")
+@train_option("split_layer")
+@train_option("device")
 @step_options
-@click.option("--out", default=None, help="Run folder (checkpoints, results.json); default results/train/<run>.")
+@train_option("out")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,
           seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp, cuda_graphs, out, quiet):
@@ -88,19 +73,19 @@ def plot():
 @click.option("--run", "run_dir", default=None, type=click.Path(),
               help="A finished `reservoir train` folder. Default: the folder `reservoir train` would use for the "
                    "options below, trained first if it holds no finished run.")
-@click.option("--task", default=None, help="Task to train on when --run is not given (e.g. bit-xor); or --data PATH.")
+@train_option("task", default=None, help="Task to train on when --run is not given (e.g. bit-xor); or --data PATH.")
 @data_options
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="Task parameter, repeatable.")
-@backbone_option()
-@init_option()
-@click.option("--finetune", default="fpt", show_default=True, help="Groups trained (as in `reservoir train`).")
-@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
-@click.option("--steps", default=None, type=int, help="Optimizer steps (default 2000).")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of inits, projection, head and data order.")
+@train_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None)
+@train_option("backbone")
+@train_option("init")
+@train_option("finetune")
+@train_option("lr")
+@train_option("steps")
+@train_option("seed")
 @click.option("--layer", default=1, show_default=True, type=int, help="Block whose attention is drawn (1 = first).")
 @click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")
 @click.option("--split", default="test", show_default=True, help="Split the example comes from.")
-@device_option()
+@train_option("device")
 @click.option("--out", default=None, help="PNG path. Default: <run>/attention-layer<L>-example<N>.png.")
 def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
                    layer, example, split, device, out):

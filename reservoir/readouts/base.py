@@ -11,68 +11,17 @@ scikit-learn tags and the check of every parameter, which ``fit`` runs first
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 
-#: A parameter check: a predicate on the value and what it expects, in words.
-Check = tuple[Callable[[Any], bool], str]
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
-
-
-def integer(low: int) -> Check:
-    """An integer ``>= low``."""
-    return (lambda v: _is_int(v) and v >= low), f"an integer >= {low}"
-
-
-def number(low: float, high: float | None = None, open_low: bool = False) -> Check:
-    """A finite number ``>= low`` (``> low`` when ``open_low``), and ``< high`` when given."""
-    def ok(v) -> bool:
-        return _is_real(v) and (v > low if open_low else v >= low) and (high is None or v < high)
-    if high is not None:
-        return ok, f"a number in {'(' if open_low else '['}{low}, {high})"
-    return ok, f"a number {'>' if open_low else '>='} {low}"
-
-
-def one_of(*options: str) -> Check:
-    """One of ``options``."""
-    return (lambda v: isinstance(v, str) and v in options), "one of " + ", ".join(map(repr, options))
-
-
-def grid(low: float, open_low: bool) -> Check:
-    """``None`` (a default grid) or a non-empty sequence of numbers as :func:`number` checks them."""
-    each, words = number(low, open_low=open_low)
-
-    def ok(v) -> bool:
-        return v is None or (not isinstance(v, (str, bytes)) and hasattr(v, "__len__") and len(v) > 0
-                             and all(each(a) for a in v))
-    return ok, f"None or a non-empty list of numbers {words.removeprefix('a number ')}"
-
-
-def optional(check: Check) -> Check:
-    """``None`` or what ``check`` accepts."""
-    ok, words = check
-    return (lambda v: v is None or ok(v)), f"None or {words}"
-
-
-FLAG: Check = (lambda v: isinstance(v, (bool, np.bool_)), "True or False")
-RANDOM_STATE: Check = (lambda v: v is None or (_is_int(v) and v >= 0), "None or an integer >= 0")
 #: The share of training rows held out to choose the L2 strength.
-VAL_FRACTION: Check = number(0, 1, open_low=True)
+VAL_FRACTION = options.number(0, 1, open_low=True)
 
 
 class LinearReadout(ClassifierMixin, BaseEstimator):
@@ -96,20 +45,18 @@ class LinearReadout(ClassifierMixin, BaseEstimator):
     ReservoirError
         (a ``ValueError``) from ``fit``, before any data is read, for a
         parameter outside its range, naming it, its range and its value:
-        ``"LogisticReadout: val_fraction must be a number in (0, 1); found 2.0"``.
+        ``"LogisticReadout: val_fraction must be a number in (0, 1), found 2.0"``.
     """
 
-    #: Parameter name -> :data:`Check`; :meth:`_check_params` runs them all.
-    _parameter_checks: ClassVar[dict[str, Check]] = {}
+    #: Parameter name -> its :class:`~reservoir.options.Constraint`; :meth:`_check_params` runs them all.
+    _parameter_checks: ClassVar[dict[str, options.Constraint]] = {}
     #: Feature dtypes ``validate_data`` may keep (others are converted to the first).
     _dtype: Any = np.float32
 
     def _check_params(self) -> None:
         """Refuse any parameter outside its range with one line naming it, what was expected and what came."""
-        for name, (ok, expected) in self._parameter_checks.items():
-            value = getattr(self, name)
-            if not ok(value):
-                raise ReservoirError(f"{type(self).__name__}: {name} must be {expected}; found {value!r}")
+        for name, constraint in self._parameter_checks.items():
+            constraint.check(getattr(self, name), f"{type(self).__name__}: {name}")
 
     def _validated(self, X) -> np.ndarray:
         """``X`` checked against the fitted estimator (fitted, ``n_features_in_`` columns)."""

@@ -50,6 +50,7 @@ import torch
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import validate_data
 
+from reservoir import options
 from reservoir.readouts import base
 from reservoir.readouts.lbfgs import lbfgs
 from reservoir.readouts.multinomial import Multinomial
@@ -149,10 +150,11 @@ class LogisticReadout(base.LinearReadout):
     True
     """
 
-    _parameter_checks: ClassVar[dict[str, base.Check]] = {
-        "alphas": base.grid(0, open_low=False), "val_fraction": base.VAL_FRACTION, "whiten": base.FLAG,
-        "penalty": base.one_of("whitened", "standardized"), "max_iter": base.integer(1), "tol": base.number(0),
-        "path_rows": base.optional(base.integer(2)), "random_state": base.RANDOM_STATE,
+    _parameter_checks: ClassVar[dict[str, options.Constraint]] = {
+        "alphas": options.grid(options.number(0)), "val_fraction": base.VAL_FRACTION, "whiten": options.FLAG,
+        "penalty": options.one_of("whitened", "standardized"), "max_iter": options.integer(1),
+        "tol": options.number(0), "path_rows": options.optional(options.integer(2)),
+        "random_state": options.RANDOM_STATE,
     }
 
     def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,

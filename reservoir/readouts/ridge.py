@@ -28,6 +28,7 @@ from typing import ClassVar
 import numpy as np
 from sklearn.utils.validation import validate_data
 
+from reservoir import options
 from reservoir.readouts import base
 from reservoir.readouts.stats import (
     MOMENT_BLOCK_ROWS,
@@ -146,9 +147,9 @@ class RidgeReadout(base.LinearReadout):
     True
     """
 
-    _parameter_checks: ClassVar[dict[str, base.Check]] = {
-        "alphas": base.grid(0, open_low=True), "val_fraction": base.VAL_FRACTION, "random_state": base.RANDOM_STATE,
-        "precision": base.optional(base.number(0, 1)),
+    _parameter_checks: ClassVar[dict[str, options.Constraint]] = {
+        "alphas": options.grid(options.number(0, open_low=True)), "val_fraction": base.VAL_FRACTION,
+        "random_state": options.RANDOM_STATE, "precision": options.optional(options.number(0, 1)),
     }
     _dtype = (np.float64, np.float32)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import writable_folder
 from reservoir.readouts.features import layer_bytes, opened
@@ -30,7 +31,7 @@ from reservoir.store import FeatureStore
 if TYPE_CHECKING:
     from reservoir.tasks import TaskData
 
-READOUTS = ("logistic", "ridge")
+READOUTS = options.READOUTS
 KINDS = ("fit-linear", "fit-raw")
 #: ``stream="auto"`` streams a layer whose train features exceed this many bytes as float32.
 STREAM_AUTO_BYTES = 2 * 1024**3

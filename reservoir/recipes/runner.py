@@ -44,7 +44,7 @@ def result_files(run: Run, folder: Path) -> list[Path]:
 
 def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:
     """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
-    import reservoir.extraction as ex
+    import reservoir.extract as ex
     from reservoir.store import FeatureStore, remove
     from reservoir.tasks import load_task
 
@@ -77,10 +77,9 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
 def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:
     """Compute one run into ``folder``; return a short summary."""
     from reservoir.results import write_result
+    from reservoir.runtime import resolve_device
 
     c = run.cell
-    from reservoir.extraction import resolve_device
-
     fit_device = str(resolve_device(device))
     if run.kind == "fit-raw":
         import reservoir.readouts.run as rr

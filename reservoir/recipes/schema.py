@@ -135,9 +135,9 @@ class Cell:
         self.backbone = [str(b) for b in _as_list(self.backbone)]
         self.finetune = [str(f) for f in _as_list(self.finetune)]
         self.tag = None if self.tag is None else _check_id(self.tag, f"tag in {w}")
-        self.init = _choices(_as_list(self.init), ("pretrained", "random", "stats"), "init", w)
-        self.readout = _choices(_as_list(self.readout), ("logistic", "ridge"), "readout", w)
-        _choices([self.dtype], ("float16", "float32"), "dtype", w)
+        self.init = _choices(_as_list(self.init), options.INITS, "init", w)
+        self.readout = _choices(_as_list(self.readout), options.READOUTS, "readout", w)
+        _choices([self.dtype], options.DTYPES, "dtype", w)
         self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
                        for v in _as_list(self.layers)]
         self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 
 Format = Literal["zarr", "hdf5"]
@@ -38,7 +39,7 @@ def detect_format(path: str | os.PathLike, fmt: str | None = None) -> Format:
 
     An explicit choice that contradicts the store already at ``path`` is refused.
     """
-    if fmt is not None and fmt not in ("zarr", "hdf5"):
+    if fmt is not None and fmt not in options.FORMATS:
         raise ReservoirError(f"unknown store format {fmt!r}; expected zarr or hdf5")
     p = Path(path)
     found = existing_format(p)

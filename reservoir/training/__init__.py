@@ -26,6 +26,7 @@ Examples
 --------
 >>> from reservoir.backbones import load_backbone
 >>> from reservoir.tasks import load_task
+>>> from reservoir.training import ReservoirClassifier, TrainConfig, TrainData, train
 >>> task = load_task("bit-xor", {"n_train": 200, "n_test": 100})
 >>> model = ReservoirClassifier(load_backbone("tiny-gpt2", d_in=task.d_in), 1, 5, task.n_classes)
 >>> r = train(model, TrainData.from_task(task), TrainConfig(task="bit-xor", steps=20), progress=False)
@@ -33,19 +34,37 @@ Examples
 trainable params: ...
 >>> r.metrics["n_test"]
 100
+
+Names are imported on first use, so the configuration (what the command line
+builds its options from) is read without loading torch.
 """
 
-from reservoir.training.builders import build, finished_or_run, load_run, run, run_config
-from reservoir.training.classifier import ReservoirClassifier, heads_per_token, loss_fn
-from reservoir.training.config import BOUNDS, TrainConfig, check_number
-from reservoir.training.data import Feeder, TrainData, batch_rows, carve_val
-from reservoir.training.loop import TrainResult, evaluate, steps_to_converge, train
-from reservoir.training.stores import build_from_store, config_for_store, train_cached
-from reservoir.training.sweeps import SweepResult, parse_lr_sweep, sweep
+from __future__ import annotations
 
-__all__ = [
-    "BOUNDS", "Feeder", "ReservoirClassifier", "SweepResult", "TrainConfig", "TrainData", "TrainResult",
-    "batch_rows", "build", "build_from_store", "finished_or_run", "carve_val", "check_number", "config_for_store", "evaluate",
-    "heads_per_token", "load_run", "loss_fn", "parse_lr_sweep", "run", "run_config", "steps_to_converge", "sweep",
-    "train", "train_cached",
-]
+import importlib
+from typing import Any
+
+#: Each public name and the module it comes from.
+_SOURCES = {
+    **dict.fromkeys(("build", "finished_or_run", "load_run", "run", "run_config"), "builders"),
+    **dict.fromkeys(("ReservoirClassifier", "heads_per_token", "loss_fn"), "classifier"),
+    **dict.fromkeys(("BOUNDS", "TrainConfig", "check_number"), "config"),
+    **dict.fromkeys(("Feeder", "TrainData", "batch_rows", "carve_val"), "data"),
+    **dict.fromkeys(("TrainResult", "evaluate", "steps_to_converge", "train"), "loop"),
+    **dict.fromkeys(("build_from_store", "config_for_store", "train_cached"), "stores"),
+    **dict.fromkeys(("SweepResult", "parse_lr_sweep", "sweep"), "sweeps"),
+}
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(f"reservoir.training.{_SOURCES[name]}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'reservoir.training' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,75 +1,27 @@
-"""The settings of a live training run: :class:`TrainConfig`, the bounds of its numbers, its default folder."""
+"""The settings of a live training run: :class:`TrainConfig`, the bounds of its numbers, its default folder.
+
+Each field carries its option's help, default and constraint
+(:mod:`reservoir.options`): ``reservoir train`` builds its options from them,
+recipes check their cells against the same constraints (:func:`check_number`),
+and a bad value is refused here in one line naming the option.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import numbers
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from reservoir import options
-from reservoir.errors import ReservoirError
+from reservoir.options import integer, number, one_of, optional, setting
 from reservoir.settings import slug
-from reservoir.training.freeze import parse_groups
 
-
-class _Bound(NamedTuple):
-    """The values one number of :class:`TrainConfig` may take."""
-
-    integer: bool
-    ok: Callable[[float], bool]
-    expected: str
-    optional: bool = False  # None is allowed (it means the default)
-    option: bool = True  # `reservoir train` has an option for it (errors name --the-option, else the field)
-
-
-#: The range of every number in :class:`TrainConfig` (recipes check their cells against it too).
-BOUNDS: dict[str, _Bound] = {
-    "layers": _Bound(True, lambda v: v >= 0, "an integer >= 0", optional=True),
-    "lr": _Bound(False, lambda v: v > 0, "a finite number > 0"),
-    "steps": _Bound(True, lambda v: v >= 1, "an integer >= 1", optional=True),
-    "epochs": _Bound(False, lambda v: v > 0, "a finite number > 0", optional=True),
-    "batch_size": _Bound(True, lambda v: v >= 1, "an integer >= 1"),
-    "eval_every": _Bound(True, lambda v: v >= 1, "an integer >= 1"),
-    "seed": _Bound(True, lambda v: 0 <= v < 2**32, "an integer in 0..4294967295"),  # what numpy and sklearn take
-    "dropout": _Bound(False, lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "grad_clip": _Bound(False, lambda v: v >= 0, "a finite number >= 0 (0: no clipping)", option=False),
-    "val_fraction": _Bound(False, lambda v: 0 < v < 1, "a number in (0, 1)", option=False),
-    "projection_gain": _Bound(False, lambda v: v > 0, "a finite number > 0", option=False),
-    "split_layer": _Bound(True, lambda v: v >= 0, "an integer >= 0"),
-}
 
 #: Optimizer steps of a run that gives neither ``steps`` nor ``epochs``.
 DEFAULT_STEPS = 2000
-
-
-def check_number(name: str, value: Any, label: str | None = None) -> None:
-    """Refuse a value of the :class:`TrainConfig` number ``name`` outside :data:`BOUNDS`, in one line.
-
-    ``label`` names the value in the message; by default the ``reservoir
-    train`` option (``--batch-size``), else the field's name.
-
-    Examples
-    --------
-    >>> check_number("steps", 0)
-    Traceback (most recent call last):
-    ...
-    reservoir.errors.ReservoirError: --steps must be an integer >= 1, found 0
-    >>> check_number("lr", -1.0, label="lr in cells[0]")
-    Traceback (most recent call last):
-    ...
-    reservoir.errors.ReservoirError: lr in cells[0] must be a finite number > 0, found -1.0
-    """
-    bound = BOUNDS[name]
-    if value is None and bound.optional:
-        return
-    finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not (finite and (not bound.integer or value == int(value)) and bound.ok(value)):
-        label = label or ("--" + name.replace("_", "-") if bound.option else name)
-        raise ReservoirError(f"{label} must be {bound.expected}, found {value!r}")
 
 
 @dataclass
@@ -90,42 +42,50 @@ class TrainConfig:
     124
     """
 
-    task: str = field(metadata={"help": "registered task name"})
-    backbone: str = field(default=options.DEFAULT_BACKBONE, metadata={"help": "backbone name, hub id or folder"})
-    init: str = field(default=options.INITS[0], metadata={"help": " | ".join(options.INITS)})
-    layers: int | None = field(default=None, metadata={"help": "depth K: blocks 1..K; default all"})
-    finetune: str = field(default="fpt", metadata={"help": "groups to train: fpt, all, output or a comma list"})
-    task_params: dict[str, Any] = field(default_factory=dict, metadata={"help": "task parameters"})
-    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
-    steps: int | None = field(default=None, metadata={"help": "optimizer steps (default: epochs, else 2000)"})
-    epochs: float | None = field(default=None, metadata={"help": "passes over train (alternative to steps)"})
-    batch_size: int = field(default=16, metadata={"help": "sequences per step"})
-    eval_every: int = field(default=100, metadata={"help": "steps between validation passes"})
-    seed: int = field(default=0, metadata={"help": "seed of inits, projection, head, data order"})
-    dropout: float = field(default=0.0, metadata={"help": "dropout inside the backbone while training"})
-    grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
-    val_fraction: float = field(default=0.1, metadata={"help": "train share held out when the task has no val"})
-    projection_gain: float = field(default=options.PROJECTION_GAIN, metadata={"help": "gain of the orthogonal input projection"})
-    split_layer: int = field(default=0, metadata={"help": "train only blocks above this layer (split point)"})
-    from_store: str | None = field(default=None, metadata={"help": "split-point store to start from"})
-    device: str = field(default="auto", metadata={"help": "cpu | cuda | cuda:N | auto"})
-    amp: str = field(default=options.AMPS[0], metadata={"help": "CUDA autocast: " + " | ".join(options.AMPS)})
-    cuda_graphs: str = field(default="auto", metadata={
-        "help": "capture the training step as one CUDA graph: auto (on CUDA when every train row has one length), "
-                "on (refuse where it cannot), off"})
-    out: str | None = field(default=None, metadata={"help": "run folder (checkpoints, results.json)"})
+    task: str = setting("Task name (see `reservoir tasks`); or --data PATH; not needed with --from-store.")
+    backbone: str = options.BACKBONE.field()
+    init: str = options.INIT.field()
+    layers: int | None = setting("Depth K: keep blocks 1..K (default all).", None, optional(integer(0)))
+    finetune: str = setting("Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
+                            "input, positions, layernorm, attention, feedforward, recurrent (LSTM), output.", "fpt")
+    task_params: dict[str, Any] = setting("Task parameter, repeatable (e.g. -p n_train=4000).", flag="--param",
+                                          factory=dict)
+    lr: float = setting("Adam learning rate.", 1e-3, number(0, open_low=True))
+    steps: int | None = setting(f"Optimizer steps (default {DEFAULT_STEPS} unless --epochs).", None,
+                                optional(integer(1)))
+    epochs: float | None = setting("Passes over the training split (instead of --steps).", None,
+                                   optional(number(0, open_low=True)))
+    batch_size: int = setting("Sequences per step.", 16, integer(1))
+    eval_every: int = setting("Steps between validation passes.", 100, integer(1))
+    seed: int = options.SEED.field(help="Seed of inits, projection, head and data order.")
+    dropout: float = setting("Dropout inside the backbone in training.", 0.0, number(0, 1))
+    grad_clip: float = setting("Gradient-norm clip.", 1.0, number(0, words="a finite number >= 0 (0: no clipping)"),
+                               cli=False)
+    val_fraction: float = setting("Share of train held out when the task has no validation split.", 0.1,
+                                  number(0, 1, open_low=True), cli=False)
+    projection_gain: float = options.GAIN.field(cli=False, constraint=number(0, open_low=True))
+    split_layer: int = setting("Train only blocks above this layer (what a split-point store at this layer allows).",
+                               0, integer(0))
+    from_store: str | None = setting("Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.",
+                                     None)
+    device: str = options.DEVICE.field()
+    amp: str = options.AMP.field()
+    cuda_graphs: str = setting("Capture the training step as one CUDA graph (auto: on CUDA when every train row has "
+                               "one length).", "auto", one_of(*options.CUDA_GRAPHS))
+    out: str | None = setting("Run folder (checkpoints, results.json); default results/train/<run>.", None)
 
     def __post_init__(self) -> None:
         """Refuse bad settings before anything is built or written (one line naming the option)."""
-        for name in BOUNDS:
-            check_number(name, getattr(self, name))
+        from reservoir.training.freeze import parse_groups
+
+        options.check_fields(self)
         parse_groups(self.finetune)
-        if self.cuda_graphs not in ("auto", "on", "off"):
-            raise ReservoirError(f"--cuda-graphs must be auto, on or off, found {self.cuda_graphs!r}")
 
     def default_out(self) -> str:
         """The run folder when ``out`` is unset: ``results/train/<task>-<backbone>-<init>-<groups>-lr<lr>-seed<s>``."""
         from reservoir.tasks.base import task_label  # a data file's task: data-<file stem>
+
+        from reservoir.training.freeze import parse_groups
 
         name, task = slug(self.backbone), task_label(self.task, self.task_params)
         groups = "+".join(parse_groups(self.finetune))
@@ -149,3 +109,30 @@ class TrainConfig:
         for k in ("device", "out", "amp", "eval_every", "cuda_graphs"):
             d.pop(k)
         return json.loads(json.dumps(d, default=float))
+
+
+#: The constraint of every number of :class:`TrainConfig` (recipes check their cells against it too).
+BOUNDS: dict[str, options.Constraint] = {
+    f.name: f.metadata["setting"].constraint for f in dataclasses.fields(TrainConfig)
+    if f.metadata["setting"].constraint is not None and f.name not in ("init", "amp", "cuda_graphs")
+}
+
+
+def check_number(name: str, value: Any, label: str | None = None) -> None:
+    """Refuse a value of the :class:`TrainConfig` number ``name`` outside its constraint (:data:`BOUNDS`), in one line.
+
+    ``label`` names the value in the message; by default the ``reservoir
+    train`` option (``--batch-size``), else the field's name.
+
+    Examples
+    --------
+    >>> check_number("steps", 0)
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: --steps must be an integer >= 1, found 0
+    >>> check_number("lr", -1.0, label="lr in cells[0]")
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: lr in cells[0] must be a finite number > 0, found -1.0
+    """
+    BOUNDS[name].check(value, label or options.label_of(name, options.field_setting(TrainConfig, name)))

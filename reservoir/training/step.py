@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.runtime import attention_backends, autocast
 from reservoir.training.classifier import ReservoirClassifier, loss_fn
@@ -47,7 +48,7 @@ RESIDENT_BYTES = 2 * 2**30
 GRAPH_WARMUP_STEPS = 3
 #: Batches a background reader keeps ready for a split that is not resident.
 PREFETCH = 4
-GRAPH_CHOICES = ("auto", "on", "off")
+GRAPH_CHOICES = options.CUDA_GRAPHS
 
 
 def adam(params: list[nn.Parameter], lr: float, device: torch.device) -> torch.optim.Adam:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reservoir.batching import plan_order
+from reservoir.extract.plan import plan_order
 from reservoir.runtime import forward_context
 
 
@@ -40,7 +40,7 @@ class Engine:
     """One extraction pass's fixed parts: runs windows of rows through the backbone on the device.
 
     ``run`` takes a window's rows, a length-sorted order and batch bounds
-    (:func:`reservoir.batching.plan_order`) and returns the features in the
+    (:func:`reservoir.extract.plan.plan_order`) and returns the features in the
     window's own row order, on the device, in ``out_dtype``. With
     ``keep=False`` it is the *bare forward*: the same uploads and forwards,
     nothing gathered or kept (what ``bench extract`` compares against).

@@ -1,9 +1,10 @@
-"""A background writer: store chunks are compressed and written while the next window computes.
+"""A background writer: store chunks are written while the next window computes.
 
 The extraction loop hands each finished window to :class:`ChunkWriter` and
 goes on with the next one; one thread writes the window's chunks (and their
 ``done`` flags) in order. The queue is short, so at most ``depth`` windows wait
-in memory. A write error stops the run at the next hand-over (or at
+in memory. :func:`write_window` is what a pass hands it: a :class:`FinishedWindow`
+into the store. A write error stops the run at the next hand-over (or at
 :meth:`ChunkWriter.close`) with the original exception; a chunk whose write
 failed is never marked done, so the same command resumes there.
 """
@@ -12,7 +13,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.extract.plan import Window
+    from reservoir.store import FeatureStore
+    from reservoir.tasks import Split
 
 _STOP = object()
 T = TypeVar("T")
@@ -83,3 +92,31 @@ class ChunkWriter(Generic[T]):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(abandon=exc_type is not None)
+
+
+@dataclass
+class FinishedWindow:
+    """A computed window on its way to the store (what the pass hands the background writer)."""
+
+    split_name: str
+    split: Split  # the task's split the window's rows come from
+    window: Window
+    feats: Any  # (n, P, n_layers, n_out, n_dim) host tensor, pinned on CUDA
+    states: Any  # (n, L, n_dim) host tensor or None
+    ready: Any  # the CUDA event that marks the copy to the host done; None on the CPU
+
+
+def write_window(store: FeatureStore, item: FinishedWindow) -> None:
+    """Write a finished window's unfinished chunks (features per pooling, labels, lengths, states) and their flags."""
+    name, split, window = item.split_name, item.split, item.window
+    if item.ready is not None:
+        item.ready.synchronize()  # the window's device-to-host copy has landed
+    feats = item.feats.numpy()  # (n, P, n_layers, n_out, n_dim)
+    states = None if item.states is None else item.states.numpy()
+    todo = [c for c in window.chunks if c not in window.done]  # done ones ran only to batch rows as before
+    rows = window.rows  # the split's rows of window.chunks, chunk after chunk
+    if window.done:
+        keep = ~np.isin(rows // store.chunk_rows(name), window.done)  # (n,) the rows of chunks still to write
+        rows, feats, states = rows[keep], feats[keep], None if states is None else states[keep]
+    store.write_chunks(name, todo, {p: feats[:, i] for i, p in enumerate(store.poolings)}, split.labels[rows],
+                       lengths=split.lengths[rows], states=states)

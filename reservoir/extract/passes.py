@@ -1,0 +1,152 @@
+"""The pass itself: every unfinished chunk of every split computed and written, by one process or one rank.
+
+For each split, the unfinished store chunks are grouped into windows
+(:mod:`reservoir.extract.plan`): a window's rows go to the device in one
+transfer, sorted by length and cut into batches (a batch is padded only to
+its own longest sequence, and holds at most ``batch_size`` rows or
+``max_tokens`` padded tokens). Each batch runs blocks ``1..max(layers)`` once
+under ``inference_mode``, in the compute dtype the weights were cast to once
+(:func:`reservoir.runtime.cast_for_inference`), and the pooled hidden states
+of every requested layer stay on the device until the window ends
+(:class:`~reservoir.extract.engine.Engine`). The window then goes to the host
+in one copy and a background thread (:class:`~reservoir.extract.writer.ChunkWriter`)
+writes its chunks while the next window computes. A chunk's ``done`` flag is
+set after its rows are written, so a rerun with the same settings skips
+finished chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from reservoir import distributed
+from reservoir.extract.engine import to_host
+from reservoir.extract.plan import Window, plan_order, plan_windows
+from reservoir.extract.prepare import ExtractionPlan
+from reservoir.extract.writer import ChunkWriter, FinishedWindow, write_window
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.store import FeatureStore
+    from reservoir.tasks import Split
+
+
+@dataclass
+class PlannedWindow:
+    """One window of one split as the pass runs it: its rows' length order and batch bounds, and the split's bar."""
+
+    name: str  # the split's name
+    split: Split
+    window: Window
+    order: np.ndarray  # (n,) positions in window.rows, by increasing length
+    bounds: list[tuple[int, int]]  # batch i is order[lo:hi]
+    bar: Any  # the split's progress bar (anything with update(n))
+
+
+def write_store(plan: ExtractionPlan, out: Path, progress: bool = True) -> None:
+    """Create (or reopen and repair) the store at ``out`` in this process and write every unfinished chunk.
+
+    A store this call created is removed again if the pass fails before
+    anything could be kept; ``plan.timings["pass_s"]`` receives the pass's seconds.
+    """
+    fresh = not out.exists()
+    store = create_store(plan, out, progress)
+    t0 = time.perf_counter()
+    with store:  # closed on the way out; an error already in flight is the one reported
+        try:
+            if not store.complete:
+                write_splits(plan, store, progress)
+                store.mark_complete()
+        except BaseException:
+            if fresh:
+                store.discard()  # a store of this run with no chunk written is not left behind
+            raise
+    plan.timings["pass_s"] = time.perf_counter() - t0
+
+
+def create_store(plan: ExtractionPlan, out: Path, progress: bool = True) -> FeatureStore:
+    """The store at ``out``, created or reopened (and repaired) with its write lock (``FeatureStore.create``)."""
+    from reservoir.store import FeatureStore
+
+    task = plan.task
+    return FeatureStore.create(
+        out,
+        plan.attrs,
+        splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
+        feature_shape=(len(plan.layers), task.n_out_tokens, plan.backbone.n_dim),
+        projection_weight=plan.projection_weight,
+        final_norm=plan.final_norm,
+        fmt=plan.config.format,
+        states_length=plan.states_length(),
+        progress=progress,
+    )
+
+
+def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = True,
+                 job: distributed.Local = distributed.LOCAL, done: dict[str, np.ndarray] | None = None) -> None:
+    """Compute every unfinished chunk of every split and write it (the pass itself).
+
+    ``job`` and ``done``: a rank of a sharded job writes its share of the
+    chunks that the ``done`` flags rank 0 read leave unfinished.
+    """
+    import torch
+
+    engine = plan.engine()
+
+    def write(item: FinishedWindow) -> None:
+        write_window(store, item)
+
+    with ChunkWriter(write) as writer, torch.inference_mode(), plan.context:
+        for w in iter_windows(plan, store, progress, job=job, done=done):
+            feats, states = engine.run(w.split.inputs, w.split.lengths, w.window.rows, w.order, w.bounds,
+                                       progress=w.bar)
+            writer.submit(FinishedWindow(w.name, w.split, w.window, *to_host(feats, states)))
+
+
+def iter_windows(plan: ExtractionPlan, store: FeatureStore, progress: bool = True, every_chunk: bool = False,
+                 job: distributed.Local = distributed.LOCAL,
+                 done: dict[str, np.ndarray] | None = None) -> Iterator[PlannedWindow]:
+    """Yield a :class:`PlannedWindow` for every unfinished window (of this rank's share).
+
+    The one plan both the pass and ``bench extract``'s bare forward follow
+    (the latter with ``every_chunk``: the windows of a fresh store). A split
+    of varying lengths runs the windows of a fresh store that hold an
+    unfinished chunk, so a resumed store equals an uninterrupted one bit for
+    bit (:func:`~reservoir.extract.plan.plan_windows` with ``stable``).
+
+    A rank of a sharded job gets every ``world``-th unit. A split whose
+    sequences all have one length deals its chunks (then plans this rank's
+    windows from them): a row's batch mates change, its features do not (on
+    the CPU, batch size does not change a row's result). A split of varying
+    lengths deals the windows a single process would run, so every row is
+    padded and batched as in a single process and the store is the same, bit
+    for bit.
+    """
+    cfg = plan.config
+    for name, split in plan.task.splits.items():
+        flags = store.done(name) if done is None else done[name]
+        todo = np.arange(len(flags)) if every_chunk else np.flatnonzero(~flags)
+        varying = len(split) > 0 and int(split.lengths.min()) != int(split.lengths.max())
+        args = (store.chunk_rows(name), len(split), _row_bytes(store, name, split))
+        if varying:
+            windows = job.deal(plan_windows(todo, *args, stable=True))
+        else:
+            windows = plan_windows(np.asarray(job.deal(todo.tolist()), dtype=np.int64), *args, stable=False)
+        with job.bar(f"extract {name}", sum(len(w.rows) for w in windows), progress) as bar:
+            for w in windows:
+                yield PlannedWindow(name, split, w, *plan_order(split.lengths[w.rows], cfg.batch_size,
+                                                                cfg.max_tokens), bar)
+
+
+def _row_bytes(store: FeatureStore, name: str, split: Split) -> int:
+    """Host bytes one row of a window takes: its stored features (and states) plus its inputs."""
+    itemsize = np.dtype(store.attrs["dtype"]).itemsize
+    row = len(store.poolings) * int(np.prod(store.features(name).shape[1:])) * itemsize
+    if store.full_seq_layer is not None:
+        row += int(np.prod(store.shape(name, "states")[1:])) * itemsize
+    return row + int(np.prod(split.inputs.shape[1:])) * split.inputs.dtype.itemsize
