@@ -118,3 +118,15 @@ def unwritable(folder: Path, err: OSError, for_path: str | os.PathLike | None = 
     if for_path is not None:
         return ReservoirError(f"{for_path}: expected a writable output path; found {found}")
     return ReservoirError(f"{folder}: expected a folder the results can be written to; found {found}")
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name`` (``default`` when unset); one line unless finite and above 0."""
+    raw = os.environ.get(name)
+    try:
+        seconds = default if raw is None else float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ReservoirError(f"{name}: expected seconds above 0, found {raw!r}")
+    return seconds

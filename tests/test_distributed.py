@@ -165,7 +165,7 @@ def test_python_dash_m_reservoir():
     assert run.returncode == 0 and run.stdout.startswith("reservoir, version"), run.stderr
 
 
-def test_sharded_hdf5_or_url_is_refused(tmp_path, monkeypatch):
+def test_sharded_hdf5_is_refused(tmp_path, monkeypatch):
     from reservoir.extract.api import open_job
 
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -176,9 +176,6 @@ def test_sharded_hdf5_or_url_is_refused(tmp_path, monkeypatch):
         with open_job(tmp_path / "x.zarr", "hdf5", "cpu"):
             pass
     assert not (tmp_path / "x.h5").exists()
-    with pytest.raises(ReservoirError, match="expected a store path on a filesystem every node mounts, found the URL"):
-        with open_job(Path("s3://bucket/x.zarr"), None, "cpu"):
-            pass
 
 
 def test_rank_devices_and_timeout_setting(monkeypatch):

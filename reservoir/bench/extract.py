@@ -28,12 +28,15 @@ import resource
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from reservoir.bench.result import BenchResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.store.remote import StoreURL
 from reservoir.runtime import synchronize as _sync
 
 
@@ -66,7 +69,7 @@ def _hf_model(prep, full: bool, dtype):
     return model.eval().requires_grad_(False).to(prep.device, dtype=dtype)
 
 
-def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> BenchResult:
+def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_url: str | None = None) -> BenchResult:
     """Time extraction against the bare forward, the Hugging Face forward and the naive way.
 
     Parameters
@@ -76,6 +79,10 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> Benc
     naive_rows : int
         Rows the naive way is timed on (from the start of each split, in
         proportion), scaled to all rows.
+    store_url : str, optional
+        An object-store prefix (``s3://bucket/prefix``): the pass is also
+        timed into a new store there (removed afterwards), beside the one on
+        local disk (``url_pass_s``, ``url_pass_over_bare``, ``url_over_local``).
 
     Returns
     -------
@@ -112,6 +119,8 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> Benc
         r["store_mb"] = _size_mb(path)
     plan = t.pop("plan")
     r.update(t)
+    if store_url is not None:
+        r.update(_time_url(prep, store_url, progress))
     r["padded_tokens"] = sum((hi - lo) * int(s.lengths[rows[o[hi - 1]]]) for s, rows, o, b in plan for lo, hi in b)
     r["hf_forward_s"] = _time_hf(prep, plan, dtype)
     r.update(_time_naive(prep, naive_rows))
@@ -120,13 +129,16 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False) -> Benc
     r["pass_over_bare"] = r["pass_s"] / r["bare_forward_s"]
     r["bare_over_hf"] = r["bare_forward_s"] / r["hf_forward_s"]
     r["naive_over_pass"] = r["naive_s"] / r["pass_s"]
+    if store_url is not None:
+        r["url_pass_over_bare"] = r["url_pass_s"] / r["bare_forward_s"]
+        r["url_over_local"] = r["url_pass_s"] / r["pass_s"]
     r["tokens_per_s"] = n_tokens / r["pass_s"]
     r["peak_rss_mb"] = _peak_rss_mb()
     r["peak_device_mb"] = peak_device_mb(dev)
     return BenchResult("bench-extract", r)
 
 
-def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = True) -> dict[str, Any]:
+def time_pass(prep, path: Path | StoreURL, fmt: str, progress: bool = False, bare: bool = True) -> dict[str, Any]:
     """Time the extraction pass into a new store at ``path`` and (``bare``) the bare forward on the same plan.
 
     Returns ``pass_s``, ``bare_forward_s``, ``format``, ``path``, the peak
@@ -153,6 +165,21 @@ def time_pass(prep, path: Path, fmt: str, progress: bool = False, bare: bool = T
     if bare:
         r["bare_forward_s"] = _time_bare(prep, r["plan"])
     return r
+
+
+def _time_url(prep, prefix: str, progress: bool) -> dict[str, Any]:
+    """The pass into a new store under the object-store ``prefix`` (removed afterwards): ``url_pass_s``."""
+    import uuid
+
+    from reservoir.store import remove
+    from reservoir.store.remote import StoreURL
+
+    url = StoreURL(prefix).child(f"bench-{uuid.uuid4().hex[:12]}.zarr")
+    try:
+        t = time_pass(prep, url, "zarr", progress, bare=False)
+    finally:
+        remove(url, ignore_errors=True)
+    return {"url": str(url), "url_pass_s": t["pass_s"]}
 
 
 def _warm_up(prep) -> None:
@@ -289,7 +316,9 @@ def format_extract(r: BenchResult) -> str:
         f"bare forward {r['bare_forward_s']:.2f} s; Hugging Face forward {r['hf_forward_s']:.2f} s (same batches)",
         f"naive (full model, all hidden states, padded to {r['naive_padded_length']}, float32, batch 32): "
         f"{r['naive_timed_s']:.2f} s for {r['naive_rows']} rows, {r['naive_s']:.2f} s scaled to {r['n_rows']:,}",
-        f"pass / bare forward = {r['pass_over_bare']:.3f}",
+        f"pass / bare forward = {r['pass_over_bare']:.3f}" + (
+            f" (local disk); {r['url_pass_over_bare']:.3f} to {r['url']} (object store / local = "
+            f"{r['url_over_local']:.3f})" if r.measurements.get("url") else ""),
         f"bare forward / HF forward = {r['bare_over_hf']:.3f}",
         f"naive / pass = {r['naive_over_pass']:.2f}",
         f"tokens per second (pass): {r['tokens_per_s']:,.0f}",

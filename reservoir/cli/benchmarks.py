@@ -14,6 +14,7 @@ from reservoir.cli.common import (
     extract_option,
     forward_options,
     step_options,
+    storage_option,
     train_option,
 )
 from reservoir.errors import ReservoirError
@@ -52,9 +53,13 @@ def bench():
 @click.option("--naive-rows", default=128, show_default=True, type=int,
               help="Rows the naive way (full model, padded to the maximum, fp32) is timed on, then scaled.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
+@click.option("--store-url", default=None, metavar="URL",
+              help="Also time the pass into a new store under this object-store prefix (s3://bucket/prefix; removed "
+                   "afterwards), beside the one on local disk.")
+@storage_option
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_extract(task, data, input_column, label_column, params, backbone, init, layers, fmt, batch_size, max_tokens,
-                  dtype, device, amp, seed, full_seq_layer, truncate, naive_rows, out, quiet):
+                  dtype, device, amp, seed, full_seq_layer, truncate, naive_rows, out, store_url, quiet):
     """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
     from reservoir.bench import bench_extract as run_bench
     from reservoir.bench import format_extract
@@ -68,7 +73,11 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
                            task_params=task_params, seed=seed, batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
                            full_seq_layer=full_seq_layer)
-    r = run_bench(config, naive_rows=naive_rows, progress=not quiet)
+    if store_url is not None:
+        from reservoir.store.remote import StoreURL
+
+        StoreURL(store_url)  # a malformed URL is refused before the model loads
+    r = run_bench(config, naive_rows=naive_rows, progress=not quiet, store_url=store_url)
     click.echo(format_extract(r))
     if out:
         r.write(out)
@@ -140,6 +149,7 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
                    "(fit-linear's default: 16384).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
+@storage_option
 def bench_readout(store, layer, penalty, path_rows, seed, out):
     """The logistic readout's all-layer sweep vs scikit-learn's LogisticRegression: wall time, accuracy."""
     from reservoir.bench import readout_vs_sklearn

@@ -184,6 +184,25 @@ def train_option(name: str, *decls: str, **changes: Any) -> Any:
     return config_option(TrainConfig, name, *decls, **changes)
 
 
+def _configure_storage(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> None:
+    if values:
+        from reservoir.store.remote import configure, parse_options
+
+        try:
+            configure(parse_options(values))
+        except ReservoirError as err:
+            raise click.BadParameter(str(err).removeprefix("--storage-option: "), param_hint="--storage-option")
+
+
+def storage_option(f: Any) -> Any:
+    """``--storage-option KEY=VALUE`` (repeatable): how store URLs (``s3://...``) are reached, for this command."""
+    return click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+                        expose_value=False, callback=_configure_storage,
+                        help="For a store URL (s3://, gs://, az://): an object-store setting, repeatable (e.g. "
+                             "endpoint=http://127.0.0.1:9000, region=eu-west-1, max_retries=3); credentials also "
+                             "come from the environment (AWS_*, GOOGLE_*, AZURE_*).")(f)
+
+
 def step_options(f: Any) -> Any:
     """``--amp`` and ``--cuda-graphs``: how a live training step runs (``train``, ``bench train``)."""
     return train_option("amp")(train_option("cuda_graphs")(f))

@@ -7,7 +7,7 @@ import textwrap
 import click
 
 from reservoir import options
-from reservoir.cli.common import setting_option
+from reservoir.cli.common import setting_option, storage_option
 
 
 @click.group()
@@ -30,10 +30,12 @@ def recipe_list():
 @click.option("--out", default=None, help="Results folder. Default: results/<recipe name>.")
 @setting_option(options.DEVICE)
 @click.option("--cache", "cache_dir", default="cache/recipes", show_default=True,
-              help="Where fit-linear feature stores are kept (reused across recipes when settings match).")
+              help="Where fit-linear feature stores are kept (reused across recipes when settings match); a folder "
+                   "or an object-store URL (s3://bucket/prefix).")
 @click.option("--force", is_flag=True, help="Redo runs whose results already exist.")
 @click.option("--quiet", is_flag=True, help="No progress bar or per-run lines.")
 @click.option("--dry-run", is_flag=True, help="List the runs and the work they ask for; run nothing.")
+@storage_option
 def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
     """Run every cell of a recipe; skip runs whose results exist, reuse matching feature stores."""
     from reservoir.recipes import plan, run_recipe

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from reservoir.distributed.jobs import DEFAULT_TIMEOUT, ENV_TIMEOUT, LOCAL, Job, Local, gloo_cause, world_size
 from reservoir.errors import ReservoirError
+from reservoir.io import env_seconds
 
 
 def sharding(sharded: bool | None = None) -> bool:
@@ -63,14 +64,7 @@ def launch(device: str, sharded: bool | None = None) -> Iterator[Local]:
 
 
 def _timeout() -> float:
-    raw = os.environ.get(ENV_TIMEOUT)
-    try:
-        seconds = DEFAULT_TIMEOUT if raw is None else float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ReservoirError(f"{ENV_TIMEOUT}: expected seconds above 0, found {raw!r}")
-    return seconds
+    return env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT)
 
 
 def rank_device(device: str, local_rank: int) -> str:

@@ -17,6 +17,8 @@ from reservoir.extract import sharded as sharding
 from reservoir.extract.config import ExtractConfig, check_poolings
 from reservoir.extract.passes import write_store
 from reservoir.extract.prepare import ExtractionPlan, plan_extraction, prepare
+from reservoir.store.files import store_path
+from reservoir.store.remote import StoreURL
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.backbones.model import ReservoirBackbone
@@ -41,8 +43,8 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
         moved to ``device``, and on CUDA its frozen weights are cast to the
         compute dtype (``amp``) in place.
     out : str, path or FeatureStore
-        The store (``.zarr`` folder or ``.h5`` file; ``format`` overrides the suffix), or a store handle whose
-        store to resume.
+        The store (``.zarr`` folder or ``.h5`` file, ``format`` overriding the suffix; or a Zarr store URL such
+        as ``s3://bucket/prefix/x.zarr``), or a store handle whose store to resume.
     layers : int or list of int, optional
         Depth ``K`` (store layers ``0..K``; blocks above ``K`` never run) or
         an explicit list; default every layer of the backbone.
@@ -77,27 +79,28 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
     """
     from reservoir.store import FeatureStore
 
-    out = out.path if isinstance(out, FeatureStore) else out  # a store handle names the store to resume
+    target = out.path if isinstance(out, FeatureStore) else out  # a store handle names the store to resume
     info = backbone.info
-    config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(out),
+    config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(target),
                            format=format, task_params=task.params, seed=info.seed,
                            projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
                            batch_size=batch_size, max_tokens=max_tokens, dtype=dtype, device=device, amp=amp,
                            revision=info.revision, full_seq_layer=full_seq_layer, truncate=truncate,
                            pooling=check_poolings(pooling))
-    with open_job(Path(out), format, device, sharded) as job:
+    where = store_path(target)
+    with open_job(where, format, device, sharded) as job:
         if isinstance(job, distributed.Job):
             plan = sharding.prepare_rank(job, config, task, backbone)
         else:
             plan = plan_extraction(config, task, backbone)
-        _write(job, plan, Path(out), progress)
+        _write(job, plan, where, progress)
     if timings is not None:
         timings.update(plan.timings)
-    return FeatureStore.open(out)
+    return FeatureStore.open(where)
 
 
 def run(config: ExtractConfig, progress: bool = True, task: TaskData | None = None,
-        timings: dict[str, float] | None = None) -> Path:
+        timings: dict[str, float] | None = None) -> Path | StoreURL:
     """Build the task and backbone ``config`` names, extract them into ``config.out`` (what ``reservoir extract`` does).
 
     Everything is validated (task, backbone, depth, positions, output path)
@@ -115,7 +118,7 @@ def run(config: ExtractConfig, progress: bool = True, task: TaskData | None = No
     ...                          task_params={"n_train": 64, "n_test": 32},
     ...                          out="/tmp/xor.zarr"), progress=False)  # doctest: +SKIP
     """
-    out = Path(config.out or config.default_out())
+    out = store_path(config.out or config.default_out())
     with open_job(out, config.format, config.device) as job:
         if isinstance(job, distributed.Job):
             plan = sharding.prepare_rank(job, config, task)
@@ -127,21 +130,22 @@ def run(config: ExtractConfig, progress: bool = True, task: TaskData | None = No
     return out
 
 
-def open_job(out: Path, fmt: str | None, device: str, sharded: bool | None = None):
+def open_job(out: Path | StoreURL, fmt: str | None, device: str, sharded: bool | None = None):
     """The job to write ``out`` in, once what the output path alone decides is checked (before the task and the
-    model load): a file that is not a store, a ``--format`` that contradicts the store there, a folder that cannot
-    be written, an output a sharded run cannot share."""
+    model load): a file that is not a store, a ``--format`` that contradicts the store there (or HDF5 on object
+    storage), a folder that cannot be written, an output a sharded run cannot share."""
     from reservoir.io import writable_folder
     from reservoir.store import detect_format
 
     detect_format(out, fmt)
-    writable_folder(out.absolute().parent, for_path=out)
+    if isinstance(out, Path):
+        writable_folder(out.absolute().parent, for_path=out)
     if distributed.sharding(sharded):
         sharding.check_out(out, fmt, distributed.world_size())
     return distributed.launch(device, sharded)
 
 
-def _write(job: distributed.Local, plan: ExtractionPlan, out: Path, progress: bool) -> None:
+def _write(job: distributed.Local, plan: ExtractionPlan, out: Path | StoreURL, progress: bool) -> None:
     """Write the store alone, or this rank's share of it with the job's other ranks."""
     if isinstance(job, distributed.Job) and job.world > 1:
         sharding.write_sharded(job, plan, out, progress)

@@ -17,6 +17,7 @@ finished chunks.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from reservoir.extract.writer import ChunkWriter, FinishedWindow, write_window
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store import FeatureStore
+    from reservoir.store.remote import StoreURL
     from reservoir.tasks import Split
 
 
@@ -48,7 +50,7 @@ class PlannedWindow:
     bar: Any  # the split's progress bar (anything with update(n))
 
 
-def write_store(plan: ExtractionPlan, out: Path, progress: bool = True) -> None:
+def write_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = True) -> None:
     """Create (or reopen and repair) the store at ``out`` in this process and write every unfinished chunk.
 
     A store this call created is removed again if the pass fails before
@@ -69,7 +71,7 @@ def write_store(plan: ExtractionPlan, out: Path, progress: bool = True) -> None:
     plan.timings["pass_s"] = time.perf_counter() - t0
 
 
-def create_store(plan: ExtractionPlan, out: Path, progress: bool = True) -> FeatureStore:
+def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = True) -> FeatureStore:
     """The store at ``out``, created or reopened (and repaired) with its write lock (``FeatureStore.create``)."""
     from reservoir.store import FeatureStore
 
@@ -84,6 +86,7 @@ def create_store(plan: ExtractionPlan, out: Path, progress: bool = True) -> Feat
         fmt=plan.config.format,
         states_length=plan.states_length(),
         progress=progress,
+        job=os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID"),
     )
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +41,7 @@ from reservoir.extract.prepare import ExtractionPlan, plan_extraction, prepare
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.backbones.model import ReservoirBackbone
     from reservoir.store import FeatureStore
+    from reservoir.store.remote import StoreURL
     from reservoir.tasks import TaskData
 
 log = logging.getLogger("reservoir")
@@ -57,13 +57,10 @@ def after(step: str) -> str:
     return "; nothing was written"
 
 
-def check_out(out: Path, fmt: str | None, world: int) -> None:
-    """Refuse, before the group forms, an output a sharded run cannot share: a URL, an HDF5 store."""
+def check_out(out: Path | StoreURL, fmt: str | None, world: int) -> None:
+    """Refuse, before the group forms, an output a sharded run cannot share: an HDF5 store."""
     from reservoir.store import detect_format
 
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", str(out)):
-        raise ReservoirError(f"expected a store path on a filesystem every node mounts, found the URL {out}: the "
-                             "store's atomic creation (rename) and lock (a file) need a filesystem")
     if detect_format(out, fmt) != "zarr":
         raise ReservoirError(f"{out}: expected a Zarr store for a sharded run ({world} processes write their own "
                              "chunks; HDF5 takes one writer without MPI), found an HDF5 store: pass --out *.zarr, "
@@ -96,7 +93,7 @@ def prepare_rank(job: Job, config: ExtractConfig, task: TaskData | None = None,
     return plan
 
 
-def write_sharded(job: Job, plan: ExtractionPlan, out: Path, progress: bool = True) -> None:
+def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress: bool = True) -> None:
     """Write the store at ``out`` with every rank of ``job`` (the steps in the module docstring)."""
     from reservoir.extract.passes import create_store
 
@@ -147,13 +144,13 @@ def _done_flags(store: FeatureStore | None) -> dict[str, list[bool]]:
     return {s: store.done(s).tolist() for s in store.splits}
 
 
-def _open_shared(out: Path, plan: ExtractionPlan, job: Job) -> FeatureStore:
+def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job) -> FeatureStore:
     """The store rank 0 created, open for writing under its lock; refused if this rank's settings differ."""
     from reservoir import settings
     from reservoir.store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference
-    from reservoir.store.lock import SharedLock
+    from reservoir.store.lock import shared_lock
 
-    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=SharedLock(out))
+    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=shared_lock(out))
     key = {"schema": SCHEMA, **{k: plan.attrs[k] for k in KEY_FIELDS if k != "schema"}}
     diff = first_difference(store.attrs, key)
     if diff is not None:

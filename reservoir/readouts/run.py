@@ -214,7 +214,7 @@ def fit_linear(
             raise ReservoirError(f"{st.path}: expected train and test splits, found {st.splits}")
         wanted = _wanted_layers(st, layers)
         pooled = st.pooling(pooling)  # refused now if the store lacks it
-        folder = None if results_dir is None else Path(results_dir) / Path(st.path).name.split(".")[0]
+        folder = None if results_dir is None else Path(results_dir) / st.path.name.split(".")[0]
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)
         if on_result is not None:

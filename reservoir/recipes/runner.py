@@ -12,6 +12,7 @@ from typing import Any
 from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.settings import describe_difference, first_difference
+from reservoir.store.remote import StoreURL, is_url
 from reservoir.recipes.files import load_recipe
 from reservoir.recipes.schema import Recipe, Run, fitted_layers
 
@@ -42,8 +43,11 @@ def result_files(run: Run, folder: Path) -> list[Path]:
     return [folder / name for _, name in run.outputs()]
 
 
-def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = False) -> Path:
-    """The run's feature store: reused when complete with matching provenance, else extracted (or resumed)."""
+def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force: bool = False) -> Path | StoreURL:
+    """The run's feature store: reused when complete with matching provenance, else extracted (or resumed).
+
+    ``cache_dir`` is a folder or an object-store prefix (``s3://bucket/recipes``).
+    """
     import reservoir.extract as ex
     from reservoir.store import FeatureStore, remove
     from reservoir.tasks import load_task
@@ -52,8 +56,13 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     task = load_task(run.task, c.task_params)
     key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
            "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": options.PROJECTION_GAIN}
-    path = cache_dir / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
-    _check_inside(path, cache_dir)
+    name = f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
+    path: Path | StoreURL
+    if isinstance(cache_dir, StoreURL):
+        path = cache_dir.child(name)
+    else:
+        path = cache_dir / name
+        _check_inside(path, cache_dir)
     if path.exists():
         with FeatureStore.open(path, allow_incomplete=True) as st:  # an unfinished store is resumed below
             a = st.attrs
@@ -74,7 +83,7 @@ def store_for(run: Run, cache_dir: Path, device: str = "auto", force: bool = Fal
     return ex.run(cfg, progress=False, task=task)
 
 
-def _execute(run: Run, folder: Path, cache_dir: Path, device: str, force: bool, meta: dict) -> str:
+def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, force: bool, meta: dict) -> str:
     """Compute one run into ``folder``; return a short summary."""
     from reservoir.results import write_result
     from reservoir.runtime import resolve_device
@@ -181,7 +190,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
     out_dir = _out_dir(recipe, out)
-    cache = Path(cache_dir)
+    cache = StoreURL(str(cache_dir)) if is_url(cache_dir) else Path(cache_dir)
     runs = recipe.runs()
     for path in [out_dir / "recipe.yaml", *(out_dir / run.id for run in runs)]:  # before anything is written
         _check_inside(path, out_dir)

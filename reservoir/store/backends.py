@@ -16,13 +16,16 @@ from typing import Any, Literal
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.store.remote import StoreURL, is_url
 
 Format = Literal["zarr", "hdf5"]
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
-def existing_format(path: Path) -> Format | None:
+def existing_format(path: Path | StoreURL) -> Format | None:
     """The backend of whatever is at ``path`` (``None`` when nothing is); refuses other files."""
+    if isinstance(path, StoreURL):
+        return "zarr" if path.exists() else None
     if path.is_dir():
         return "zarr"
     if path.is_file():
@@ -34,14 +37,22 @@ def existing_format(path: Path) -> Format | None:
     return None
 
 
-def detect_format(path: str | os.PathLike, fmt: str | None = None) -> Format:
+def detect_format(path: str | os.PathLike | StoreURL, fmt: str | None = None) -> Format:
     """Backend from an existing store, an explicit choice, or the suffix (``.zarr`` / ``.h5``).
 
-    An explicit choice that contradicts the store already at ``path`` is refused.
+    An explicit choice that contradicts the store already at ``path`` is
+    refused, as is HDF5 on object storage (a URL is a Zarr store).
     """
     if fmt is not None and fmt not in options.FORMATS:
         raise ReservoirError(f"unknown store format {fmt!r}; expected zarr or hdf5")
-    p = Path(path)
+    loc = path if isinstance(path, StoreURL) else StoreURL(str(path)) if is_url(path) else Path(path)
+    if isinstance(loc, StoreURL):
+        url = loc
+        if fmt == "hdf5" or url.suffix.lower() in (".h5", ".hdf5", ".hdf"):
+            raise ReservoirError(f"{url}: expected a Zarr store on object storage (every chunk its own object), "
+                                 "found an HDF5 store: HDF5 stores stay on a local filesystem; pass a .zarr URL")
+        return "zarr"
+    p = loc
     found = existing_format(p)
     if found is not None:
         if fmt is not None and fmt != found:
@@ -60,14 +71,15 @@ Mode = Literal["r", "r+", "w"]
 class Backend:
     """Per-backend operations of :class:`~reservoir.store.FeatureStore` (each backend implements all of them)."""
 
-    def __init__(self, path: Path, mode: Mode):
+    def __init__(self, path: Path | StoreURL, mode: Mode):
         self.path = path
         self.mode = mode
 
     def read_attrs(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def write_attrs(self, attrs: dict[str, Any]) -> None:
+    def write_attrs(self, attrs: dict[str, Any], replace: bool = False) -> None:
+        """Add (or with ``replace``, set exactly) the store's attributes."""
         raise NotImplementedError
 
     def array(self, name: str) -> Any:
@@ -87,18 +99,22 @@ class Backend:
 
 
 class ZarrBackend(Backend):
-    def __init__(self, path: Path, mode: Mode):
+    def __init__(self, path: Path | StoreURL, mode: Mode):
         super().__init__(path, mode)
         import zarr
 
-        self.root = zarr.open_group(str(path), mode=mode, zarr_format=3)
+        where = path.zarr_store(read_only=mode == "r") if isinstance(path, StoreURL) else str(path)
+        self.root = zarr.open_group(where, mode=mode, zarr_format=3)
         self._arrays: dict[str, Any] = {}
 
     def read_attrs(self):
         return dict(self.root.attrs)
 
-    def write_attrs(self, attrs):
-        self.root.attrs.update(attrs)
+    def write_attrs(self, attrs, replace=False):
+        if replace:
+            self.root.attrs.put(attrs)
+        else:
+            self.root.attrs.update(attrs)
 
     def array(self, name):
         # Opened once (its metadata read once). Every chunk is written, zeros included: no comparison against the
@@ -129,7 +145,9 @@ class ZarrBackend(Backend):
 
 
 class H5Backend(Backend):
-    def __init__(self, path: Path, mode: Mode):
+    def __init__(self, path: Path | StoreURL, mode: Mode):
+        if isinstance(path, StoreURL):
+            raise ReservoirError(f"{path}: HDF5 stores stay on a local filesystem; pass a .zarr URL")
         super().__init__(path, mode)
         import h5py
 
@@ -150,7 +168,10 @@ class H5Backend(Backend):
                                      f"attribute {k!r} is not reservoir's") from None
         return out
 
-    def write_attrs(self, attrs):
+    def write_attrs(self, attrs, replace=False):
+        if replace:
+            for k in list(self.file.attrs):
+                del self.file.attrs[k]
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v)
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from reservoir.store import layout as lay
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format
 from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries, store_path
+from reservoir.store.remote import StoreURL
 
 
 SCHEMA = "reservoir.features/2"
@@ -88,7 +90,7 @@ class FeatureStore:
 
     # -- opening -----------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, mode: Mode = "r", allow_incomplete: bool = False,
+    def open(cls, path: str | os.PathLike | StoreURL, mode: Mode = "r", allow_incomplete: bool = False,
              _lock: locks.StoreLock | locks.SharedLock | None = None) -> "FeatureStore":
         """Open an existing store for reading; refuses anything that is not a whole store of ours.
 
@@ -97,7 +99,8 @@ class FeatureStore:
         """
         p = store_path(path)
         if not p.exists():
-            raise ReservoirError(f"{p}: expected a feature store, found no such file or folder")
+            raise ReservoirError(f"{p}: expected a feature store, found no such file or folder"
+                                 f"{' (no object under that prefix)' if isinstance(p, StoreURL) else ''}")
         fmt = detect_format(p)
         writer = locks.holder(p) if _lock is None else None
         if writer is not None and not allow_incomplete:
@@ -108,6 +111,13 @@ class FeatureStore:
             raise ReservoirError(f"{p}: expected a readable {fmt} feature store, found: {cause(err)}") from None
         try:
             store = cls(backend, fmt, _lock)
+            if isinstance(p, StoreURL) and "attrs_crc32c" not in store.attrs:  # built in place, attributes last
+                if store.attrs != lay.BUILDING:
+                    raise ReservoirError(f"{p}: expected a reservoir feature store, found other objects there")
+                writer = locks.holder(p) if _lock is None else None
+                raise ReservoirError(f"{p} is being created by {locks.describe(writer)}; wait for it to finish"
+                                     if writer is not None else f"{p} is incomplete (its creation was interrupted); "
+                                     "rerun the same `reservoir extract` command to create it")
             schema = store.attrs.get("schema")
             if schema != SCHEMA:
                 hint = "; it was written by an older reservoir: extract it again" \
@@ -126,7 +136,7 @@ class FeatureStore:
     @classmethod
     def create(
         cls,
-        path: str | os.PathLike,
+        path: str | os.PathLike | StoreURL,
         attrs: dict[str, Any],
         splits: dict[str, tuple[int, tuple[int, ...]]],
         feature_shape: tuple[int, int, int],
@@ -135,6 +145,7 @@ class FeatureStore:
         fmt: str | None = None,
         states_length: int | None = None,
         progress: bool = False,
+        job: str | None = None,
     ) -> "FeatureStore":
         """Create a store, or reopen one written with identical settings to resume (and repair) it.
 
@@ -152,17 +163,29 @@ class FeatureStore:
             Sequence length of the full-sequence states of a split-point store.
         progress : bool
             Show a progress bar while an existing store is verified.
+        job : str, optional
+            Recorded in a store URL's lease beside the writer's host and pid.
         """
         p = store_path(path)
-        if p.is_symlink() and not p.exists():
+        if isinstance(p, Path) and p.is_symlink() and not p.exists():
             raise ReservoirError(f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; remove the link "
                                  "or pass another --out")
-        lock = locks.StoreLock(p).acquire()
+        fmt = detect_format(p, fmt)
+        lock = locks.writer_lock(p, job).acquire()
         try:
-            fmt = detect_format(p, fmt)
             attrs = {**attrs, "pooling": lay.pooling_attrs(attrs["pooling"])}
             key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
-            if not p.exists():
+            if isinstance(p, StoreURL):
+                state = _state(p)
+                if state == "foreign":
+                    raise ReservoirError(f"{p}: expected a reservoir feature store or an empty prefix, found other "
+                                         "objects there; pass another --out")
+                if state == "building":
+                    p.delete_all()  # a creation that was interrupted: no chunk of it was written
+                if state != "whole":
+                    build(p, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
+                          states_length)
+            elif not p.exists():
                 remove_temporaries(p)
                 tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
                 build(tmp, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
@@ -396,8 +419,9 @@ class FeatureStore:
         """
         if self._lock is None:
             raise ReservoirError(f"{self.path}: opened for reading; write through FeatureStore.create")
-        if isinstance(self._lock, locks.SharedLock):
-            self._lock.check()
+        check = getattr(self._lock, "check", None)
+        if check is not None:  # a lease still ours, rank 0's lock still held
+            check()
         if not isinstance(features, dict):
             if len(self.poolings) != 1:
                 raise ReservoirError(f"{self.path}: expected features of every pooling {self.poolings} as a dict")
@@ -487,6 +511,26 @@ class FeatureStore:
         except ReservoirError:
             if exc_type is None:
                 raise  # otherwise the error already in flight is the one to report
+
+
+def _state(url: StoreURL) -> str:
+    """What lies at a store URL: ``none`` (no object), ``whole`` (a store of ours, created whole: its attributes,
+    written last, are there), ``building`` (a creation of ours that stopped before them), or ``foreign``."""
+    if not url.exists():
+        return "none"
+    if not url.has_metadata():
+        return "foreign"
+    try:
+        backend = BACKENDS["zarr"](url, "r")
+    except Exception:  # noqa: BLE001 - unreadable metadata: not ours to rebuild
+        return "foreign"
+    try:
+        attrs = backend.read_attrs()
+    finally:
+        close_quietly(backend)
+    if "attrs_crc32c" in attrs:
+        return "whole"
+    return "building" if attrs == lay.BUILDING else "foreign"
 
 
 def _runs(chunks: list[int]) -> list[tuple[int, int]]:

@@ -1,7 +1,10 @@
-"""Store files on disk: building a new store whole, chunk sizes, removing stores and half-built leftovers.
+"""Store files: building a new store whole, chunk sizes, removing stores and half-built leftovers.
 
-A new store is built by :func:`build` under a temporary name beside its path;
-:meth:`~reservoir.store.FeatureStore.create` renames it into place once whole.
+A new store on disk is built by :func:`build` under a temporary name beside
+its path; :meth:`~reservoir.store.FeatureStore.create` renames it into place
+once whole. On object storage there is no rename: :func:`build` writes the
+store in place with its attributes last, so it is a store of ours only once
+whole (:mod:`reservoir.store.remote`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from reservoir.errors import ReservoirError
 from reservoir.io import cause
 from reservoir.store import layout as lay
 from reservoir.store.backends import BACKENDS, Backend, Format
+from reservoir.store.remote import StoreURL, is_url
 
 #: Smallest chunk (bytes of one row array's block); a split smaller than that is one chunk.
 MIN_CHUNK_BYTES = 1 << 20
@@ -47,9 +51,9 @@ def rows_per_chunk(row_bytes: int, n_rows: int) -> int:
     return max(1, min(max(n_rows, 1), math.ceil(target / max(row_bytes, 1))))
 
 
-def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, projection_weight,
+def build(tmp: Path | StoreURL, fmt: Format, attrs: dict[str, Any], splits, feature_shape, projection_weight,
            final_norm, states_length) -> None:
-    """Write a new store's whole layout at ``tmp`` (removed again if anything fails)."""
+    """Write a new store's whole layout at ``tmp`` (removed again if anything fails); its attributes last."""
     dtype = np.dtype(attrs["dtype"])
     kinds = lay.poolings(attrs)
     row_bytes = (len(kinds) * int(np.prod(feature_shape)) + (states_length or 0) * feature_shape[-1]) * dtype.itemsize
@@ -60,8 +64,10 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
         backend = BACKENDS[fmt](tmp, "w")
     except Exception as err:  # noqa: BLE001 - the library's error for an unwritable place
         remove(tmp, ignore_errors=True)
-        raise ReservoirError(f"{tmp.parent}: expected a writable output folder, found: {cause(err)}") from None
+        raise ReservoirError(f"{_folder(tmp)}: expected a writable output folder, found: {cause(err)}") from None
     try:
+        if isinstance(tmp, StoreURL):  # built in place: marked as ours, and unfinished, until its attributes
+            backend.write_attrs(lay.BUILDING)
         fixed = {"projection/weight": projection_weight,
                  **{f"final_norm/{k}": v for k, v in (final_norm or {}).items()}}
         full = json.loads(json.dumps({
@@ -75,25 +81,30 @@ def build(tmp: Path, fmt: Format, attrs: dict[str, Any], splits, feature_shape, 
             "checksums": {"algorithm": lay.ALGORITHM, "arrays": lay.row_arrays(states_length is not None, kinds),
                           "fixed": {k: lay.crc(np.asarray(v, np.float32), k) for k, v in fixed.items()}},
         }))  # as the attributes read back
-        backend.write_attrs({**full, "attrs_crc32c": lay.attrs_crc(full)})
         for name, spec in layout.items():
             shape = tuple(spec["shape"])
             rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
             backend.create(name, shape, spec["dtype"], rows)
         for name, arr in fixed.items():
             backend.array(name)[...] = arr
+        backend.write_attrs({**full, "attrs_crc32c": lay.attrs_crc(full)}, replace=True)  # last: whole now
         backend.flush()
     except BaseException as err:
         close_quietly(backend)
         remove(tmp, ignore_errors=True)
         if isinstance(err, Exception) and not isinstance(err, ReservoirError):
-            raise ReservoirError(f"{tmp.parent}: could not create the store ({cause(err)})") from err
+            raise ReservoirError(f"{_folder(tmp)}: could not create the store ({cause(err)})") from err
         raise
     try:
         backend.close()
     except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
         remove(tmp, ignore_errors=True)
-        raise ReservoirError(f"{tmp.parent}: could not create the store ({cause(err)})") from err
+        raise ReservoirError(f"{_folder(tmp)}: could not create the store ({cause(err)})") from err
+
+
+def _folder(tmp: Path | StoreURL) -> Path | StoreURL:
+    """Where a store was being built, as errors name it: the folder of a temporary on disk, a URL itself."""
+    return tmp if isinstance(tmp, StoreURL) else tmp.parent
 
 
 def close_quietly(backend: Backend) -> None:
@@ -123,9 +134,16 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove(path: str | os.PathLike, ignore_errors: bool = False) -> None:
-    """Delete a store (folder or file) if it exists."""
-    p = Path(path)
+def remove(path: str | os.PathLike | StoreURL, ignore_errors: bool = False) -> None:
+    """Delete a store (folder, file, or the objects under a URL) if it exists."""
+    if isinstance(path, StoreURL) or is_url(path):
+        try:
+            (path if isinstance(path, StoreURL) else StoreURL(str(path))).delete_all()
+        except ReservoirError:
+            if not ignore_errors:
+                raise
+        return
+    p = Path(os.fspath(path))
     if p.is_dir():
         shutil.rmtree(p, ignore_errors=ignore_errors)
     elif p.exists() or p.is_symlink():
@@ -136,8 +154,15 @@ def remove(path: str | os.PathLike, ignore_errors: bool = False) -> None:
                 raise
 
 
-def store_path(path: str | os.PathLike) -> Path:
-    """``path`` as given, or absolute when it has no name of its own (``.``, ``..``); the root is refused."""
+def store_path(path: str | os.PathLike | StoreURL) -> Path | StoreURL:
+    """``path`` as given, or absolute when it has no name of its own (``.``, ``..``); the root is refused.
+
+    A URL (``s3://bucket/x.zarr``) is a :class:`~reservoir.store.remote.StoreURL`.
+    """
+    if isinstance(path, StoreURL):
+        return path
+    if is_url(path):
+        return StoreURL(str(path))
     p = Path(path)
     if p.name in ("", ".", ".."):
         p = Path(os.path.abspath(p))

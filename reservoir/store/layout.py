@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The attributes of a store on object storage while it is created in place (replaced by its own, written last).
+BUILDING = {"reservoir": "building"}
+
 
 ALGORITHM = "crc32c"
 

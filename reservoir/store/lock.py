@@ -21,19 +21,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reservoir.errors import ReservoirError
+from reservoir.store import lease
+from reservoir.store.lease import describe  # noqa: F401 - who holds a lock or a lease, in words
+from reservoir.store.remote import StoreURL, is_url
 
 
 def lock_path(store: str | os.PathLike) -> Path:
     """The lock file of a store: ``<store>.lock`` beside it, symbolic links resolved (one lock per real store)."""
     p = Path(os.path.realpath(store))
     return p.with_name(p.name + ".lock")
-
-
-def describe(holder: dict | None) -> str:
-    """``pid 123 on host-a since 2026-01-01T10:00:00+00:00`` (or what is known of it)."""
-    if not holder:
-        return "a process that has not yet recorded itself"
-    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"
 
 
 def _read_holder(fd: int, wait: float = 0.2) -> dict | None:
@@ -50,10 +46,17 @@ def _read_holder(fd: int, wait: float = 0.2) -> dict | None:
         time.sleep(0.005)
 
 
-def holder(store: str | os.PathLike) -> dict | None:
-    """Who holds the write lock of ``store`` (``{pid, host, started}``), or ``None`` when nobody does."""
+def holder(store: str | os.PathLike | StoreURL) -> dict | None:
+    """Who holds the write lock of ``store`` (``{pid, host, started}``), or ``None`` when nobody does.
+
+    A store on object storage is held by its unexpired lease (:mod:`reservoir.store.lease`).
+    """
+    if isinstance(store, StoreURL):
+        return lease.holder(store)
+    if is_url(store):
+        return lease.holder(StoreURL(str(store)))
     try:
-        fd = os.open(lock_path(store), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(lock_path(os.fspath(store)), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -146,7 +149,7 @@ class StoreLock:
 class SharedLock:
     """The write lock of a store as held for a whole sharded job by its rank 0, seen from the job's other ranks.
 
-    Internal to :mod:`reservoir.distributed`: the other ranks open the store
+    Internal to :mod:`reservoir.extract.sharded`: the other ranks open the store
     for writing (``FeatureStore.open(..., _lock=SharedLock(path))``) only after
     rank 0 has taken the lock and says so; releasing it here does nothing, the
     lock goes when rank 0 closes the store.
@@ -167,3 +170,19 @@ class SharedLock:
 
     def release(self) -> None:
         pass
+
+
+def writer_lock(store: Path | StoreURL, job: str | None = None):
+    """The write lock of a store: a lock file on disk, a lease on object storage (not yet acquired)."""
+    if isinstance(store, StoreURL):
+        return lease.Lease(store, job)
+    return StoreLock(store)
+
+
+def shared_lock(store: str | os.PathLike | StoreURL):
+    """The write lock rank 0 of a sharded job holds, as its other ranks check it."""
+    if isinstance(store, StoreURL):
+        return lease.SharedLease(store)
+    if is_url(store):
+        return lease.SharedLease(StoreURL(str(store)))
+    return SharedLock(os.fspath(store))

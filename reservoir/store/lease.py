@@ -1,0 +1,238 @@
+"""One writer per store on object storage: a lease object beside the store, renewed while its holder writes.
+
+The lease is ``<store>.lease`` (``s3://bucket/x.zarr.lease`` for
+``s3://bucket/x.zarr``), a small JSON object: the holder (host, pid, job,
+start time) and when the lease expires. Every change to it is a conditional
+write, so two writers can never both hold it:
+
+- **taking** it is a create-if-absent (``If-None-Match: *``); a second writer
+  finds it there and is refused in one line naming the holder;
+- an **expired** lease (its holder died without releasing it: its time ran
+  out, or its holder is a process of this host that no longer exists) is taken over
+  with a replace conditional on the version read (``If-Match: <etag>``): of two
+  takers, one replaces it, the other is refused;
+- the holder **renews** it (conditional on its own last version) every quarter
+  of its time to live, on a background thread; a holder that finds its lease
+  replaced, or cannot renew it before it expires, stops writing at its next
+  chunk with one line;
+- **releasing** deletes it.
+
+Before writing, the taker checks that the backend honours conditional writes
+(a second create-if-absent of the lease it holds must be refused): a backend
+that ignores them could let two writers in, so the write is refused in one line
+instead. The time to live is ``RESERVOIR_LEASE_SECONDS`` (default 60 s); the
+holders' clocks must agree to well within it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from reservoir.errors import ReservoirError
+from reservoir.io import env_seconds
+from reservoir.store.remote import StoreURL, _obstore, cause
+
+ENV_SECONDS = "RESERVOIR_LEASE_SECONDS"
+DEFAULT_SECONDS = 60.0
+
+
+def ttl() -> float:
+    """The lease's time to live in seconds (``RESERVOIR_LEASE_SECONDS``)."""
+    return env_seconds(ENV_SECONDS, DEFAULT_SECONDS)
+
+
+def lease_key(url: StoreURL) -> str:
+    return f"{url.key}.lease"
+
+
+def read(url: StoreURL) -> tuple[dict | None, str | None]:
+    """The lease's record and version (``etag``), or ``(None, None)`` when there is none."""
+    obstore = _obstore()
+    try:
+        got = obstore.get(url.bucket_store, lease_key(url))
+        raw, etag = bytes(got.bytes()), got.meta.get("e_tag")
+    except FileNotFoundError:
+        return None, None
+    except obstore.exceptions.BaseError as err:
+        raise ReservoirError(f"{url}: could not read its lease ({cause(err)})") from None
+    try:
+        record = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        record = None
+    return (record if isinstance(record, dict) else {}), etag
+
+
+def expired(record: dict | None) -> bool:
+    """Whether a lease record has run out, or its holder is a process of this host that is gone (a record that
+    says nothing readable counts as run out)."""
+    if not record:
+        return True
+    try:
+        if float(record["expires"]) < time.time():
+            return True
+    except (KeyError, TypeError, ValueError):
+        return True
+    return record.get("host") == socket.gethostname() and not _alive(record.get("pid"))
+
+
+def _alive(pid: Any) -> bool:
+    """Whether process ``pid`` of this host exists (a pid that is not a positive integer counts as alive)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
+
+
+def describe(holder: dict | None) -> str:
+    """``pid 123 on host-a since 2026-01-01T10:00:00+00:00`` (or what is known of it; a lease adds its job)."""
+    if not holder:
+        return "a process that has not yet recorded itself"
+    job = f" (job {holder['job']})" if holder.get("job") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{job} since {holder.get('started')}"
+
+
+def holder(url: StoreURL) -> dict | None:
+    """Who holds the lease of the store at ``url`` (``{pid, host, started, ...}``), or ``None`` when nobody does."""
+    record, _ = read(url)
+    return None if expired(record) else record
+
+
+class Lease:
+    """The write lease of one store on object storage; :meth:`acquire` refuses in one line when it is held."""
+
+    def __init__(self, url: StoreURL, job: str | None = None):
+        self.url, self.key, self.job = url, lease_key(url), job
+        self.ttl = ttl()
+        self._etag: str | None = None
+        self._record: dict[str, Any] = {}
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._mutex = threading.Lock()
+
+    def _body(self) -> bytes:
+        self._record["expires"] = time.time() + self.ttl
+        return json.dumps(self._record).encode()
+
+    def acquire(self) -> Lease:
+        obstore = _obstore()
+        self._record = {"pid": os.getpid(), "host": socket.gethostname(), "job": self.job,
+                        "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        store = self.url.bucket_store
+        try:
+            try:
+                self._etag = obstore.put(store, self.key, self._body(), mode="create")["e_tag"]
+            except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+                record, etag = read(self.url)
+                if record is not None and not expired(record):
+                    raise ReservoirError(f"{self.url} is being written by {describe(record)}; wait for it to finish "
+                                         "or pass another --out") from None
+                if etag is None:  # released between our create and our read: try again from the start
+                    return self.acquire()
+                try:  # an expired lease: replace exactly the version read, so one taker wins
+                    self._etag = obstore.put(store, self.key, self._body(), mode={"e_tag": etag})["e_tag"]
+                except (obstore.exceptions.PreconditionError, FileExistsError, FileNotFoundError):
+                    now, _ = read(self.url)
+                    raise ReservoirError(f"{self.url} is being written by {describe(now)} (it took over the "
+                                         "expired lease first); wait for it to finish or pass another --out") from None
+            self._check_conditional(obstore, store)
+        except ReservoirError:
+            raise
+        except obstore.exceptions.BaseError as err:
+            raise ReservoirError(f"{self.url}: could not take the store's write lease {self.key} "
+                                 f"({cause(err)})") from None
+        self._thread = threading.Thread(target=self._renew_loop, name="reservoir-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _check_conditional(self, obstore: Any, store: Any) -> None:
+        """Refuse a backend that ignores create-if-absent (a second create of the held lease must fail)."""
+        try:
+            obstore.put(store, self.key, self._body(), mode="create")
+        except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
+            return
+        except obstore.exceptions.NotSupportedError:
+            pass
+        self.release()
+        raise ReservoirError(f"{self.url}: the object store does not honour conditional writes (If-None-Match), so "
+                             "a single writer cannot be guaranteed; refusing to write")
+
+    def _renew_loop(self) -> None:
+        obstore = _obstore()
+        while not self._stop.wait(self.ttl / 4):
+            with self._mutex:
+                if self._etag is None:
+                    return
+                try:
+                    self._etag = obstore.put(self.url.bucket_store, self.key, self._body(),
+                                             mode={"e_tag": self._etag})["e_tag"]
+                except (obstore.exceptions.PreconditionError, FileNotFoundError, FileExistsError):
+                    self._lost = "another writer has taken it over"
+                    return
+                except obstore.exceptions.BaseError as err:
+                    if time.time() > float(self._record.get("expires", 0)) - self.ttl / 4:
+                        self._lost = f"it could not be renewed before it expired ({cause(err)})"
+                        return
+
+    def check(self) -> None:
+        """Refuse to write once the lease is lost (replaced by another writer, or not renewed in time)."""
+        if self._lost is not None:
+            raise ReservoirError(f"{self.url}: this process lost the store's write lease ({self._lost}); stopping, "
+                                 "finished chunks are kept: rerun the same command to resume")
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease (if it is still ours)."""
+        obstore = _obstore()
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._mutex:
+            etag, self._etag = self._etag, None
+        if etag is None or self._lost is not None:
+            return
+        try:
+            _, now = read(self.url)
+            if now == etag:
+                obstore.delete(self.url.bucket_store, self.key)
+        except (ReservoirError, obstore.exceptions.BaseError):
+            pass  # it expires on its own
+
+    @property
+    def held(self) -> bool:
+        return self._etag is not None and self._lost is None
+
+    def __enter__(self) -> Lease:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class SharedLease:
+    """The lease of a store as held for a whole sharded job by its rank 0, seen from the job's other ranks."""
+
+    held = True
+
+    def __init__(self, url: StoreURL):
+        self.url = url
+
+    def check(self) -> None:
+        """Refuse to write when rank 0's lease is gone or expired (rank 0 died)."""
+        if holder(self.url) is None:
+            raise ReservoirError(f"{self.url}: expected rank 0 of this job to hold the store's write lease while "
+                                 "the other ranks write; found it released or expired (rank 0 has ended): stopping, "
+                                 "rerun the same command to resume")
+
+    def release(self) -> None:
+        pass

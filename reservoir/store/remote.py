@@ -1,0 +1,224 @@
+"""Stores on object storage: a store URL (``s3://bucket/prefix/name.zarr``, ``gs://``, ``az://``) and its objects.
+
+A store on object storage is a Zarr store whose every chunk is its own object,
+read and written through ``obstore`` (the ``reservoir[cloud]`` extra). It
+keeps the guarantees of a store on disk by object-store means:
+
+- **one writer**: a lease object ``<name>.zarr.lease`` beside the store
+  (:mod:`reservoir.store.lease`), created with a conditional write;
+- **creation**: the store's attributes (its schema, key and checksums) are
+  written last, so a store is readable only once its whole layout, projection
+  and final norm are written; a half-created store is recognised (objects
+  under the prefix, no attributes of ours) and rebuilt by the same command;
+- **chunks**: checksums and repair work unchanged; a chunk object that is
+  missing reads as zeros, which its checksum refuses.
+
+Credentials, region and endpoint come the way ``obstore`` takes them: the
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
+``AWS_ENDPOINT_URL``, ...; ``GOOGLE_*`` and ``AZURE_*`` for the others), the
+instance's or the pod's identity, plus ``--storage-option KEY=VALUE``
+(:func:`configure`). An ``http://`` endpoint is allowed without further
+options. Requests are retried with backoff, within bounds (:data:`RETRY`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+from reservoir.errors import ReservoirError
+
+#: ``scheme://``: what makes a store path a URL.
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: Schemes of object stores (obstore's names); ``memory`` is a process-local store for tests.
+SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl", "memory")
+#: Retries of a failed request: backoff from 0.1 s doubling up to 5 s, at most 6 retries and 60 s in all.
+RETRY = {"max_retries": 6, "retry_timeout": timedelta(seconds=60),
+         "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=5), "base": 2}}
+#: Keys of ``--storage-option`` that set the HTTP client.
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "timeout", "proxy_url", "user_agent",
+                "pool_idle_timeout", "pool_max_idle_per_host", "http1_only", "http2_only")
+
+_options: dict[str, str] = {}
+_stores: dict[tuple, Any] = {}  # (url, options) -> obstore store, one client per place
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(path, (str, StoreURL)) and _URL.match(str(path)) is not None
+
+
+def configure(options: dict[str, str] | None) -> None:
+    """Set the storage options every store URL of this process is opened with (``--storage-option``)."""
+    _options.clear()
+    _options.update(options or {})
+    _stores.clear()
+
+
+def parse_options(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` pairs (``--storage-option``); one line for a pair without ``=``."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ReservoirError(f"--storage-option: expected KEY=VALUE (e.g. region=eu-west-1), found {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+        import obstore.store  # noqa: F401 - from_url
+    except ImportError:
+        raise ReservoirError("stores on object storage need the cloud extra: pip install 'reservoir[cloud]'") \
+            from None
+    return obstore
+
+
+class StoreURL:
+    """A store's place on object storage: ``s3://bucket/prefix/name.zarr`` (no trailing slash).
+
+    Mimics the few parts of :class:`pathlib.Path` the store uses (``name``,
+    ``suffix``, ``exists()``, ``str()``), and gives the object stores of the
+    store's prefix (for Zarr) and of its bucket (for the lease beside it).
+    """
+
+    def __init__(self, url: str, options: dict[str, str] | None = None):
+        m = _URL.match(url)
+        if m is None:
+            raise ReservoirError(f"expected a store URL like s3://bucket/prefix/name.zarr, found {url!r}")
+        scheme = m.group(1).lower()
+        if scheme not in SCHEMES:
+            raise ReservoirError(f"{url}: expected an object store URL ({', '.join(s + '://' for s in SCHEMES[:4])}"
+                                 f"...), found the scheme {scheme!r}")
+        rest = url[m.end():].strip("/")
+        bucket, _, key = rest.partition("/")
+        if not bucket or not key or any(part in ("", ".", "..") for part in key.split("/")):
+            raise ReservoirError(f"expected a store URL like {scheme}://bucket/prefix/name.zarr, found {url!r}")
+        self.scheme, self.bucket, self.key = scheme, bucket, key
+        self.url = f"{scheme}://{bucket}/{key}"
+        self.options = dict(_options if options is None else options)
+
+    # -- Path-like ---------------------------------------------------------
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"StoreURL({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StoreURL) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        dot = self.name.rfind(".")
+        return self.name[dot:] if dot > 0 else ""
+
+    def child(self, name: str) -> StoreURL:
+        """The URL of ``name`` inside this prefix (a recipe's store in its cache URL)."""
+        return StoreURL(f"{self.url}/{name}", self.options)
+
+    # -- the object stores ---------------------------------------------------
+    def _store(self, prefix: str | None) -> Any:
+        obstore = _obstore()
+        from_url: Any = obstore.store.from_url  # (overloads per scheme; the options are checked by obstore)
+
+        env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
+        key = (self.scheme, self.bucket, prefix, tuple(sorted(self.options.items())), env)
+        if key not in _stores:
+            config: dict[str, Any] = {}
+            client: dict[str, Any] = {}
+            retry: dict[str, Any] = {**RETRY}
+            for k, v in self.options.items():
+                if k == "max_retries":
+                    retry[k] = int(_number(k, v))
+                elif k == "retry_timeout":
+                    retry[k] = timedelta(seconds=_number(k, v))
+                elif k in _CLIENT_KEYS:
+                    client[k] = v
+                else:
+                    config[k] = v
+            endpoint = config.get("endpoint", config.get("aws_endpoint", os.environ.get("AWS_ENDPOINT_URL", "")))
+            if str(endpoint).startswith("http://"):
+                client.setdefault("allow_http", True)
+            base = f"{self.scheme}://{self.bucket}" + (f"/{prefix}" if prefix else "")
+            try:
+                _stores[key] = from_url(base, config=config or None, client_options=client or None,
+                                        retry_config=retry)
+            except obstore.exceptions.BaseError as err:
+                raise ReservoirError(f"{self.url}: could not set up the object store ({cause(err)})") from None
+        return _stores[key]
+
+    @property
+    def objects(self) -> Any:
+        """The object store rooted at this store's prefix (keys relative to it)."""
+        return self._store(self.key)
+
+    @property
+    def bucket_store(self) -> Any:
+        """The object store of the whole bucket (the lease object is ``<key>.lease`` in it)."""
+        return self._store(None)
+
+    def zarr_store(self, read_only: bool) -> Any:
+        """The Zarr store over this prefix."""
+        import zarr.storage
+
+        return zarr.storage.ObjectStore(self.objects, read_only=read_only)
+
+    # -- what is there ---------------------------------------------------------
+    def exists(self) -> bool:
+        """Whether any object lies under the prefix (a store, or the start of one)."""
+        obstore = _obstore()
+        try:
+            for batch in obstore.list(self.objects, chunk_size=1):
+                return len(batch) > 0
+            return False
+        except obstore.exceptions.BaseError as err:
+            raise ReservoirError(f"{self.url}: could not list the store's objects ({cause(err)})") from None
+
+    def has_metadata(self) -> bool:
+        """Whether the store's root metadata object (``zarr.json``) exists."""
+        obstore = _obstore()
+        try:
+            obstore.head(self.objects, "zarr.json")
+            return True
+        except FileNotFoundError:
+            return False
+        except obstore.exceptions.BaseError as err:
+            raise ReservoirError(f"{self.url}: could not read the store's metadata ({cause(err)})") from None
+
+    def delete_all(self) -> None:
+        """Delete every object under the prefix (the lease beside it stays)."""
+        obstore = _obstore()
+        try:
+            for batch in obstore.list(self.objects, chunk_size=1000):
+                paths = [meta["path"] for meta in batch]
+                if paths:
+                    obstore.delete(self.objects, paths)
+        except FileNotFoundError:
+            pass
+        except obstore.exceptions.BaseError as err:
+            raise ReservoirError(f"{self.url}: could not delete the store's objects ({cause(err)})") from None
+
+
+def _number(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ReservoirError(f"--storage-option {key}: expected a number, found {value!r}") from None
+
+
+def cause(err: BaseException) -> str:
+    """An object-store error in one line: its first line, request timings dropped."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return re.sub(r" in [0-9.]+\s*(?:ns|µs|us|ms|s)\b", "", text).strip()

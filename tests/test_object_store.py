@@ -1,0 +1,362 @@
+"""Stores on object storage, against a real S3 API: moto's server on 127.0.0.1 (a free port), started here.
+
+The server honours conditional writes (``If-None-Match: *``, ``If-Match``),
+as S3 does. Every store here is written by the real commands (in-process
+through click, or as subprocesses that are killed, raced and cut off from the
+server) and compared, array by array, with the same extraction on local disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+moto_server = pytest.importorskip("moto.server")
+
+from reservoir.errors import ReservoirError  # noqa: E402
+from reservoir.store import FeatureStore, remote  # noqa: E402
+from reservoir.store import lease as leases  # noqa: E402
+from test_cli import assert_bad_input, assert_ok, invoke  # noqa: E402
+from test_distributed import ARGS, arrays, assert_identical, torchrun  # noqa: E402
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+# float32 tiny-gpt2 as in test_distributed: 5 train chunks, 1 test chunk
+SMALL = ["extract", "--task", "bit-xor", "-p", "n_train=3000", "-p", "n_test=500", "--backbone", "tiny-gpt2",
+         "--layers", "2", "--dtype", "float32", "--device", "cpu", "--quiet"]  # fmt: skip
+
+
+def start_server(port: int = 0):
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start_server()
+    host, port = srv.get_host_and_port()
+    yield f"http://{host}:{port}"
+    srv.stop()
+
+
+@pytest.fixture
+def bucket(server, monkeypatch) -> str:
+    """A new bucket on the server; the environment points every store URL (and subprocess) at the server."""
+    import boto3
+
+    for k, v in {**CREDENTIALS, "AWS_ENDPOINT_URL": server}.items():
+        monkeypatch.setenv(k, v)
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=server).create_bucket(Bucket=name)
+    remote.configure(None)
+    yield name
+    remote.configure(None)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> dict[str, Path]:
+    """The same extractions on local disk (the reference every URL store must equal)."""
+    folder = tmp_path_factory.mktemp("local")
+    out = {"small": folder / "small.zarr", "args": folder / "args.zarr"}
+    assert_ok(invoke(*SMALL, "--out", out["small"]))
+    assert_ok(invoke(*ARGS, "--out", out["args"]))
+    return out
+
+
+def objects(url: str) -> list[str]:
+    import obstore
+
+    store = remote.StoreURL(url).objects
+    return [m["path"] for batch in obstore.list(store) for m in batch]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+# ------------------------------------------------------------------ the commands on a URL
+def test_extract_info_fit_linear_on_a_url_equal_local(bucket, local, tmp_path):
+    url = f"s3://{bucket}/stores/x.zarr"
+    out = invoke(*SMALL, "--out", url)
+    assert_ok(out)
+    assert f"wrote {url} (zarr)" in out.output
+    assert not Path("s3:").exists()  # nothing local named after the URL
+    assert_identical(url, local["small"])
+    info = invoke("info", url, "--verify")
+    assert_ok(info)
+    assert "written chunks match their checksums" in info.output and "3/3 fixed arrays" in info.output
+    fit = invoke("fit-linear", url, "--layer", "all", "--results", tmp_path / "r")
+    ref = invoke("fit-linear", local["small"], "--layer", "all", "--results", tmp_path / "l")
+    assert_ok(fit), assert_ok(ref)
+    table = [ln.split()[:4] for ln in fit.output.splitlines() if ln[:5].strip().isdigit()]
+    assert table and table == [ln.split()[:4] for ln in ref.output.splitlines() if ln[:5].strip().isdigit()]
+    assert not any(k.endswith(".lease") for k in objects(f"s3://{bucket}/stores"))  # the lease is released
+
+
+def test_python_api_and_rerun_of_a_complete_store(bucket, local):
+    from reservoir import extract, get_task, load_backbone
+
+    task = get_task("bit-xor", n_train=3000, n_test=500)
+    url = f"s3://{bucket}/api.zarr"
+    with extract(task, load_backbone("tiny-gpt2", d_in=task.d_in), url, layers=2, dtype="float32", device="cpu",
+                 progress=False) as store:
+        assert isinstance(store.path, remote.StoreURL) and store.complete
+    assert_identical(url, local["small"])
+    assert_ok(invoke(*SMALL, "--out", url))  # complete: nothing to do, nothing changed
+    assert_identical(url, local["small"])
+
+
+def test_bad_urls_and_hdf5_are_refused_in_one_line(bucket, monkeypatch):
+    assert_bad_input(r := invoke(*SMALL, "--out", f"s3://{bucket}/x.h5"))
+    assert "HDF5 stores stay on a local filesystem" in r.stderr
+    assert_bad_input(r := invoke(*SMALL, "--out", f"s3://{bucket}/x.zarr", "--format", "hdf5"))
+    assert_bad_input(r := invoke(*SMALL, "--out", "ftp://host/x.zarr"))
+    assert "expected an object store URL" in r.stderr
+    assert_bad_input(r := invoke("info", f"s3://{bucket}/nothing.zarr"))
+    assert "found no such file or folder (no object under that prefix)" in r.stderr
+    assert_bad_input(r := invoke("info", "s3://no-such-bucket-here/x.zarr"))
+    assert "s3://no-such-bucket-here/x.zarr" in r.stderr
+    assert_bad_input(r := invoke("info", f"s3://{bucket}/x.zarr", "--storage-option", "novalue"))
+    assert "expected KEY=VALUE" in r.stderr
+    monkeypatch.setitem(sys.modules, "obstore", None)
+    assert_bad_input(r := invoke("info", f"s3://{bucket}/x.zarr"))
+    assert "pip install 'reservoir[cloud]'" in r.stderr
+
+
+def test_foreign_objects_are_never_taken_for_a_store_nor_deleted(bucket):
+    import obstore
+
+    url = f"s3://{bucket}/theirs.zarr"
+    obstore.put(remote.StoreURL(url).objects, "data.bin", b"someone else's")
+    assert_bad_input(r := invoke(*SMALL, "--out", url))
+    assert "expected a reservoir feature store or an empty prefix, found other objects there" in r.stderr
+    assert objects(url) == ["data.bin"]
+
+
+# ------------------------------------------------------------------ creation without rename
+def test_half_created_store_is_refused_to_readers_and_rebuilt(bucket, local):
+    import obstore
+
+    url = f"s3://{bucket}/half.zarr"
+    assert_ok(invoke(*SMALL, "--out", url))
+    store = remote.StoreURL(url).objects
+    meta = json.loads(bytes(obstore.get(store, "zarr.json").bytes()))
+    meta["attributes"] = {"reservoir": "building"}  # as a creation stopped before its attributes leaves it
+    obstore.put(store, "zarr.json", json.dumps(meta).encode())
+    assert_bad_input(r := invoke("info", url))
+    assert "is incomplete (its creation was interrupted); rerun the same `reservoir extract` command" in r.stderr
+    assert_ok(invoke(*SMALL, "--out", url))
+    assert_identical(url, local["small"])
+
+
+# ------------------------------------------------------------------ damage
+def test_deleted_and_corrupted_chunk_objects_are_found_and_repaired(bucket, local):
+    import obstore
+
+    url = f"s3://{bucket}/damaged.zarr"
+    assert_ok(invoke(*SMALL, "--out", url))
+    store = remote.StoreURL(url).objects
+    chunks = sorted(k for k in objects(url) if k.startswith("train/features/c/"))
+    obstore.delete(store, chunks[0])  # a missing object reads as zeros: its checksum must refuse it
+    raw = bytearray(bytes(obstore.get(store, chunks[1]).bytes()))
+    raw[100] ^= 0xFF
+    obstore.put(store, chunks[1], bytes(raw))
+    assert_bad_input(r := invoke("info", url, "--verify"))
+    assert "2 damaged chunk(s)" in r.stderr
+    with pytest.raises(ReservoirError, match="does not match its checksum"):
+        with FeatureStore.open(url) as st:
+            np.asarray(st.features("train")[:])
+    assert_ok(invoke(*SMALL, "--out", url))  # the same command writes exactly the damaged chunks again
+    assert_ok(invoke("info", url, "--verify"))
+    assert_identical(url, local["small"])
+
+
+# ------------------------------------------------------------------ one writer: the lease
+def test_a_second_writer_is_refused_naming_the_holder(bucket):
+    url = f"s3://{bucket}/held.zarr"
+    with leases.Lease(remote.StoreURL(url), job="other-job"):
+        assert_bad_input(r := invoke(*SMALL, "--out", url))
+        assert f"{url} is being written by pid {os.getpid()} on " in r.stderr and "(job other-job)" in r.stderr
+    assert not objects(url)  # the refused writer wrote nothing
+
+
+def test_an_expired_lease_is_taken_over_by_exactly_one_of_two_takers(bucket, monkeypatch):
+    import obstore
+
+    url = remote.StoreURL(f"s3://{bucket}/expired.zarr")
+    dead = {"pid": 1, "host": "another-host", "job": None, "started": "2026-01-01T00:00:00+00:00",
+            "expires": time.time() - 5}
+    obstore.put(url.bucket_store, leases.lease_key(url), json.dumps(dead).encode())
+    assert leases.holder(url) is None
+    won, lost = [], []
+
+    def take():
+        try:
+            won.append(leases.Lease(url).acquire())
+        except ReservoirError as err:
+            lost.append(str(err))
+
+    for _ in range(5):  # a race each time: the expired lease put back, two takers started together
+        obstore.put(url.bucket_store, leases.lease_key(url), json.dumps(dead).encode())
+        won.clear(), lost.clear()
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        [t.start() for t in threads], [t.join() for t in threads]
+        assert len(won) == 1 and len(lost) == 1, (won, lost)
+        assert f"is being written by pid {os.getpid()}" in lost[0]
+        won[0].release()
+    assert leases.holder(url) is None
+
+
+def test_a_holder_that_lost_its_lease_stops_at_its_next_write(bucket, monkeypatch):
+    import obstore
+
+    monkeypatch.setenv(leases.ENV_SECONDS, "1")
+    url = remote.StoreURL(f"s3://{bucket}/lost.zarr")
+    lease = leases.Lease(url).acquire()
+    record, etag = leases.read(url)
+    obstore.put(url.bucket_store, leases.lease_key(url), json.dumps({**record, "pid": 2, "host": "thief"}).encode(),
+                mode={"e_tag": etag})  # another writer's takeover
+    deadline = time.time() + 5
+    while lease.held and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ReservoirError, match="lost the store's write lease \\(another writer has taken it over\\)"):
+        lease.check()
+    lease.release()
+    assert leases.read(url)[0]["host"] == "thief"  # a lost lease is never deleted by its former holder
+
+
+def test_a_backend_that_ignores_conditional_writes_is_refused(bucket, monkeypatch):
+    import obstore
+
+    put = obstore.put
+
+    def unconditional(store, path, data, **kw):
+        kw.pop("mode", None)
+        return put(store, path, data, **kw)
+
+    monkeypatch.setattr(obstore, "put", unconditional)
+    assert_bad_input(r := invoke(*SMALL, "--out", f"s3://{bucket}/x.zarr"))
+    assert "does not honour conditional writes (If-None-Match)" in r.stderr
+    assert not objects(f"s3://{bucket}/x.zarr")
+
+
+# ------------------------------------------------------------------ kills, races, a server that goes away
+def _command(url: str) -> list[str]:
+    return [sys.executable, "-m", "reservoir.cli", *SMALL, "--out", url]
+
+
+def test_random_sigkill_then_same_command_is_bit_identical(bucket, local):
+    rng = random.Random("s3-kill")
+    for trial in range(3):
+        url = f"s3://{bucket}/kill{trial}.zarr"
+        proc = subprocess.Popen(_command(url), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None and leases.holder(remote.StoreURL(url)) is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()  # reaped: its lease names a process of this host that is gone
+        rerun = subprocess.run(_command(url), env=env(), capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stderr
+        assert_identical(url, local["small"])
+
+
+def test_two_racing_writers_one_refused_naming_the_holder_one_correct_store(bucket, local):
+    url = f"s3://{bucket}/race.zarr"
+    procs = [subprocess.Popen(_command(url), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(), p.stderr.read()) for p in procs]
+    [(p.stdout.close(), p.stderr.close()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refusal = next(err for code, err in results if code == 2)
+    assert f"{url} is being written by pid " in refusal and refusal.count("Error:") == 1
+    assert_identical(url, local["small"])
+
+
+def test_a_server_that_goes_away_stops_the_run_in_one_line_and_the_same_command_resumes(local, tmp_path,
+                                                                                        monkeypatch):
+    import boto3
+
+    srv = start_server()
+    host, port = srv.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for k, v in {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="gone")
+    url = "s3://gone/x.zarr"
+    cmd = [*_command(url), "--storage-option", "max_retries=1", "--storage-option", "retry_timeout=2"]
+    wrapper = tmp_path / "slow.py"  # one chunk a window, each write a little slow: the server stops mid-run
+    wrapper.write_text("import sys, time\nimport reservoir.extract.plan\nfrom reservoir.store import FeatureStore\n"
+                       "reservoir.extract.plan.WINDOW_ROWS = 1\nw = FeatureStore.write_chunks\n"
+                       "def slow(self, *a, **k):\n    time.sleep(0.3)\n    w(self, *a, **k)\n"
+                       "FeatureStore.write_chunks = slow\nfrom reservoir.cli import main\nsys.exit(main())\n")
+    proc = subprocess.Popen([sys.executable, str(wrapper), *cmd[3:]], env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not any(k.startswith("train/done/c/") for k in objects(url)):
+        time.sleep(0.02)
+    srv.stop()
+    assert proc.wait(timeout=120) == 2
+    err = [ln for ln in proc.stderr.read().splitlines() if ln.strip()]
+    proc.stderr.close()
+    assert len(err) == 1 and err[0].startswith(f"Error: {url}") and "Traceback" not in err[0], err
+    srv = start_server(port)  # the same server back (moto keeps its objects in this process)
+    try:
+        rerun = subprocess.run(cmd, env=env(), capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stderr
+        assert_identical(url, local["small"])
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------ sharded, no shared filesystem
+def test_two_ranks_write_one_url_store_equal_to_one_local_process(bucket, local):
+    url = f"s3://{bucket}/sharded.zarr"
+    run = torchrun("-m", "reservoir", *ARGS, "--out", url, env={"OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr
+    assert_identical(url, local["args"])
+    assert arrays(url).keys() == arrays(local["args"]).keys()
+
+
+# ------------------------------------------------------------------ the other readers of a URL
+def test_train_from_a_split_point_store_and_a_recipe_cache_on_object_storage(bucket, tmp_path):
+    url = f"s3://{bucket}/split.zarr"
+    assert_ok(invoke("extract", "--task", "listops", "-p", "n_train=30", "-p", "n_test=10", "-p", "max_length=30",
+                     "--backbone", "tiny-bert", "--layers", 2, "--full-seq-layer", 1, "--out", url, "--quiet"))
+    assert_ok(invoke("train", "--from-store", url, "--backbone", "tiny-bert", "--finetune", "layernorm,output",
+                     "--steps", 4, "--eval-every", 2, "--out", tmp_path / "run", "--quiet"))
+    from reservoir.training import TrainResult
+
+    assert TrainResult.read(tmp_path / "run" / "results.json").config["from_store"] == url
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: tiny-url\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, "
+                      "n_test: 32}}\ncells:\n  - {kind: fit-linear, task: bit-xor, layers: 2}\n")
+    cache = f"s3://{bucket}/recipes"
+    assert_ok(invoke("recipe", "run", recipe, "--out", tmp_path / "res", "--cache", cache, "--quiet"))
+    stores = {k.split("/")[0] for k in objects(cache)}
+    assert len(stores) == 1 and stores.pop().endswith(".zarr")
+    assert_ok(invoke("recipe", "run", recipe, "--out", tmp_path / "res2", "--cache", cache))  # the store reused
+    assert len({k.split("/")[0] for k in objects(cache)}) == 1
+
+
+def test_bench_extract_times_the_pass_to_object_storage_beside_local_disk(bucket):
+    r = invoke("bench", "extract", "--task", "bit-xor", "-p", "n_train=500", "-p", "n_test=100", "--backbone",
+               "tiny-gpt2", "--layers", 2, "--naive-rows", 8, "--store-url", f"s3://{bucket}/bench", "--quiet")
+    assert_ok(r)
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("pass / bare forward"))
+    assert "(local disk); " in line and f" to s3://{bucket}/bench/bench-" in line and "object store / local = " in line
+    assert not objects(f"s3://{bucket}/bench")  # the timed store is removed
