@@ -360,3 +360,34 @@ def test_bench_extract_times_the_pass_to_object_storage_beside_local_disk(bucket
     line = next(ln for ln in r.output.splitlines() if ln.startswith("pass / bare forward"))
     assert "(local disk); " in line and f" to s3://{bucket}/bench/bench-" in line and "object store / local = " in line
     assert not objects(f"s3://{bucket}/bench")  # the timed store is removed
+
+
+def test_gcs_and_azure_urls_take_the_same_path():
+    """No server for them here: their URLs parse and build obstore's GCS and Azure stores, and HDF5 is refused."""
+    from reservoir.store import detect_format
+
+    gs = remote.StoreURL("gs://bucket/prefix/x.zarr", {})
+    az = remote.StoreURL("az://container/prefix/x.zarr", {"account_name": "account"})
+    assert (gs.bucket, gs.key, gs.name, gs.suffix) == ("bucket", "prefix/x.zarr", "x.zarr", ".zarr")
+    assert type(gs.objects).__name__ == "GCSStore" and type(az.objects).__name__ == "AzureStore"
+    assert detect_format("gs://bucket/x.zarr") == "zarr"
+    with pytest.raises(ReservoirError, match="HDF5 stores stay on a local filesystem"):
+        detect_format("az://container/x.h5")
+    for bad in ("s3://bucket", "s3://bucket/", "s3://bucket/a/../x.zarr"):
+        with pytest.raises(ReservoirError, match="expected a store URL like s3://bucket/prefix/name.zarr"):
+            remote.StoreURL(bad)
+
+
+def test_an_aws_profile_gives_the_credentials(bucket, local, tmp_path, monkeypatch):
+    pytest.importorskip("boto3")
+    (tmp_path / "credentials").write_text("[lab]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    (tmp_path / "config").write_text("[profile lab]\nregion = us-east-1\n")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    url = f"s3://{bucket}/profile.zarr"
+    assert_ok(invoke(*SMALL, "--out", url, "--storage-option", "profile=lab"))
+    assert_identical(url, local["small"])
+    assert_bad_input(r := invoke("info", url, "--storage-option", "profile=nobody"))
+    assert "AWS profile 'nobody': " in r.stderr

@@ -131,7 +131,9 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # reservoir shows its own progress
-    kwargs = dict(attn_implementation=attn_implementation)
+    # No code from a model folder or the hub ever runs, and nothing asks: transformers prompts (and reads stdin)
+    # only when trust_remote_code is left unset.
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, trust_remote_code=False)
     if name in TINY_CONFIGS:
         spec = dict(TINY_CONFIGS[name])
         config = CONFIG_MAPPING[spec.pop("model_type")](**spec)
@@ -149,7 +151,9 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     if not is_folder and revision is None:
         revision = "main"
     offline = False if is_folder else hub_offline(name, revision, backbone_names())
-    hub_kwargs = {} if is_folder else dict(revision=revision, local_files_only=offline)
+    hub_kwargs: dict[str, Any] = {"trust_remote_code": False}
+    if not is_folder:
+        hub_kwargs.update(revision=revision, local_files_only=offline)
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
         kwargs = _attention_for(name, config, kwargs)
@@ -157,7 +161,8 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
             # parameters the checkpoint lacks (a pooler the task head replaced) get a fixed draw: same hash every load
-            model = _seeded_init(lambda: from_pretrained(name, source, **hub_kwargs, **kwargs), MISSING_WEIGHTS_SEED)
+            model = _seeded_init(lambda: from_pretrained(name, source, **{**hub_kwargs, **kwargs}),
+                                 MISSING_WEIGHTS_SEED)
     except ReservoirError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files

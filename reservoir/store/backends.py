@@ -141,7 +141,7 @@ class ZarrBackend(Backend):
         pass
 
     def close(self):
-        pass
+        self._arrays.clear()  # on object storage: no client kept alive past the store's use
 
 
 class H5Backend(Backend):

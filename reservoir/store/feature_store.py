@@ -20,10 +20,13 @@ What a store guarantees:
 
 - **Creation is atomic.** A new store is built under a hidden temporary name
   beside its path (attributes, projection, final norm, every array) and
-  renamed into place, so a store at its path always has its whole layout.
-- **One writer.** Writing holds an exclusive lock (:mod:`reservoir.store.lock`)
-  taken before anything at the path is opened; a second writer is refused in
-  one line naming the holder, and a lock left by a killed process is free.
+  renamed into place, so a store at its path always has its whole layout. On
+  object storage (a URL, :mod:`reservoir.store.remote`) it is built in place
+  with its attributes written last, and is a store only once they are.
+- **One writer.** Writing holds an exclusive lock (:mod:`reservoir.store.lock`;
+  a lease object on object storage, :mod:`reservoir.store.lease`) taken before
+  anything at the path is opened; a second writer is refused in one line
+  naming the holder, and a lock left by a killed process is free.
 - **Chunks are verified.** Rows are chunked (at least ~1 MiB of features per
   chunk). A chunk's checksums are recorded, then its ``done`` flag set;
   ``complete`` is set last. Readers check every chunk they read against its
@@ -66,7 +69,7 @@ def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any
 
 
 class FeatureStore:
-    """A feature store on disk (Zarr folder or HDF5 file).
+    """A feature store on disk (Zarr folder or HDF5 file) or on object storage (a Zarr store URL).
 
     Use :meth:`open` to read a complete store and :meth:`create` to start (or
     resume) writing one. Usable as a context manager; a writer's lock is

@@ -16,13 +16,17 @@ keeps the guarantees of a store on disk by object-store means:
 Credentials, region and endpoint come the way ``obstore`` takes them: the
 environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
 ``AWS_ENDPOINT_URL``, ...; ``GOOGLE_*`` and ``AZURE_*`` for the others), the
-instance's or the pod's identity, plus ``--storage-option KEY=VALUE``
+instance's or the pod's identity, an AWS profile (``AWS_PROFILE`` or
+``--storage-option profile=NAME``, read by boto3 when it is installed), plus
+``--storage-option KEY=VALUE``
 (:func:`configure`). An ``http://`` endpoint is allowed without further
 options. Requests are retried with backoff, within bounds (:data:`RETRY`).
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import re
 from datetime import timedelta
@@ -43,6 +47,13 @@ _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "
 
 _options: dict[str, str] = {}
 _stores: dict[tuple, Any] = {}  # (url, options) -> obstore store, one client per place
+
+
+@atexit.register
+def _drop_stores() -> None:
+    """Drop the object stores (and their HTTP clients) while the interpreter is whole, not during its teardown."""
+    _stores.clear()
+    gc.collect()
 
 
 def is_url(path: Any) -> bool:
@@ -151,10 +162,14 @@ class StoreURL:
             endpoint = config.get("endpoint", config.get("aws_endpoint", os.environ.get("AWS_ENDPOINT_URL", "")))
             if str(endpoint).startswith("http://"):
                 client.setdefault("allow_http", True)
+            extra = {}
+            profile = config.pop("profile", None) or os.environ.get("AWS_PROFILE")
+            if profile and self.scheme in ("s3", "s3a"):
+                extra["credential_provider"] = _profile_credentials(profile)
             base = f"{self.scheme}://{self.bucket}" + (f"/{prefix}" if prefix else "")
             try:
                 _stores[key] = from_url(base, config=config or None, client_options=client or None,
-                                        retry_config=retry)
+                                        retry_config=retry, **extra)
             except obstore.exceptions.BaseError as err:
                 raise ReservoirError(f"{self.url}: could not set up the object store ({cause(err)})") from None
         return _stores[key]
@@ -209,6 +224,21 @@ class StoreURL:
             pass
         except obstore.exceptions.BaseError as err:
             raise ReservoirError(f"{self.url}: could not delete the store's objects ({cause(err)})") from None
+
+
+def _profile_credentials(profile: str) -> Any:
+    """Credentials of an AWS profile (``AWS_PROFILE`` or ``--storage-option profile=NAME``), read by boto3 from
+    ``~/.aws/config`` and ``~/.aws/credentials`` (or ``AWS_CONFIG_FILE``, ``AWS_SHARED_CREDENTIALS_FILE``)."""
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        raise ReservoirError(f"AWS profile {profile!r}: reading profiles needs boto3 (pip install boto3), or give "
+                             "credentials in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)") from None
+    try:
+        return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+    except Exception as err:  # noqa: BLE001 - botocore's ProfileNotFound and configuration errors
+        raise ReservoirError(f"AWS profile {profile!r}: {cause(err)}") from None
 
 
 def _number(key: str, value: str) -> float:
