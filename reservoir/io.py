@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,31 @@ def read_json(path: str | os.PathLike, expected: str) -> Any:
     raise ReservoirError(f"{path}: expected {expected}; found {found}")
 
 
+def replaceable(dest: str | os.PathLike) -> None:
+    """Refuse (one line) to write ``dest`` unless nothing is there or a regular file is: never over a folder, a
+    link, a device or a FIFO."""
+    try:
+        mode = os.lstat(dest).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a file in the way of its folder is for the
+        return                                       # folder's own check to name)
+    except OSError as err:
+        raise ReservoirError(f"{dest}: expected a file path to write, could not inspect it: "
+                             f"{err.strerror or err}") from None
+    if not stat.S_ISREG(mode):
+        kind = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device",
+                stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+        found = kind.get(stat.S_IFMT(mode), "not a regular file")
+        raise ReservoirError(f"{dest}: expected a regular file (or no file) to write, found {found}")
+
+
 def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Move a finished temporary file into place with ordinary permissions (mkstemp makes it 0600)."""
+    """Move a finished temporary file into place with ordinary permissions (mkstemp makes it 0600); refuse (and
+    remove the temporary) when ``dest`` is not a regular file (:func:`replaceable`)."""
+    try:
+        replaceable(dest)
+    except ReservoirError:
+        os.unlink(tmp)
+        raise
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(tmp, 0o666 & ~mask)
@@ -120,13 +144,18 @@ def unwritable(folder: Path, err: OSError, for_path: str | os.PathLike | None = 
     return ReservoirError(f"{folder}: expected a folder the results can be written to; found {found}")
 
 
+#: Longest duration a setting in seconds may ask for (a week): longer ones overflow timers and mean a typo.
+MAX_SECONDS = 7 * 24 * 3600
+
+
 def env_seconds(name: str, default: float) -> float:
-    """Seconds from the environment variable ``name`` (``default`` when unset); one line unless finite and above 0."""
+    """Seconds from the environment variable ``name`` (``default`` when unset); one line unless above 0 and at most
+    :data:`MAX_SECONDS`."""
     raw = os.environ.get(name)
     try:
         seconds = default if raw is None else float(raw)
     except ValueError:
         seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise ReservoirError(f"{name}: expected seconds above 0, found {raw!r}")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ReservoirError(f"{name}: expected seconds above 0 and at most {MAX_SECONDS:,}, found {raw!r}")
     return seconds

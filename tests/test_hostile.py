@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,141 @@ def test_a_model_folder_with_code_never_runs_it_even_when_told_yes(tmp_path, mod
         assert len(lines) == 1 and lines[0].startswith("Error: "), run.stderr
     else:  # a known architecture: the toolkit's own class, the folder's code ignored
         assert run.returncode == 0, run.stderr
+
+
+# ------------------------------------------------------------------ writes and repairs stay inside the store
+STORE = ["extract", "--task", "bit-xor", "-p", "n_train=64", "-p", "n_test=32", "--backbone", "tiny-gpt2",
+         "--layers", "1", "--quiet"]
+
+
+def test_a_linked_chunk_folder_is_refused_and_never_written_into(tmp_path):
+    store, outside = tmp_path / "x.zarr", tmp_path / "outside"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    chunks = store / "train" / "features" / "c"
+    shutil.copytree(chunks, outside)
+    for f in outside.rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"\0" * 8)  # damaged, so a repair would rewrite it
+    shutil.rmtree(chunks)
+    chunks.symlink_to(outside, target_is_directory=True)
+    before = {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()}
+    for args in (STORE + ["--out", store], ["info", store, "--verify"], ["fit-linear", store]):
+        r = invoke(*args)
+        assert_bad_input(r)
+        assert "damaged store: train/features/c is a symbolic link" in r.stderr and "outside the store" in r.stderr
+    assert {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("kind", ["external link", "virtual dataset", "external raw storage"])
+def test_hdf5_storage_outside_the_file_is_refused_and_never_written_into(tmp_path, kind):
+    import h5py
+    import numpy as np
+
+    store, other = tmp_path / "x.h5", tmp_path / "other.h5"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    with h5py.File(store, "r") as f:
+        data = f["train/features"][...]
+    with h5py.File(other, "w") as g:
+        g["features"] = np.zeros_like(data)
+    raw = tmp_path / "raw.bin"
+    with h5py.File(store, "r+") as f:
+        del f["train/features"]
+        if kind == "external link":
+            f["train/features"] = h5py.ExternalLink(str(other), "features")
+        elif kind == "virtual dataset":
+            layout = h5py.VirtualLayout(shape=data.shape, dtype=data.dtype)
+            layout[...] = h5py.VirtualSource(str(other), "features", shape=data.shape)
+            f.create_virtual_dataset("train/features", layout)
+        else:
+            raw.write_bytes(b"\0" * data.nbytes)
+            f.create_dataset("train/features", shape=data.shape, dtype=data.dtype, external=[(str(raw), 0, data.nbytes)])
+    before = other.read_bytes(), raw.read_bytes() if raw.exists() else b""
+    r = invoke(*STORE, "--out", store)
+    assert_bad_input(r)
+    assert "damaged store: train/features is" in r.stderr and "reaching outside the store" in r.stderr
+    assert (other.read_bytes(), raw.read_bytes() if raw.exists() else b"") == before
+
+
+# ------------------------------------------------------------------ --out never replaces what is not a regular file
+@pytest.mark.parametrize("kind", ["fifo", "device", "link"])
+def test_out_that_is_not_a_regular_file_is_refused_before_any_work(tmp_path, kind):
+    out = tmp_path / "out.json"
+    if kind == "fifo":
+        os.mkfifo(out)
+        expected = "found a FIFO"
+    elif kind == "device":
+        out = Path("/dev/null")
+        expected = "found a character device"
+    else:
+        (tmp_path / "target.json").write_text("{}")
+        out.symlink_to(tmp_path / "target.json")
+        expected = "found a symbolic link"
+    for args in (["fit-raw", "--task", "digits"], ["bench", "readout", tmp_path / "no-store.zarr"]):
+        r = invoke(*args, "--out", out)
+        assert_bad_input(r)
+        assert f"{out}: expected a regular file (or no file) to write, {expected}" in r.stderr
+    assert out.is_char_device() if kind == "device" else (out.is_fifo() if kind == "fifo" else out.is_symlink())
+
+
+def test_publish_never_replaces_a_fifo(tmp_path):
+    from reservoir.errors import ReservoirError
+    from reservoir.io import publish
+
+    fifo, tmp = tmp_path / "f", tmp_path / "t"
+    os.mkfifo(fifo)
+    tmp.write_text("x")
+    with pytest.raises(ReservoirError, match="found a FIFO"):
+        publish(tmp, fifo)
+    assert fifo.is_fifo() and not tmp.exists()
+
+
+# ------------------------------------------------------------------ a run folder has one writer
+TRAIN = ["train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50", "--backbone", "tiny-gpt2",
+         "--steps", "150", "--eval-every", "50", "--quiet"]
+
+
+@pytest.mark.parametrize("command", ["train", "recipe"])
+def test_two_runs_into_one_folder_one_runs_the_other_is_refused_naming_it(tmp_path, command):
+    if command == "train":
+        args = [*TRAIN, "--out", tmp_path / "run"]
+    else:
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text("name: twice\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 200, "
+                          "n_test: 50}}\ncells:\n  - {kind: train, task: bit-xor, steps: 150, eval_every: 50}\n")
+        args = ["recipe", "run", recipe, "--out", tmp_path / "res", "--cache", tmp_path / "cache", "--quiet"]
+    cmd = [sys.executable, "-m", "reservoir", *map(str, args)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stdout.close(), p.stderr.close()
+    assert sorted(code for code, _ in results) == [0, 2], results
+    refusal = next(err for code, err in results if code == 2)
+    lines = [ln for ln in refusal.splitlines() if ln.strip()]
+    assert len(lines) == 1 and " is being written by pid " in lines[0], refusal
+
+
+# ------------------------------------------------------------------ resources: YAML bounded once expanded
+def test_a_yaml_alias_bomb_is_refused_in_one_line(tmp_path, monkeypatch):
+    bomb = "name: bomb\na: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    bomb += "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("bcdefgh", "cdefghi"))
+    bomb += "cells: [{kind: fit-linear, task: bit-xor, layers: 2, tag: *i}]\n"
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    r = invoke("recipe", "run", tmp_path / "bomb.yaml", "--out", tmp_path / "res", "--dry-run")
+    assert_bad_input(r)
+    assert "recipe bomb.yaml: expected at most 100,000 values with its aliases expanded, found more than" in r.stderr
+    monkeypatch.setenv("RESERVOIR_RECIPES", str(tmp_path))
+    listed = invoke("recipe", "list")
+    assert listed.exit_code == 0 and "bomb" in listed.output and "with its aliases expanded" in listed.output
+    (tmp_path / "big.yaml").write_text("name: big\n" + "#" * (2 << 20))
+    assert_bad_input(r := invoke("recipe", "run", tmp_path / "big.yaml", "--dry-run"))
+    assert "expected a recipe of at most 1024 KiB, found 2,097,162 bytes" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "0", "soon"])
+def test_durations_from_the_environment_are_bounded(monkeypatch, value):
+    from reservoir.errors import ReservoirError
+    from reservoir.io import env_seconds
+
+    monkeypatch.setenv("RESERVOIR_DIST_TIMEOUT", value)
+    with pytest.raises(ReservoirError, match=r"RESERVOIR_DIST_TIMEOUT: expected seconds above 0 and at most 604,800"):
+        env_seconds("RESERVOIR_DIST_TIMEOUT", 1800)

@@ -23,6 +23,57 @@ def recipes_dir() -> Path:
     return Path(env) if env else Path(str(resources.files("reservoir.recipes") / "bundled"))
 
 
+#: Largest recipe file read (a recipe is a few dozen lines).
+MAX_RECIPE_BYTES = 1 << 20
+
+
+#: Most values a recipe may hold once its aliases are expanded (the bundled ones hold a few hundred).
+MAX_RECIPE_NODES = 100_000
+
+
+def _loader(name: str):
+    """YAML's safe loader, refusing a document whose aliases expand it past :data:`MAX_RECIPE_NODES` values (a
+    few hundred bytes of nested aliases otherwise become gigabytes wherever the recipe is printed or hashed)."""
+    import yaml
+
+    class Bounded(yaml.SafeLoader):
+        def compose_document(self):  # noqa: ANN202 - yaml's composer API
+            node = super().compose_document()
+            found = _expanded(node, {})
+            if found > MAX_RECIPE_NODES:
+                raise ReservoirError(f"recipe {name}: expected at most {MAX_RECIPE_NODES:,} values with its aliases "
+                                     f"expanded, found {'more than ' if found > 10 * MAX_RECIPE_NODES else ''}"
+                                     f"{min(found, 10 * MAX_RECIPE_NODES):,}")
+            return node
+
+    return Bounded
+
+
+def _expanded(node, memo: dict[int, int]) -> int:
+    """Values under a YAML node with every alias expanded, counted once per distinct node (memoised); stops counting
+    past ten times the limit."""
+    import yaml
+
+    if node is None:
+        return 0
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a node inside itself counts once
+    n = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [c for pair in node.value for c in pair]
+    else:
+        children = []
+    for child in children:
+        n += _expanded(child, memo)
+        if n > 10 * MAX_RECIPE_NODES:
+            break
+    memo[id(node)] = n
+    return n
+
+
 def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
     """A recipe from a ``.yaml`` path, or by name from :func:`recipes_dir`."""
     import yaml
@@ -38,6 +89,10 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
     if not p.is_file():
         raise ReservoirError(f"{p}: expected a recipe file, found no such file")
     try:
+        size = p.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise ReservoirError(f"recipe {p.name}: expected a recipe of at most {MAX_RECIPE_BYTES // 1024} KiB, "
+                                 f"found {size:,} bytes")
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ReservoirError(f"recipe {p.name}: expected UTF-8 text, found byte {err.object[err.start]:#04x} at "
@@ -45,7 +100,7 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
     except OSError as err:
         raise ReservoirError(f"recipe {p}: expected a readable file, found {err.strerror or err}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_loader(p.name))  # noqa: S506 - the safe loader, bounded
     except RecursionError:
         raise ReservoirError(f"recipe {p.name}: expected YAML, found nesting too deep to read") from None
     except yaml.YAMLError as err:

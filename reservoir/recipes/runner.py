@@ -12,6 +12,7 @@ from typing import Any
 from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.settings import describe_difference, first_difference
+from reservoir.store.lock import run_folder_lock
 from reservoir.store.remote import StoreURL, is_url
 from reservoir.recipes.files import load_recipe
 from reservoir.recipes.schema import Recipe, Run, fitted_layers
@@ -194,27 +195,28 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     runs = recipe.runs()
     for path in [out_dir / "recipe.yaml", *(out_dir / run.id for run in runs)]:  # before anything is written
         _check_inside(path, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
-    if not recipe.raw.get("name"):  # the copy is named like the original
-        text = f"name: {recipe.name}\n{text}"
-    (out_dir / "recipe.yaml").write_text(text)
-    ran, skipped = [], []
-    bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True, dynamic_ncols=True)
-    for run in bar:
-        folder = out_dir / run.id
-        files = result_files(run, folder)
-        if not force and all(f.exists() for f in files):
-            skipped.append(run.id)
+    with run_folder_lock(out_dir):  # one recipe run per results folder
+        out_dir.mkdir(parents=True, exist_ok=True)
+        text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
+        if not recipe.raw.get("name"):  # the copy is named like the original
+            text = f"name: {recipe.name}\n{text}"
+        (out_dir / "recipe.yaml").write_text(text)
+        ran, skipped = [], []
+        bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True, dynamic_ncols=True)
+        for run in bar:
+            folder = out_dir / run.id
+            files = result_files(run, folder)
+            if not force and all(f.exists() for f in files):
+                skipped.append(run.id)
+                if progress:
+                    bar.write(f"skip {run.id} (results exist)")
+                continue
+            bar.set_postfix_str(run.id)
+            if force and folder.exists():
+                shutil.rmtree(folder)
+            meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label()}
+            summary = _execute(run, folder, cache, device, force, meta)
+            ran.append(run.id)
             if progress:
-                bar.write(f"skip {run.id} (results exist)")
-            continue
-        bar.set_postfix_str(run.id)
-        if force and folder.exists():
-            shutil.rmtree(folder)
-        meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label()}
-        summary = _execute(run, folder, cache, device, force, meta)
-        ran.append(run.id)
-        if progress:
-            bar.write(f"done {run.id}: {summary}")
+                bar.write(f"done {run.id}: {summary}")
     return {"out": str(out_dir), "ran": ran, "skipped": skipped}

@@ -91,6 +91,11 @@ class Backend:
     def has(self, name: str) -> bool:
         raise NotImplementedError
 
+    def escape(self, names: list[str]) -> str | None:
+        """Why the storage of arrays ``names`` reaches outside the store (a link, external or virtual storage), or
+        ``None`` when it all lies inside."""
+        raise NotImplementedError
+
     def flush(self) -> None:
         raise NotImplementedError
 
@@ -125,6 +130,16 @@ class ZarrBackend(Backend):
 
     def has(self, name):
         return name in self.root
+
+    def escape(self, names):
+        if isinstance(self.path, StoreURL):
+            return None  # objects under one prefix: nothing links elsewhere
+        for root, dirs, files in os.walk(self.path):  # links are not followed
+            for entry in (*dirs, *files):
+                if os.path.islink(os.path.join(root, entry)):
+                    where = os.path.relpath(os.path.join(root, entry), self.path)
+                    return f"{where} is a symbolic link (to {os.readlink(os.path.join(root, entry))})"
+        return None
 
     def create(self, name, shape, dtype, chunk_rows):
         import numpy as np
@@ -182,6 +197,25 @@ class H5Backend(Backend):
 
     def has(self, name):
         return name in self.file
+
+    def escape(self, names):
+        import h5py
+
+        for name in names:
+            parts = name.split("/")
+            for i in range(1, len(parts) + 1):
+                link = self.file.get("/".join(parts[:i]), getlink=True)
+                if isinstance(link, h5py.ExternalLink):
+                    return f"{'/'.join(parts[:i])} is an external link (to {link.filename})"
+                if isinstance(link, h5py.SoftLink):
+                    return f"{'/'.join(parts[:i])} is a soft link (to {link.path})"
+            obj = self.file.get(name)
+            if isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    return f"{name} is a virtual dataset"
+                if obj.external:
+                    return f"{name} is stored in an external file ({obj.external[0][0]})"
+        return None
 
     def create(self, name, shape, dtype, chunk_rows):
         import h5py

@@ -41,6 +41,10 @@ def check_layout(store: FeatureStore) -> None:
     if not isinstance(expected, dict):
         raise ReservoirError(f"{store.path}: damaged store: its attributes lack the array layout; "
                              "delete it and extract again")
+    escape = store.escape(list(expected))
+    if escape is not None:  # never read through, and never repaired into
+        raise ReservoirError(f"{store.path}: damaged store: {escape}, reaching outside the store; delete it and "
+                             "extract again")
     for name, spec in expected.items():
         try:
             arr = store.backend_array(name)

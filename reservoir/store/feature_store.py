@@ -395,6 +395,10 @@ class FeatureStore:
         self._verified.clear()
         return bad
 
+    def escape(self, names: list[str]) -> str | None:
+        """Why the storage of arrays ``names`` reaches outside the store (a link, external or virtual storage)."""
+        return self._b.escape(names)
+
     def backend_array(self, name: str) -> Any:
         """The backend's array ``name``, unchecked (what :mod:`reservoir.store.checks` reads through)."""
         return self._b.array(name)

@@ -11,6 +11,7 @@ notices (the path no longer names the locked file) and locks the new one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -18,6 +19,7 @@ import os
 import socket
 import time
 from datetime import datetime, timezone
+from collections.abc import Iterator
 from pathlib import Path
 
 from reservoir.errors import ReservoirError
@@ -186,3 +188,15 @@ def shared_lock(store: str | os.PathLike | StoreURL):
     if is_url(store):
         return lease.SharedLease(StoreURL(str(store)))
     return SharedLock(os.fspath(store))
+
+
+@contextlib.contextmanager
+def run_folder_lock(folder: str | os.PathLike | None) -> Iterator[StoreLock | None]:
+    """One writer per results folder (a ``train`` run, a sweep, a recipe's results): the store's lock on the folder,
+    held while the block writes into it; ``None`` locks nothing. A second writer is refused in one line naming the
+    holder."""
+    if folder is None:
+        yield None
+        return
+    with StoreLock(folder) as lock:
+        yield lock

@@ -22,6 +22,7 @@ from torch import nn
 
 from reservoir.errors import ReservoirError
 from reservoir.io import writable_folder
+from reservoir.store.lock import run_folder_lock
 from reservoir.results import Result
 from reservoir.runtime import attention_backends, autocast
 from reservoir.training import checkpoint as ckpt
@@ -165,45 +166,46 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     counts, opt = ready_to_train(model, data, settings)
     print(describe(counts))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
-    device = next(model.parameters()).device
-    steps = settings.total_steps(len(data.train))
-    flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
-    state = ckpt.new_state()
-    if folder is not None and (folder / "last.pt").exists():
-        state = ckpt.resume(folder / "last.pt", settings, model, opt, device)
-        restore_optimizer_flags(opt, *flags)
-    best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress)
-    if folder is not None:  # the best step may predate a resume
-        best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
-    ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
-    t_eval = time.perf_counter()
-    test, rows = scored_metrics(evaluate_rows(model, data.test, device, amp=settings.amp),
-                                evaluate_rows(model, data.val, device, amp=settings.amp), settings.seed)
-    p = data.provenance
-    result = TrainResult(
-        config=asdict(settings),
-        backbone=p["backbone"] if "backbone" in p else model.backbone.info.to_dict(),
-        task=p.get("task"),
-        store=p.get("store"),
-        parameters=counts,
-        metrics={
-            **test,
-            "best_val_accuracy": state["best_val"],
-            "best_step": state["best_step"],
-            "final_val_accuracy": state["curve"][-1]["val_accuracy"],
-            "steps": steps,
-            "steps_to_converge": steps_to_converge(state["curve"]),
-            "n_test": len(data.test),
-        },
-        curve=state["curve"],
-        timings={"train_s": state["train_seconds"], "test_eval_s": time.perf_counter() - t_eval},
-        rows=rows,
-        step_mode=step_mode,
-        extra=dict(extra or {}),
-    )
-    if folder is not None:
-        result.write(folder / "results.json")
-    return result
+    with run_folder_lock(folder):  # one writer per run folder
+        device = next(model.parameters()).device
+        steps = settings.total_steps(len(data.train))
+        flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
+        state = ckpt.new_state()
+        if folder is not None and (folder / "last.pt").exists():
+            state = ckpt.resume(folder / "last.pt", settings, model, opt, device)
+            restore_optimizer_flags(opt, *flags)
+        best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress)
+        if folder is not None:  # the best step may predate a resume
+            best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
+        ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
+        t_eval = time.perf_counter()
+        test, rows = scored_metrics(evaluate_rows(model, data.test, device, amp=settings.amp),
+                                    evaluate_rows(model, data.val, device, amp=settings.amp), settings.seed)
+        p = data.provenance
+        result = TrainResult(
+            config=asdict(settings),
+            backbone=p["backbone"] if "backbone" in p else model.backbone.info.to_dict(),
+            task=p.get("task"),
+            store=p.get("store"),
+            parameters=counts,
+            metrics={
+                **test,
+                "best_val_accuracy": state["best_val"],
+                "best_step": state["best_step"],
+                "final_val_accuracy": state["curve"][-1]["val_accuracy"],
+                "steps": steps,
+                "steps_to_converge": steps_to_converge(state["curve"]),
+                "n_test": len(data.test),
+            },
+            curve=state["curve"],
+            timings={"train_s": state["train_seconds"], "test_eval_s": time.perf_counter() - t_eval},
+            rows=rows,
+            step_mode=step_mode,
+            extra=dict(extra or {}),
+        )
+        if folder is not None:
+            result.write(folder / "results.json")
+        return result
 
 
 def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig

@@ -20,6 +20,7 @@ from torch import nn
 
 from reservoir.errors import ReservoirError
 from reservoir.io import writable_folder
+from reservoir.store.lock import run_folder_lock
 from reservoir.runtime import resolve_device
 from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
@@ -136,25 +137,26 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     trainer = CachedHead(head.to(device), X, Y, n_classes, lr=config.lr, grad_clip=config.grad_clip)
     steps = config.total_steps(len(X))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
-    t0 = time.perf_counter()
-    curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
-    train_s = time.perf_counter() - t0
-    head.load_state_dict(best)
-    n_params = sum(p.numel() for p in head.parameters())
-    test, rows = scored_metrics(trainer.correct_rows(*splits["test"]), trainer.correct_rows(Xv, Yv), config.seed)
-    result = TrainResult(
-        config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
-        parameters={"output": n_params, "trainable": n_params},
-        metrics={**test, "best_val_accuracy": best_val,
-                 "best_step": best_step, "final_val_accuracy": curve[-1]["val_accuracy"], "steps": steps,
-                 "steps_to_converge": steps_to_converge(curve), "n_test": len(splits["test"][0])},
-        curve=curve, timings={"train_s": train_s, "step_ms": 1e3 * train_s / steps}, rows=rows,
-        extra=dict(extra or {}),
-    )
-    if folder is not None:
-        ckpt.save(folder / "best.pt", {"head": best, "step": best_step})
-        result.write(folder / "results.json")
-    return result
+    with run_folder_lock(folder):  # one writer per run folder
+        t0 = time.perf_counter()
+        curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
+        train_s = time.perf_counter() - t0
+        head.load_state_dict(best)
+        n_params = sum(p.numel() for p in head.parameters())
+        test, rows = scored_metrics(trainer.correct_rows(*splits["test"]), trainer.correct_rows(Xv, Yv), config.seed)
+        result = TrainResult(
+            config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
+            parameters={"output": n_params, "trainable": n_params},
+            metrics={**test, "best_val_accuracy": best_val,
+                     "best_step": best_step, "final_val_accuracy": curve[-1]["val_accuracy"], "steps": steps,
+                     "steps_to_converge": steps_to_converge(curve), "n_test": len(splits["test"][0])},
+            curve=curve, timings={"train_s": train_s, "step_ms": 1e3 * train_s / steps}, rows=rows,
+            extra=dict(extra or {}),
+        )
+        if folder is not None:
+            ckpt.save(folder / "best.pt", {"head": best, "step": best_step})
+            result.write(folder / "results.json")
+        return result
 
 
 def _resident_splits(config: TrainConfig, device) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict, dict]:

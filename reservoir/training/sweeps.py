@@ -11,6 +11,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.results import Result
+from reservoir.store.lock import run_folder_lock
 from reservoir.training.builders import run
 from reservoir.training.config import TrainConfig
 
@@ -72,20 +73,21 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     """
     out = Path(config.out or config.default_out())
     runs, rows = [], {}
-    for lr in lrs:
-        for s in range(config.seed, config.seed + seeds):
-            r = run(replace(config, lr=lr, seed=s, out=str(out / f"lr{lr:.3g}-seed{s}")), progress=progress)
-            runs.append({"lr": lr, "seed": s, **r.metrics})
-            rows.setdefault(lr, []).append((r.rows or {}).get("test"))
-    by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in lrs}
-    mean_val = {lr: float(np.mean([r["best_val_accuracy"] for r in rs])) for lr, rs in by_lr.items()}
-    best_lr = max(lrs, key=lambda lr: mean_val[lr])
-    tests = [r["test_accuracy"] for r in by_lr[best_lr]]
-    metrics = {"test_accuracy_mean": float(np.mean(tests)), "test_accuracy_std": float(np.std(tests)),
-               "test_accuracies": tests, "test_interval": _pooled_interval(rows[best_lr], config.seed)}
-    result = SweepResult(config=asdict(config), lrs=lrs, seeds=seeds, runs=runs, best_lr=best_lr, metrics=metrics,
-                         mean_val_by_lr={str(k): v for k, v in mean_val.items()}, extra=dict(extra or {}))
-    result.write(out / "sweep.json")
+    with run_folder_lock(out):  # one sweep per folder (each run also locks its own)
+        for lr in lrs:
+            for s in range(config.seed, config.seed + seeds):
+                r = run(replace(config, lr=lr, seed=s, out=str(out / f"lr{lr:.3g}-seed{s}")), progress=progress)
+                runs.append({"lr": lr, "seed": s, **r.metrics})
+                rows.setdefault(lr, []).append((r.rows or {}).get("test"))
+        by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in lrs}
+        mean_val = {lr: float(np.mean([r["best_val_accuracy"] for r in rs])) for lr, rs in by_lr.items()}
+        best_lr = max(lrs, key=lambda lr: mean_val[lr])
+        tests = [r["test_accuracy"] for r in by_lr[best_lr]]
+        metrics = {"test_accuracy_mean": float(np.mean(tests)), "test_accuracy_std": float(np.std(tests)),
+                   "test_accuracies": tests, "test_interval": _pooled_interval(rows[best_lr], config.seed)}
+        result = SweepResult(config=asdict(config), lrs=lrs, seeds=seeds, runs=runs, best_lr=best_lr, metrics=metrics,
+                             mean_val_by_lr={str(k): v for k, v in mean_val.items()}, extra=dict(extra or {}))
+        result.write(out / "sweep.json")
     return result
 
 
