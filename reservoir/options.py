@@ -77,7 +77,21 @@ class Constraint:
     def check(self, value: Any, label: str) -> None:
         """Refuse ``value`` in one line naming ``label``, what was expected and what was found."""
         if not self.accepts(value):
-            raise ReservoirError(f"{label} must be {self.expected}, found {value!r}")
+            raise ReservoirError(f"{label} must be {self.expected}, found {shown(value)}")
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """``repr(value)``, cut to about ``width`` characters (a 300-digit number or a huge list stays one short line).
+
+    Examples
+    --------
+    >>> shown(10**300)
+    '1000000000000000000000000...0000000000000000000000000 (301 characters)'
+    """
+    text = repr(value)
+    if len(text) <= width:
+        return text
+    return f"{text[:width // 2 - 5]}...{text[-(width // 2 - 5):]} ({len(text):,} characters)"
 
 
 def is_int(v: Any) -> bool:
@@ -86,8 +100,10 @@ def is_int(v: Any) -> bool:
 
 
 def is_real(v: Any) -> bool:
-    """A finite real number, not a bool."""
-    return isinstance(v, Real) and not isinstance(v, bool) and type(v).__name__ != "bool_" and math.isfinite(v)
+    """A finite real number, not a bool (an integer of any size is finite)."""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        return False
+    return isinstance(v, Integral) or (isinstance(v, Real) and math.isfinite(v))
 
 
 def integer(low: int, high: int | None = None) -> Constraint:
@@ -148,6 +164,7 @@ class Setting:
     constraint: Constraint | None = None
     flag: str | None = None
     cli: bool = True  # an option of the command line (else errors name the field, not a flag)
+    limit: float | None = None  # the largest value the toolkit takes (a resource bound), checked after the constraint
 
     def field(self, **changes: Any) -> Any:
         """A dataclass field of this setting (``changes``: e.g. a ``help`` that says more for one configuration)."""
@@ -155,11 +172,12 @@ class Setting:
 
 
 def setting(help: str, default: Any = dataclasses.MISSING, constraint: Constraint | None = None,
-            flag: str | None = None, cli: bool = True, factory: Callable[[], Any] | None = None) -> Any:
+            flag: str | None = None, cli: bool = True, factory: Callable[[], Any] | None = None,
+            limit: float | None = None) -> Any:
     """A dataclass field with its option's help, default (none: a required field; or ``factory``), constraint and
     flag."""
-    shown = factory() if factory is not None else None if default is dataclasses.MISSING else default
-    meta = {"setting": Setting(help, shown, constraint, flag, cli)}
+    first = factory() if factory is not None else None if default is dataclasses.MISSING else default
+    meta = {"setting": Setting(help, first, constraint, flag, cli, limit)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -192,6 +210,15 @@ def check_fields(config: Any) -> None:
         found = f.metadata.get("setting")
         if found is not None and found.constraint is not None:
             found.constraint.check(getattr(config, f.name), label_of(f.name, found))
+        if found is not None and found.limit is not None:
+            check_limit(getattr(config, f.name), found.limit, label_of(f.name, found))
+
+
+def check_limit(value: Any, limit: float, label: str) -> None:
+    """Refuse a number above ``limit`` (a bound of the toolkit, not of the setting's meaning), in one line."""
+    if value is not None and not isinstance(value, (str, bool)) and is_real(value) and value > limit:
+        most = f"{int(limit):,}" if float(limit).is_integer() else f"{limit:g}"
+        raise ReservoirError(f"{label} must be at most {most}, found {shown(value)}")
 
 
 BACKBONE = Setting("Backbone: minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny-vit, ...), a hub id (gpt2, "

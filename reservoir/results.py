@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import tempfile
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 from reservoir import __version__
 from reservoir.errors import ReservoirError
 from reservoir.io import one_line, publish, unwritable, writable_folder  # noqa: F401 - writable_folder re-exported
+from reservoir.options import shown
 
 
 def environment() -> dict[str, Any]:
@@ -69,6 +71,47 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
 R = TypeVar("R", bound="Result")
 
 
+def check_accuracies(data: Any, where: str = "") -> None:
+    """Refuse (one line) a result whose accuracies are not what an accuracy can be: every value under a key naming
+    an accuracy is a number in [0, 1] (or ``None``), every interval two such numbers (``NaN``: none), at any depth.
+
+    Examples
+    --------
+    >>> check_accuracies({"metrics": {"test_accuracy": 0.9, "test_interval": [0.88, 0.92]}})
+    >>> check_accuracies({"metrics": {"test_accuracy": -5.0}})
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: expected accuracies in [0, 1], found metrics.test_accuracy = -5.0
+    """
+    if isinstance(data, dict):
+        for key, value in data.items():
+            path = f"{where}.{key}" if where else str(key)
+            name = str(key)
+            if "accurac" in name or "interval" in name:
+                for v in (value if isinstance(value, list) else [value]):
+                    if isinstance(v, (dict, list)):
+                        check_accuracies(v, path)
+                    elif isinstance(v, str) and "interval" in name:
+                        continue  # how the intervals were computed, in words
+                    elif not _a_fraction(v, nan_ok="interval" in name):
+                        raise ReservoirError(f"expected accuracies in [0, 1], found {path} = {shown(v)}")
+            else:
+                check_accuracies(value, path)
+    elif isinstance(data, list):
+        for i, v in enumerate(data[:100_000]):
+            check_accuracies(v, f"{where}[{i}]")
+
+
+def _a_fraction(v: Any, nan_ok: bool) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    if isinstance(v, float) and math.isnan(v):
+        return nan_ok
+    return 0 <= v <= 1
+
+
 @dataclasses.dataclass
 class Result:
     """Base of the typed results: dataclass fields are the JSON keys; unknown keys are kept in ``extra``.
@@ -102,6 +145,7 @@ class Result:
         if missing:
             raise ReservoirError(f"expected a {cls.__name__} with {', '.join(required)}, found one without "
                                  f"{', '.join(missing)}")
+        check_accuracies(data)
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known})
 

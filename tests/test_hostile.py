@@ -189,3 +189,70 @@ def test_durations_from_the_environment_are_bounded(monkeypatch, value):
     monkeypatch.setenv("RESERVOIR_DIST_TIMEOUT", value)
     with pytest.raises(ReservoirError, match=r"RESERVOIR_DIST_TIMEOUT: expected seconds above 0 and at most 604,800"):
         env_seconds("RESERVOIR_DIST_TIMEOUT", 1800)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--steps", str(10**300)], "--steps must be at most 1,000,000,000, found 100000000000000000000000"),
+    (["--lr", "1e300"], "--lr must be at most 1,000, found 1e+300"),
+    (["--epochs", "1e308"], "--epochs must be at most 1,000,000, found 1e+308"),
+    (["--batch-size", "100000000"], "--batch-size must be at most 1,048,576, found 100000000"),
+])
+def test_absurd_sizes_are_refused_in_one_short_line_before_anything_runs(tmp_path, args, message):
+    r = invoke("train", "--task", "bit-xor", "--backbone", "tiny-gpt2", *args, "--out", tmp_path / "run")
+    assert_bad_input(r)
+    assert message in r.stderr and len(r.stderr) < 200
+    assert not (tmp_path / "run").exists()
+
+
+def test_recipe_numbers_must_be_finite_and_bounded(tmp_path):
+    for value, message in ((".inf", "steps in cells[0] must be a finite number, found inf"),
+                           ("1e300", "steps in cells[0] must be at most 1,000,000,000, found 1000000000000000")):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"name: r\ncells:\n  - {{kind: train, task: bit-xor, steps: {value}}}\n")
+        r = invoke("recipe", "run", recipe, "--dry-run")
+        assert_bad_input(r)
+        assert message in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------ results are validated on read
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5.0, 10**300, "0.9", True])
+def test_a_results_file_whose_accuracy_is_no_accuracy_is_refused_and_redone(tmp_path, bad):
+    from reservoir.readouts.run import FitResult
+    from reservoir.recipes.runner import finished
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, n_test: 32}}\n"
+                      "cells:\n  - {kind: fit-linear, task: bit-xor, layers: 1, fit_layers: [1]}\n")
+    out = tmp_path / "res"
+    assert invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", "--quiet").exit_code == 0
+    path = next(out.rglob("logistic-layer1.json"))
+    data = json.loads(path.read_text())
+    data["metrics"]["test_accuracy"] = bad
+    path.write_text(json.dumps(data))
+    with pytest.raises(Exception, match="expected accuracies in \\[0, 1\\], found metrics.test_accuracy = "):
+        FitResult.read(path)
+    assert not finished(path)
+    r = invoke("report", out, "--no-plots")
+    assert_bad_input(r)
+    assert f"{path}: expected" in r.stderr and "metrics.test_accuracy" in r.stderr
+    rerun = invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c")
+    assert rerun.exit_code == 0 and "1 run(s) done, 0 skipped" in rerun.output  # done again, not skipped
+    assert 0 <= FitResult.read(path).metrics["test_accuracy"] <= 1
+
+
+# ------------------------------------------------------------------ inputs that pass the checks, then crash
+def test_labels_of_too_many_axes_are_refused_when_the_task_is_made(tmp_path):
+    import numpy as np
+
+    from reservoir import TaskData
+    from reservoir.errors import ReservoirError
+
+    x = np.random.default_rng(0).normal(size=(40, 4, 3)).astype(np.float32)
+    with pytest.raises(ReservoirError, match=r"expected labels of shape \(40,\) or \(40, heads\); found \(40, 1, 1\)"):
+        TaskData.from_arrays("t", {"train": (x, np.zeros((40, 1, 1), int)), "test": (x, np.zeros(40, int))})
+    np.savez(tmp_path / "d.npz", train_inputs=x, train_labels=np.zeros((40, 1, 1), int), test_inputs=x,
+             test_labels=np.zeros(40, int))
+    r = invoke("extract", "--data", tmp_path / "d.npz", "--backbone", "tiny-gpt2", "--layers", 1,
+               "--out", tmp_path / "x.zarr", "--quiet")
+    assert_bad_input(r)
+    assert "expected labels of shape" in r.stderr and not (tmp_path / "x.zarr").exists()

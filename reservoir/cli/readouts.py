@@ -7,7 +7,16 @@ from pathlib import Path
 import click
 
 from reservoir import options
-from reservoir.cli.common import SEED, _check_out, _parse_layers, _task_from, ci, data_options, setting_option, storage_option
+from reservoir.cli.common import (
+    SEED,
+    _check_out,
+    _parse_layers,
+    _task_from,
+    ci,
+    data_options,
+    setting_option,
+    storage_option,
+)
 
 
 def _pct(value: float) -> str:
@@ -54,8 +63,8 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of the validation split, the path's subsample, the learning curve and the bootstrap.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
-@setting_option(options.DEVICE, default="cpu", help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge "
-                                   "readout runs on the CPU.")
+@setting_option(options.DEVICE, default="cpu",
+                help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge readout runs on the CPU.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
 @storage_option
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):

@@ -39,6 +39,24 @@ def _out_dir(recipe: Recipe, out: str | os.PathLike | None) -> Path:
     return Path("results") / recipe.name
 
 
+def finished(path: Path) -> bool:
+    """Whether ``path`` holds a results file that validates (a JSON object whose accuracies are accuracies): a run
+    counts as done only then, never because a truncated or foreign file is there."""
+    from reservoir.io import read_json
+    from reservoir.results import check_accuracies
+
+    if not path.is_file():
+        return False
+    try:
+        data = read_json(path, "a results JSON object")
+        if not isinstance(data, dict) or "kind" not in data and "config" not in data:
+            return False
+        check_accuracies(data)
+    except ReservoirError:
+        return False
+    return True
+
+
 def result_files(run: Run, folder: Path) -> list[Path]:
     """The files a finished ``run`` leaves in ``folder`` (all must exist for it to be skipped)."""
     return [folder / name for _, name in run.outputs()]
@@ -206,7 +224,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         for run in bar:
             folder = out_dir / run.id
             files = result_files(run, folder)
-            if not force and all(f.exists() for f in files):
+            if not force and all(map(finished, files)):
                 skipped.append(run.id)
                 if progress:
                     bar.write(f"skip {run.id} (results exist)")

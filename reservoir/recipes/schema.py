@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ def _number(value: Any, what: str, integer: bool = False) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReservoirError(f"{what} must be a number, found {value!r}")
     if integer:
+        if isinstance(value, float) and not math.isfinite(value):  # (a real number's bounds say why it is refused)
+            raise ReservoirError(f"{what} must be a finite number, found {value!r}")
         if float(value) != int(value):
             raise ReservoirError(f"{what} must be an integer, found {value!r}")
         return int(value)

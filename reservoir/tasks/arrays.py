@@ -241,6 +241,10 @@ def _labels(where: str, labels: Any, n: int, n_out_tokens: int) -> np.ndarray:
     if n_out_tokens > 1 and (labels.ndim < 2 or labels.shape[1] != n_out_tokens):
         raise ReservoirError(f"{where}: expected labels of shape ({n}, {n_out_tokens}, ...), one per output token; "
                              f"found {labels.shape}")
+    if labels.ndim > (2 if n_out_tokens == 1 else 3):  # what a readout and a head read: rows, [tokens,] heads
+        wanted = (f"({n},) or ({n}, heads)" if n_out_tokens == 1
+                  else f"({n}, {n_out_tokens}) or ({n}, {n_out_tokens}, heads)")
+        raise ReservoirError(f"{where}: expected labels of shape {wanted}; found {labels.shape}")
     if labels.size and int(labels.max()) >= MAX_CLASSES:  # in the labels' own dtype: a uint64 must not wrap
         raise ReservoirError(f"{where}: expected labels below {MAX_CLASSES:,} (one output per class); found "
                              f"{int(labels.max()):,}: number the classes 0..K-1")

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from reservoir import options
+from reservoir.errors import ReservoirError
 from reservoir.options import integer, number, one_of, optional, setting
 from reservoir.settings import slug
 
 
 #: Optimizer steps of a run that gives neither ``steps`` nor ``epochs``.
 DEFAULT_STEPS = 2000
+#: Most optimizer steps a run may ask for (a run of that many is weeks long; more is a typo).
+MAX_STEPS = 10**9
 
 
 @dataclass
@@ -50,13 +53,13 @@ class TrainConfig:
                             "input, positions, layernorm, attention, feedforward, recurrent (LSTM), output.", "fpt")
     task_params: dict[str, Any] = setting("Task parameter, repeatable (e.g. -p n_train=4000).", flag="--param",
                                           factory=dict)
-    lr: float = setting("Adam learning rate.", 1e-3, number(0, open_low=True))
+    lr: float = setting("Adam learning rate.", 1e-3, number(0, open_low=True), limit=1e3)
     steps: int | None = setting(f"Optimizer steps (default {DEFAULT_STEPS} unless --epochs).", None,
-                                optional(integer(1)))
+                                optional(integer(1)), limit=MAX_STEPS)
     epochs: float | None = setting("Passes over the training split (instead of --steps).", None,
-                                   optional(number(0, open_low=True)))
-    batch_size: int = setting("Sequences per step.", 16, integer(1))
-    eval_every: int = setting("Steps between validation passes.", 100, integer(1))
+                                   optional(number(0, open_low=True)), limit=1e6)
+    batch_size: int = setting("Sequences per step.", 16, integer(1), limit=1 << 20)
+    eval_every: int = setting("Steps between validation passes.", 100, integer(1), limit=MAX_STEPS)
     seed: int = options.SEED.field(help="Seed of inits, projection, head and data order.")
     dropout: float = setting("Dropout inside the backbone in training.", 0.0, number(0, 1))
     grad_clip: float = setting("Gradient-norm clip.", 1.0, number(0, words="a finite number >= 0 (0: no clipping)"),
@@ -96,7 +99,11 @@ class TrainConfig:
         if self.steps is not None:
             return self.steps
         if self.epochs is not None:
-            return math.ceil(self.epochs * max(1, n_train // self.batch_size))
+            steps = math.ceil(self.epochs * max(1, n_train // self.batch_size))
+            if steps > MAX_STEPS:
+                raise ReservoirError(f"--epochs {self.epochs:g} over {n_train:,} rows must be at most {MAX_STEPS:,} "
+                                     f"steps, found {steps:,}")
+            return steps
         return DEFAULT_STEPS
 
     def key(self) -> dict[str, Any]:
@@ -135,4 +142,8 @@ def check_number(name: str, value: Any, label: str | None = None) -> None:
     ...
     reservoir.errors.ReservoirError: lr in cells[0] must be a finite number > 0, found -1.0
     """
-    BOUNDS[name].check(value, label or options.label_of(name, options.field_setting(TrainConfig, name)))
+    found = options.field_setting(TrainConfig, name)
+    label = label or options.label_of(name, found)
+    BOUNDS[name].check(value, label)
+    if found.limit is not None:
+        options.check_limit(value, found.limit, label)
