@@ -108,6 +108,18 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     os.replace(tmp, dest)
 
 
+#: Longest output name taken, in bytes: filesystems allow 255, and a store adds its temporary and lock suffixes.
+MAX_NAME_BYTES = 230
+
+
+def check_name(path: str | os.PathLike) -> None:
+    """Refuse (one line) an output whose name is too long for the filesystem once the toolkit's suffixes are added."""
+    name = os.fsencode(Path(path).name)
+    if len(name) > MAX_NAME_BYTES:
+        raise ReservoirError(f"{str(path)[:60]}...: expected an output name of at most {MAX_NAME_BYTES} bytes, found "
+                             f"{len(name)}")
+
+
 def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None = None) -> Path:
     """Create folder ``path`` (and its parents) and prove a file can be written in it.
 
@@ -127,6 +139,8 @@ def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None 
     True
     """
     folder = Path(path)
+    if for_path is not None:
+        check_name(for_path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -256,3 +256,42 @@ def test_labels_of_too_many_axes_are_refused_when_the_task_is_made(tmp_path):
                "--out", tmp_path / "x.zarr", "--quiet")
     assert_bad_input(r)
     assert "expected labels of shape" in r.stderr and not (tmp_path / "x.zarr").exists()
+
+
+def test_an_output_name_too_long_for_the_filesystem_is_one_line(tmp_path):
+    name = "a" * 300
+    for args in ([*STORE, "--out", tmp_path / f"{name}.zarr"], ["fit-raw", "--task", "digits", "--out",
+                                                                 tmp_path / f"{name}.json"]):
+        r = invoke(*args)
+        assert_bad_input(r)
+        assert "expected an output name of at most 230 bytes, found 30" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_one_row_train_split_is_one_line_for_train_and_n_a_for_fit_linear(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "one.npz", train_inputs=rng.normal(size=(1, 4, 3)).astype(np.float32),
+             train_labels=np.zeros(1, int), test_inputs=rng.normal(size=(20, 4, 3)).astype(np.float32),
+             test_labels=np.arange(20) % 2)
+    r = invoke("train", "--data", tmp_path / "one.npz", "--backbone", "tiny-gpt2", "--steps", 5, "--out",
+               tmp_path / "run", "--quiet")
+    assert_bad_input(r)
+    assert "expected a train split of at least 2 rows, to hold out 0.1 of them for validation" in r.stderr
+    assert invoke("extract", "--data", tmp_path / "one.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--out",
+                  tmp_path / "one.zarr", "--quiet").exit_code == 0
+    fit = invoke("fit-linear", tmp_path / "one.zarr", "--layer", 1, "--results", tmp_path / "r")
+    assert fit.exit_code == 0 and "nan" not in fit.output and "n/a [n/a]" in fit.output
+
+
+def test_bench_extract_on_splits_smaller_than_a_naive_batch(tmp_path):
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(10, 4, 3)).astype(np.float32)
+    np.savez(tmp_path / "small.npz", train_inputs=x, train_labels=np.arange(10) % 2, test_inputs=x,
+             test_labels=np.arange(10) % 2)
+    r = invoke("bench", "extract", "--data", tmp_path / "small.npz", "--backbone", "tiny-gpt2", "--layers", 1,
+               "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "for 20 rows" in r.output  # the naive way timed on every row there is

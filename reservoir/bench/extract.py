@@ -244,7 +244,7 @@ def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     with torch.inference_mode():
         for split in task.splits.values():
-            take = max(1, round(naive_rows * len(split) / n_all))
+            take = min(len(split), max(1, round(naive_rows * len(split) / n_all)))  # a small split: all of it
             for lo in range(0, take, 32):
                 x = np.zeros((min(32, take - lo), L, *split.inputs.shape[2:]), dtype=split.inputs.dtype)
                 x[:, : split.inputs.shape[1]] = split.inputs[lo : lo + len(x), :L]

@@ -73,9 +73,10 @@ def _check_out(out: str | None) -> None:
     """Refuse an --out file that cannot be written before the work whose result it will hold."""
     from reservoir.io import writable_folder
 
-    from reservoir.io import replaceable
+    from reservoir.io import check_name, replaceable
 
     if out is not None:
+        check_name(out)
         if Path(out).is_dir():
             raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
         replaceable(out)

@@ -19,7 +19,10 @@ from reservoir.cli.common import (
 )
 
 
-def _pct(value: float) -> str:
+def _pct(value: float | None) -> str:
+    """An accuracy as the tables print it; ``n/a`` where there is none (no validation row to hold out)."""
+    if value is None or value != value:
+        return "    n/a"
     return f"{100 * value:6.2f}%"
 
 

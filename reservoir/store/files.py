@@ -21,7 +21,7 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
-from reservoir.io import cause
+from reservoir.io import cause, check_name
 from reservoir.store import layout as lay
 from reservoir.store.backends import BACKENDS, Backend, Format
 from reservoir.store.remote import StoreURL, is_url
@@ -168,4 +168,5 @@ def store_path(path: str | os.PathLike | StoreURL) -> Path | StoreURL:
         p = Path(os.path.abspath(p))
     if not p.name:
         raise ReservoirError(f"expected a store path (a .zarr folder or .h5 file), found {str(path)!r}")
+    check_name(p)  # the store's temporary and lock names must fit the filesystem too
     return p

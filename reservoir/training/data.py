@@ -132,8 +132,11 @@ def carve_val(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarra
     >>> len(t), len(v), sorted([*t, *v]) == list(range(10))
     (8, 2, True)
     """
-    perm = np.random.default_rng([seed, 7919]).permutation(n)
     n_val = max(1, round(fraction * n))
+    if n - n_val < 1:
+        raise ReservoirError(f"expected a train split of at least 2 rows, to hold out {fraction:g} of them for "
+                             f"validation (the task has no val split); found {n}")
+    perm = np.random.default_rng([seed, 7919]).permutation(n)
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
