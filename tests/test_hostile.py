@@ -295,3 +295,10 @@ def test_bench_extract_on_splits_smaller_than_a_naive_batch(tmp_path):
                "--quiet")
     assert r.exit_code == 0, r.output
     assert "for 20 rows" in r.output  # the naive way timed on every row there is
+
+
+def test_an_lr_sweep_of_a_billion_runs_is_refused(tmp_path):
+    r = invoke("train", "--task", "bit-xor", "--backbone", "tiny-gpt2", "--lr-sweep", "1e-3:1e-1:1000000000",
+               "--out", tmp_path / "s")
+    assert_bad_input(r)
+    assert "--lr-sweep expects 0 < LOW < HIGH and 2 <= N <= 1000, found '1e-3:1e-1:1000000000'" in r.stderr

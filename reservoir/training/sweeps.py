@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.results import Result
 from reservoir.store.lock import run_folder_lock
@@ -36,6 +37,10 @@ class SweepResult(Result):
     metrics: dict[str, Any]
 
 
+#: Most learning rates a sweep may try (each is a whole training run per seed).
+MAX_SWEEP_LRS = 1000
+
+
 def parse_lr_sweep(spec: str) -> list[float]:
     """``"1e-6:1e-2:9"`` -> 9 learning rates log-spaced from 1e-6 to 1e-2.
 
@@ -49,8 +54,9 @@ def parse_lr_sweep(spec: str) -> list[float]:
         lo_f, hi_f, n_i = float(lo), float(hi), int(n)
     except ValueError:
         raise ReservoirError(f"--lr-sweep expects LOW:HIGH:N (e.g. 1e-6:1e-2:9), found {spec!r}") from None
-    if not (0 < lo_f < hi_f and n_i >= 2):
-        raise ReservoirError(f"--lr-sweep expects 0 < LOW < HIGH and N >= 2, found {spec!r}")
+    if not (0 < lo_f < hi_f < math.inf and 2 <= n_i <= MAX_SWEEP_LRS):
+        raise ReservoirError(f"--lr-sweep expects 0 < LOW < HIGH and 2 <= N <= {MAX_SWEEP_LRS}, found "
+                             f"{options.shown(spec)}")
     # 12 significant digits: 1e-5, not 9.999999999999999e-06, in results and folder names
     return [float(f"{v:.12g}") for v in np.logspace(math.log10(lo_f), math.log10(hi_f), n_i)]
 
