@@ -253,6 +253,7 @@ def test_a_backend_that_ignores_conditional_writes_is_refused(bucket, monkeypatc
     assert_bad_input(r := invoke(*SMALL, "--out", f"s3://{bucket}/x.zarr"))
     assert "does not honour conditional writes (If-None-Match)" in r.stderr
     assert not objects(f"s3://{bucket}/x.zarr")
+    assert leases.read(remote.StoreURL(f"s3://{bucket}/x.zarr")) == (None, None)  # its lease removed again
 
 
 # ------------------------------------------------------------------ kills, races, a server that goes away

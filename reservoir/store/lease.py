@@ -158,8 +158,8 @@ class Lease:
 
     def _check_conditional(self, obstore: Any, store: Any) -> None:
         """Refuse a backend that ignores create-if-absent (a second create of the held lease must fail)."""
-        try:
-            obstore.put(store, self.key, self._body(), mode="create")
+        try:  # when it succeeds it replaced our lease: the new version is ours to delete
+            self._etag = obstore.put(store, self.key, self._body(), mode="create")["e_tag"]
         except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
             return
         except obstore.exceptions.NotSupportedError:
