@@ -98,7 +98,8 @@ def test_hdf5_storage_outside_the_file_is_refused_and_never_written_into(tmp_pat
             f.create_virtual_dataset("train/features", layout)
         else:
             raw.write_bytes(b"\0" * data.nbytes)
-            f.create_dataset("train/features", shape=data.shape, dtype=data.dtype, external=[(str(raw), 0, data.nbytes)])
+            f.create_dataset("train/features", shape=data.shape, dtype=data.dtype,
+                             external=[(str(raw), 0, data.nbytes)])
     before = other.read_bytes(), raw.read_bytes() if raw.exists() else b""
     r = invoke(*STORE, "--out", store)
     assert_bad_input(r)

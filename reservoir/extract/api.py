@@ -26,9 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from reservoir.tasks import TaskData
 
 
-def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | FeatureStore, *, layers: list[int] | int | None = None, pooling: str | list[str] = "last",
-            dtype: str = "float16", batch_size: int | None = None, max_tokens: int | None = None,
-            device: str = "auto", amp: str = "auto", format: str | None = None, full_seq_layer: int | None = None,
+def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | FeatureStore, *,
+            layers: list[int] | int | None = None, pooling: str | list[str] = "last", dtype: str = "float16",
+            batch_size: int | None = None, max_tokens: int | None = None, device: str = "auto", amp: str = "auto",
+            format: str | None = None, full_seq_layer: int | None = None,
             truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None,
             sharded: bool = False) -> FeatureStore:
     """Run a task through a frozen backbone once and write (or resume) a feature store at ``out``.

@@ -76,7 +76,8 @@ def check_poolings(pooling: str | list[str] | tuple[str, ...]) -> list[str]:
     kinds = [p.strip() for p in pooling.split(",")] if isinstance(pooling, str) else list(pooling)
     bad = [p for p in kinds if p not in options.POOLINGS]
     if not kinds or bad or len(set(kinds)) != len(kinds):
-        raise ReservoirError(f"--pooling must be one or more of {', '.join(options.POOLINGS)} (each once, e.g. last,mean); "
+        raise ReservoirError(f"--pooling must be one or more of {', '.join(options.POOLINGS)} (each once, e.g. "
+                             "last,mean); "
                              f"found {','.join(map(str, kinds)) or 'nothing'}")
     return kinds
 
