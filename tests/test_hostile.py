@@ -303,3 +303,13 @@ def test_an_lr_sweep_of_a_billion_runs_is_refused(tmp_path):
                "--out", tmp_path / "s")
     assert_bad_input(r)
     assert "--lr-sweep expects 0 < LOW < HIGH and 2 <= N <= 1000, found '1e-3:1e-1:1000000000'" in r.stderr
+
+
+def test_task_sizes_past_any_memory_are_refused_before_allocating(tmp_path):
+    r = invoke("extract", "--task", "bit-xor", "-p", f"n_train={10**12}", "--backbone", "tiny-gpt2", "--layers", 1,
+               "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert "task 'bit-xor': n_train must be at most 100,000,000 (a size bound of the toolkit); found" in r.stderr
+    assert_bad_input(r := invoke("bench", "speedup", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50",
+                                 "--backbone", "tiny-gpt2", "--layers", 1, "--batch-size", 1000000))
+    assert "--batch-size must be at most the 200 rows an epoch is timed on" in r.stderr

@@ -140,6 +140,10 @@ def speedup(
     s = K - 1 if split_layer is None else split_layer
     if not 0 <= s < K:
         raise ReservoirError(f"--split-layer must be within 0..{K - 1} (below the depth {K}), found {s}")
+    n_train = len(data.splits["train"])
+    if batch_size > min(n_train, max_live_rows):  # an epoch must hold at least one whole batch
+        raise ReservoirError(f"--batch-size must be at most the {min(n_train, max_live_rows):,} rows an epoch is "
+                             f"timed on (train rows, --max-live-rows), found {batch_size:,}")
     result: dict[str, Any] = {"task": data.name, "task_params": data.params, "backbone": prep.backbone.info.to_dict(),
                               "depth": K, "split_layer": s, "batch_size": batch_size, "large_batch": LARGE_BATCH,
                               "n_train": len(data.splits["train"]), "device": str(dev),

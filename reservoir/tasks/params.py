@@ -14,8 +14,13 @@ from numbers import Integral
 from typing import Any
 
 from reservoir.errors import ReservoirError
+from reservoir.options import shown
 
-__all__ = ["choice_param", "int_param"]
+__all__ = ["MAX_SIZE", "choice_param", "int_param"]
+
+#: Largest count or length a task parameter may ask for (rows, positions, bits): past it, arrays would not fit in
+#: any machine's memory, and the request is refused before anything is allocated.
+MAX_SIZE = 10**8
 
 
 def int_param(task: str, name: str, value: Any, lo: int, hi: int | None = None, *, none_ok: bool = False) -> Any:
@@ -54,7 +59,10 @@ def int_param(task: str, name: str, value: Any, lo: int, hi: int | None = None, 
         raise ReservoirError(f"task {task!r}: {name} must be {expected}; found {value!r}")
     value = int(value)
     if value < lo or (hi is not None and value > hi):
-        raise ReservoirError(f"task {task!r}: {name} must be {expected}; found {value}")
+        raise ReservoirError(f"task {task!r}: {name} must be {expected}; found {shown(value)}")
+    if "seed" not in name and value > MAX_SIZE:  # a count or a length: bounded before anything is allocated
+        raise ReservoirError(f"task {task!r}: {name} must be at most {MAX_SIZE:,} (a size bound of the toolkit); "
+                             f"found {shown(value)}")
     return value
 
 
