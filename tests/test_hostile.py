@@ -313,3 +313,13 @@ def test_task_sizes_past_any_memory_are_refused_before_allocating(tmp_path):
     assert_bad_input(r := invoke("bench", "speedup", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50",
                                  "--backbone", "tiny-gpt2", "--layers", 1, "--batch-size", 1000000))
     assert "--batch-size must be at most the 200 rows an epoch is timed on" in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--seeds", "3"], "--seeds 3 applies to an lr sweep: pass --lr-sweep LOW:HIGH:N, or drop --seeds"),
+    (["--steps", "10", "--epochs", "2"], "expected --steps or --epochs, not both; found --steps 10 and --epochs 2"),
+])
+def test_options_that_would_be_silently_ignored_are_refused(tmp_path, args, message):
+    r = invoke("train", "--task", "bit-xor", "--backbone", "tiny-gpt2", *args, "--out", tmp_path / "run")
+    assert_bad_input(r)
+    assert message in r.stderr and not (tmp_path / "run").exists()

@@ -41,6 +41,10 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
 
     if seeds < 1:
         raise click.BadParameter(f"expected at least 1, found {seeds}", param_hint="--seeds")
+    if seeds != 1 and lr_sweep is None:
+        raise click.UsageError(f"--seeds {seeds} applies to an lr sweep: pass --lr-sweep LOW:HIGH:N, or drop --seeds")
+    if steps is not None and epochs is not None:
+        raise click.UsageError(f"expected --steps or --epochs, not both; found --steps {steps} and --epochs {epochs:g}")
     settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
                     batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
                     device=device, amp=amp, cuda_graphs=cuda_graphs, out=out)
