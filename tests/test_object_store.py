@@ -392,3 +392,14 @@ def test_an_aws_profile_gives_the_credentials(bucket, local, tmp_path, monkeypat
     assert_identical(url, local["small"])
     assert_bad_input(r := invoke("info", url, "--storage-option", "profile=nobody"))
     assert "AWS profile 'nobody': " in r.stderr
+
+
+def test_other_ranks_stop_writing_when_rank_0s_lease_is_gone(bucket):
+    from reservoir.store.lock import SharedLock
+
+    url = f"s3://{bucket}/shared.zarr"
+    lease = leases.Lease(remote.StoreURL(url)).acquire()
+    SharedLock(url).check()  # rank 0 holds it: writing goes on
+    lease.release()
+    with pytest.raises(ReservoirError, match="write lease while the other ranks write; found it released or expired"):
+        SharedLock(url).check()

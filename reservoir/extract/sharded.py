@@ -148,9 +148,9 @@ def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job) -> Featur
     """The store rank 0 created, open for writing under its lock; refused if this rank's settings differ."""
     from reservoir import settings
     from reservoir.store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference
-    from reservoir.store.lock import shared_lock
+    from reservoir.store.lock import SharedLock
 
-    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=shared_lock(out))
+    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=SharedLock(out))
     key = {"schema": SCHEMA, **{k: plan.attrs[k] for k in KEY_FIELDS if k != "schema"}}
     diff = first_difference(store.attrs, key)
     if diff is not None:

@@ -217,22 +217,3 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-class SharedLease:
-    """The lease of a store as held for a whole sharded job by its rank 0, seen from the job's other ranks."""
-
-    held = True
-
-    def __init__(self, url: StoreURL):
-        self.url = url
-
-    def check(self) -> None:
-        """Refuse to write when rank 0's lease is gone or expired (rank 0 died)."""
-        if holder(self.url) is None:
-            raise ReservoirError(f"{self.url}: expected rank 0 of this job to hold the store's write lease while "
-                                 "the other ranks write; found it released or expired (rank 0 has ended): stopping, "
-                                 "rerun the same command to resume")
-
-    def release(self) -> None:
-        pass

@@ -18,8 +18,8 @@ import json
 import os
 import socket
 import time
-from datetime import datetime, timezone
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 from reservoir.errors import ReservoirError
@@ -149,7 +149,8 @@ class StoreLock:
 
 
 class SharedLock:
-    """The write lock of a store as held for a whole sharded job by its rank 0, seen from the job's other ranks.
+    """The write lock of a store (a lock file, or a lease on object storage) as held for a whole sharded job by its
+    rank 0, seen from the job's other ranks.
 
     Internal to :mod:`reservoir.extract.sharded`: the other ranks open the store
     for writing (``FeatureStore.open(..., _lock=SharedLock(path))``) only after
@@ -159,15 +160,15 @@ class SharedLock:
 
     held = True
 
-    def __init__(self, store: str | os.PathLike):
-        self.store = Path(store)
-        self.path = lock_path(store)
+    def __init__(self, store: str | os.PathLike | StoreURL):
+        self.store = store if isinstance(store, StoreURL) else StoreURL(str(store)) if is_url(store) else Path(store)
 
     def check(self) -> None:
         """Refuse to write when rank 0's lock is gone (rank 0 died): another writer may take the store now."""
         if holder(self.store) is None:
-            raise ReservoirError(f"{self.store}: expected rank 0 of this job to hold the store's write lock while "
-                                 "the other ranks write; found it released (rank 0 has ended): stopping, rerun the "
+            what, gone = ("lease", "released or expired") if isinstance(self.store, StoreURL) else ("lock", "released")
+            raise ReservoirError(f"{self.store}: expected rank 0 of this job to hold the store's write {what} while "
+                                 f"the other ranks write; found it {gone} (rank 0 has ended): stopping, rerun the "
                                  "same command to resume")
 
     def release(self) -> None:
@@ -179,15 +180,6 @@ def writer_lock(store: Path | StoreURL, job: str | None = None):
     if isinstance(store, StoreURL):
         return lease.Lease(store, job)
     return StoreLock(store)
-
-
-def shared_lock(store: str | os.PathLike | StoreURL):
-    """The write lock rank 0 of a sharded job holds, as its other ranks check it."""
-    if isinstance(store, StoreURL):
-        return lease.SharedLease(store)
-    if is_url(store):
-        return lease.SharedLease(StoreURL(str(store)))
-    return SharedLock(os.fspath(store))
 
 
 @contextlib.contextmanager

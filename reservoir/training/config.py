@@ -121,7 +121,7 @@ class TrainConfig:
 #: The constraint of every number of :class:`TrainConfig` (recipes check their cells against it too).
 BOUNDS: dict[str, options.Constraint] = {
     f.name: f.metadata["setting"].constraint for f in dataclasses.fields(TrainConfig)
-    if f.metadata["setting"].constraint is not None and f.name not in ("init", "amp", "cuda_graphs")
+    if f.metadata["setting"].constraint is not None and f.metadata["setting"].constraint.choices is None
 }
 
 
