@@ -12,11 +12,12 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal, NamedTuple
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["cause", "first_sentence", "one_line", "publish", "read_json", "unwritable", "writable_folder"]
+__all__ = ["ArrayHeader", "available_memory", "cause", "check_memory", "first_sentence", "load_npy", "npy_header",
+           "one_line", "publish", "read_json", "size_text", "unwritable", "writable_folder"]
 
 
 def one_line(err: Any) -> str:
@@ -173,3 +174,100 @@ def env_seconds(name: str, default: float) -> float:
     if not 0 < seconds <= MAX_SECONDS:
         raise ReservoirError(f"{name}: expected seconds above 0 and at most {MAX_SECONDS:,}, found {raw!r}")
     return seconds
+
+
+def size_text(nbytes: int) -> str:
+    """A byte count for people: ``"2.0 GiB"``."""
+    size = float(nbytes)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{int(size)} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the machine can give now without swapping (Linux's ``MemAvailable``), or ``None`` when
+    unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_memory(what: str, nbytes: int, things: str = "arrays") -> None:
+    """Refuse (one line naming ``what`` and the limit) to allocate ``nbytes`` of ``things`` when the machine has less
+    available."""
+    free = available_memory()
+    if free is not None and nbytes > free:
+        raise ReservoirError(f"{what}: expected {things} that fit in the {size_text(free)} of memory available; found "
+                             f"{size_text(nbytes)}")
+
+
+class ArrayHeader(NamedTuple):
+    """What an ``.npy`` header claims, read before any data: the shape, the dtype and where the data starts."""
+
+    shape: tuple[int, ...]
+    dtype: Any  # numpy.dtype
+    offset: int
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data the header claims (exact: Python integers do not overflow)."""
+        n = self.dtype.itemsize
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+def npy_header(fp: IO[bytes], where: str, size: int) -> ArrayHeader:
+    """The header of the ``.npy`` data at ``fp`` (positioned at its start), checked against the ``size`` bytes it has.
+
+    Refused in one line naming ``where``: not ``.npy`` data, a format other
+    than 1.0 or 2.0, Python objects (which only a pickle can hold), or a
+    shape whose data is longer than what follows the header (a truncated
+    file, or a header that lies to make the reader allocate). Nothing is
+    allocated for the data.
+    """
+    import numpy as np
+
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+        read = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
+        if read is None:
+            raise ValueError(f".npy format {version[0]}.{version[1]} (1.0 or 2.0 are read)")
+        shape, _, dtype = read(fp)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as err:
+        raise ReservoirError(f"{where}: expected a numeric array (.npy data); found {one_line(err)}") from None
+    if dtype.hasobject:
+        raise ReservoirError(f"{where}: expected a numeric array; found Python objects ({dtype}), which only a pickle "
+                             "can hold")
+    header = ArrayHeader(tuple(int(d) for d in shape), dtype, fp.tell())
+    if header.nbytes > size - header.offset:
+        raise ReservoirError(f"{where}: expected the {size_text(header.nbytes)} of data its header claims (shape "
+                             f"{header.shape}, {dtype}); found {size_text(max(size - header.offset, 0))}")
+    return header
+
+
+def load_npy(path: str | os.PathLike, mmap_mode: Literal["r", "c"] | None = None) -> Any:
+    """The array in the ``.npy`` file ``path``, its header checked first (:func:`npy_header`; and, unless memory-mapped,
+    against the memory available); no pickles."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        npy_header(f, str(path), os.fstat(f.fileno()).st_size)
+        if mmap_mode is None:
+            check_memory(str(path), os.fstat(f.fileno()).st_size)
+    return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)

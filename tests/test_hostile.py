@@ -323,3 +323,125 @@ def test_options_that_would_be_silently_ignored_are_refused(tmp_path, args, mess
     r = invoke("train", "--task", "bit-xor", "--backbone", "tiny-gpt2", *args, "--out", tmp_path / "run")
     assert_bad_input(r)
     assert message in r.stderr and not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ array headers checked before allocating
+def _npz_with_member(path: Path, name: str, header_shape: tuple, data: bytes, **arrays) -> Path:
+    """An .npz of ``arrays`` plus a member ``name`` whose .npy header claims ``header_shape`` over ``data``."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    np.savez(path, **arrays)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": header_shape})
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr(f"{name}.npy", head.getvalue() + data)
+    return path
+
+
+def test_an_npz_header_claiming_more_than_its_member_holds_is_refused_before_allocating(tmp_path):
+    import numpy as np
+
+    x = np.zeros((8, 4, 2), np.float32)
+    data = _npz_with_member(tmp_path / "lie.npz", "train_inputs", (10**12, 10), b"\0" * 64,
+                            train_labels=np.zeros(8, int), test_inputs=x, test_labels=np.zeros(8, int))
+    r = invoke("extract", "--data", data, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert "train_inputs: expected the 36.4 TiB of data its header claims (shape (1000000000000, 10), float32); " \
+           "found 64 bytes" in r.stderr
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_an_npz_is_checked_from_its_headers_before_it_is_decompressed(tmp_path, monkeypatch):
+    import numpy as np
+
+    import reservoir.io
+
+    big = np.zeros((4096, 64, 8), np.float32)  # 8 MiB of zeros, deflated to a few KiB
+    path = tmp_path / "zeros.npz"
+    np.savez_compressed(path, train_inputs=big, train_labels=np.zeros(4095, int), test_inputs=big[:8],
+                        test_labels=np.zeros(8, int))
+    assert path.stat().st_size < 100_000
+    loads = []
+    monkeypatch.setattr(np, "load", lambda *a, **k: loads.append(a) or pytest.fail("decompressed"))
+    r = invoke("extract", "--data", path, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert "train_labels: expected 4096 rows, one per row of train_inputs; found 4095 rows" in r.stderr and not loads
+    np.savez_compressed(path, train_inputs=big, train_labels=np.zeros(4096, int), test_inputs=big[:8],
+                        test_labels=np.zeros(8, int))
+    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 4 << 20)  # a machine with 4 MiB free
+    r = invoke("extract", "--data", path, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert "zeros.npz: expected arrays that fit in the 4.0 MiB of memory available; found 8.0 MiB" in r.stderr
+    assert not loads
+
+
+# ------------------------------------------------------------------ the task cache trusts nothing its digest misses
+def test_a_task_cache_entry_with_edited_metadata_or_a_lying_header_is_rebuilt(tmp_path):
+    import numpy as np
+
+    from reservoir.errors import ReservoirError
+    from reservoir.io import load_npy
+    from reservoir.tasks.cache import load_task
+
+    params = {"n_train": 64, "n_test": 32}
+    first = load_task("bit-xor", params, cache_dir=tmp_path)
+    (entry,) = tmp_path.iterdir()
+    meta = json.loads((entry / "task.json").read_text())
+    for field, value in (("n_classes", 7), ("kind", "tokens"), ("d_in", 3), ("n_out_tokens", 5)):
+        (entry / "task.json").write_text(json.dumps({**meta, field: value}))
+        again = load_task("bit-xor", params, cache_dir=tmp_path)
+        assert (again.n_classes, again.kind, again.d_in, again.n_out_tokens) == \
+               (first.n_classes, first.kind, first.d_in, first.n_out_tokens), field
+    labels = entry / "train.labels.npy"
+    with open(labels, "rb") as f:  # rewritten so that its header claims 10^12 rows over the same few bytes
+        np.lib.format.read_magic(f)
+        shape, order, dtype = np.lib.format.read_array_header_1_0(f)
+        data = f.read()
+    with open(labels, "wb") as f:
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": order, "shape": (10**12, *shape[1:])}
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(data)
+    with pytest.raises(ReservoirError, match=r"expected the 36.4 TiB of data its header claims \(shape \(1000000000000, 5\)"):
+        load_npy(labels)
+    again = load_task("bit-xor", params, cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.splits["train"].labels, first.splits["train"].labels)
+
+
+def test_a_datasets_folder_naming_files_outside_itself_is_refused(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {"inputs": [[1, 2, 3]] * 4, "label": [0, 1, 0, 1]}
+    outside = tmp_path / "outside"
+    datasets.Dataset.from_dict(rows).save_to_disk(str(outside))
+    folder = tmp_path / "data"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
+                          "test": datasets.Dataset.from_dict(rows)}).save_to_disk(str(folder))
+    state = json.loads((folder / "train" / "state.json").read_text())
+    arrow = next(outside.glob("*.arrow"))
+    for name in (str(arrow), f"../../outside/{arrow.name}"):
+        state["_data_files"] = [{"filename": name}]
+        (folder / "train" / "state.json").write_text(json.dumps(state))
+        r = invoke("extract", "--data", folder, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
+        assert_bad_input(r)
+        assert "train/state.json: _data_files: expected names of files inside the folder; found" in r.stderr
+    shutil.rmtree(folder / "train")
+    (folder / "train").symlink_to(outside)
+    r = invoke("extract", "--data", folder, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert f"train: expected files inside the folder; found a link to {outside}" in r.stderr
+    assert not (tmp_path / "x.zarr").exists()
+
+
+@pytest.mark.parametrize("backbone", ["lstm-2x1000000", "config"])
+def test_a_backbone_larger_than_memory_is_refused_before_allocating(tmp_path, backbone):
+    if backbone == "config":  # a random-init model folder of 9 TiB of weights
+        backbone = tmp_path / "big"
+        backbone.mkdir()
+        (backbone / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 65536, "n_layer": 48,
+                                                          "n_head": 16, "vocab_size": 50257, "n_positions": 1024}))
+    r = invoke(*EXTRACT, "--backbone", backbone, "--init", "random", "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert f"backbone '{backbone}': expected weights that fit in the" in r.stderr
+    assert not (tmp_path / "x.zarr").exists()

@@ -45,6 +45,7 @@ from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.io import check_memory
 from reservoir.runtime import check_seed
 
 log = logging.getLogger("reservoir")
@@ -125,6 +126,15 @@ def _seeded_init(make, seed: int):
         return make()
 
 
+def _check_fits(name: str, make: Callable[[], nn.Module]) -> None:
+    """Refuse (one line) a model whose weights would not fit in the memory available: ``make()`` is built on the meta
+    device first, which allocates nothing, and its parameters and buffers counted."""
+    with torch.device("meta"):
+        model = make()
+    nbytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    check_memory(f"backbone {name!r}", nbytes, "weights")
+
+
 def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_implementation: str):
     """Return ``(hf_model, id, revision)`` with weights as the init asks."""
     from transformers import CONFIG_MAPPING, AutoConfig, AutoModel
@@ -157,6 +167,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
         kwargs = _attention_for(name, config, kwargs)
+        _check_fits(name, lambda: AutoModel.from_config(config, **kwargs))
         if init == "random":
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
@@ -302,6 +313,7 @@ def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | N
     """The LSTM baseline: PyTorch's default LSTM init (and unit LayerNorms), seeded, frozen."""
     if init != "random":
         raise ReservoirError(f"backbone {name!r} has no pretrained weights; expected --init random, found {init!r}")
+    _check_fits(name, lambda: LSTMStack(n_layer, n_dim))
     stack = _seeded_init(lambda: LSTMStack(n_layer, n_dim), seed)
     facts = {"id": name, "family": "lstm", "n_layer": n_layer, "n_dim": n_dim, "max_positions": LSTM_MAX_POSITIONS,
              "revision": None, "final_norm_eps": float(stack.final_norm.eps)}

@@ -8,8 +8,10 @@ read from files (a ``data_dir`` parameter, or the ``data`` task's ``path``),
 each file's name, size and modification time, so edited data is never served
 from the cache. Later calls
 memory-map the inputs copy-on-write (a large task is not read into memory until rows are
-used) and check them against the recorded fingerprint; an entry that does not
-match is refused, removed and rebuilt.
+used) and check them against the recorded fingerprint, and the metadata
+(``kind``, ``n_classes``, ...) against a digest that binds it to that
+fingerprint; an entry that does not match, or whose ``.npy`` headers claim more
+data than their files hold, is refused, removed and rebuilt.
 
 The cache folder is ``cache/tasks`` under the working directory, or the
 ``RESERVOIR_TASK_CACHE`` environment variable (``off`` disables it).
@@ -29,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from reservoir import __version__
-from reservoir.io import read_json
+from reservoir.io import load_npy, read_json
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
 
 log = logging.getLogger("reservoir")
@@ -113,15 +115,18 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
         shutil.rmtree(entry, ignore_errors=True)
     task = get_task(name, **params)
     try:
-        _write(task, entry)
-        log.info("task %s: built and saved to the task cache %s", label, entry)
+        if _write(task, entry):
+            log.info("task %s: built and saved to the task cache %s", label, entry)
+        else:
+            log.info("task %s: built; another process saved it to the task cache %s first", label, entry)
     except OSError as err:  # a read-only or full disk: the task is still good, only not cached
         log.warning("task %s: not cached (%s)", label, err.strerror or err)
     return task
 
 
-def _write(task: TaskData, entry: Path) -> None:
-    """Write the task under a temporary name, then rename it into place (readers never see half an entry)."""
+def _write(task: TaskData, entry: Path) -> bool:
+    """Write the task under a temporary name, then rename it into place (readers never see half an entry); ``False``
+    when another process saved the same entry first."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     try:
@@ -131,22 +136,33 @@ def _write(task: TaskData, entry: Path) -> None:
         meta = {"name": task.name, "params": task.params, "kind": task.kind, "d_in": task.d_in,
                 "n_classes": task.n_classes, "n_out_tokens": task.n_out_tokens, "vocab": task.vocab,
                 "splits": list(task.splits), "fingerprint": task.fingerprint, "reservoir_version": __version__}
+        meta["digest"] = _digest(meta)
         (tmp / "task.json").write_text(json.dumps(meta, indent=1))
         os.rename(tmp, entry)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if entry.is_dir():  # another process cached the same task first
-            return
+            return False
         raise
+    return True
+
+
+def _digest(meta: dict[str, Any]) -> str:
+    """What binds an entry's metadata to its arrays: a hash of every field but itself, the arrays' fingerprint
+    among them, so an edited ``n_classes`` or ``kind`` no longer matches."""
+    fields = {k: v for k, v in meta.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def _read(entry: Path) -> TaskData | None:
     """The cached task, or ``None`` when the entry is unreadable or its arrays do not hash to its fingerprint."""
     try:
         meta = read_json(entry / "task.json", "the task cache's metadata")
+        if not isinstance(meta, dict) or meta.get("digest") != _digest(meta):
+            return None
         splits = {}
         for s in meta["splits"]:
-            arrays = {a: np.load(entry / f"{s}.{a}.npy", mmap_mode="c" if a == "inputs" else None) for a in _ARRAYS}
+            arrays = {a: load_npy(entry / f"{s}.{a}.npy", mmap_mode="c" if a == "inputs" else None) for a in _ARRAYS}
             splits[s] = Split(**arrays)
         if fingerprint(meta["name"], meta["params"], splits) != meta["fingerprint"]:
             return None

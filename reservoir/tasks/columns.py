@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line
+from reservoir.io import one_line, read_json
 
 __all__ = ["SPLIT_COLUMN", "label_array", "read_tables", "sequence_arrays"]
 
@@ -111,11 +111,39 @@ def _load_from_disk(source: Path) -> Any:
     except ImportError:
         raise ReservoirError(f"{source}: expected the optional package datasets to read a save_to_disk folder; found "
                              f"it not installed ({INSTALL})") from None
+    _check_contained(source)
     try:
         return datasets.load_from_disk(str(source))
     except Exception as err:  # noqa: BLE001 - any library error is a folder it cannot read
         raise ReservoirError(f"{source}: expected a folder written by datasets' save_to_disk (or a data file: .npz, "
                              f".parquet, .csv); found {one_line(err)}") from None
+
+
+def _check_contained(source: Path) -> None:
+    """Refuse a ``save_to_disk`` folder that would make ``datasets`` read outside it: a link out of the folder, a
+    split in ``dataset_dict.json`` or a file in a ``state.json`` named by a path that leaves it."""
+    root = source.resolve()
+
+    def inside(path: Path) -> bool:
+        return path.resolve().is_relative_to(root)
+
+    paths = sorted(source.rglob("*"))
+    for path in paths:
+        if path.is_symlink() and not inside(path):
+            raise _fail(source, str(path.relative_to(source)), "files inside the folder", f"a link to {path.resolve()}")
+    for path in paths:
+        where = str(path.relative_to(source))
+        if path.name not in ("state.json", "dataset_dict.json") or not path.is_file():
+            continue
+        meta = read_json(path, "a datasets metadata file (JSON)")
+        key, field = ("_data_files", "filename") if path.name == "state.json" else ("splits", None)
+        listed = meta.get(key, []) if isinstance(meta, dict) else None
+        if not isinstance(listed, list):
+            raise _fail(source, f"{where}: {key}", "a list", type(listed).__name__)
+        for item in listed:
+            name = item.get(field) if field and isinstance(item, dict) else item
+            if not isinstance(name, str) or not name or not inside(path.parent / name):
+                raise _fail(source, f"{where}: {key}", "names of files inside the folder", repr(name)[:200])
 
 
 def _has_columns(source: Path, where: str, names: list[str], wanted: dict[str, str]) -> None:

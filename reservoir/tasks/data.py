@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line
+from reservoir.io import ArrayHeader, check_memory, npy_header, one_line
 from reservoir.tasks.arrays import checked_task
 from reservoir.tasks.base import TaskData, TaskSpec, register
 
@@ -127,7 +127,13 @@ def read_npz(source: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray | Non
 
 
 def _npz_fields(source: Path) -> dict[str, np.ndarray]:
-    """The fields of an ``.npz`` the task reads (``{split}_{part}``, ``vocab_size``), loaded; no pickles."""
+    """The fields of an ``.npz`` the task reads (``{split}_{part}``, ``vocab_size``), loaded; no pickles.
+
+    Every field's header is read and checked first (its data against the
+    member's size, each split's shapes and kinds against each other, the total
+    against the memory available), so a lying or oversized archive is refused
+    before anything is decompressed.
+    """
     expected = "an .npz archive written by numpy.savez"
     if not zipfile.is_zipfile(source):
         with open(source, "rb") as f:
@@ -135,6 +141,12 @@ def _npz_fields(source: Path) -> dict[str, np.ndarray]:
         found = ("a damaged or truncated zip archive" if head.startswith(b"PK") else
                  f"a file that is not a zip archive (starting {head!r})")
         raise ReservoirError(f"{source}: expected {expected}; found {found}")
+    headers = _npz_headers(source, expected)
+    for split in SPLITS:
+        names = {p: f"{split}_{p}" for p in PARTS}
+        if names["inputs"] in headers and names["labels"] in headers:
+            check_layout(source, names, *(headers.get(names[p]) for p in ("inputs", "lengths", "labels")))
+    check_memory(str(source), sum(h.nbytes for h in headers.values()))
     try:
         archive = np.load(source, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -143,19 +155,57 @@ def _npz_fields(source: Path) -> dict[str, np.ndarray]:
         raise ReservoirError(f"{source}: expected {expected}; found a single array (.npy content)")
     out = {}
     with archive:
-        for name in archive.files:
-            m = _OURS.fullmatch(name)
-            if m and (m.group(1) not in SPLITS or m.group(2) not in PARTS):
-                split = "val" if m.group(1) == "validation" else m.group(1)
-                raise ReservoirError(f"{source}: {name}: expected {split}_inputs, {split}_labels or {split}_lengths "
-                                     f"(the fields of split {split!r}); found {name!r}")
-            if not m and name != "vocab_size":
-                continue
+        for name in headers:
             try:
                 out[name] = archive[name]
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
                 raise ReservoirError(f"{source}: {name}: expected a numeric array; found {one_line(err)}") from None
     return out
+
+
+def _npz_headers(source: Path, expected: str) -> dict[str, ArrayHeader]:
+    """The headers of the fields the task reads, each checked against its member's declared size (no data read)."""
+    out = {}
+    try:
+        with zipfile.ZipFile(source) as archive:
+            for info in archive.infolist():
+                name = info.filename.removesuffix(".npy")
+                m = _OURS.fullmatch(name)
+                if m and (m.group(1) not in SPLITS or m.group(2) not in PARTS):
+                    split = "val" if m.group(1) == "validation" else m.group(1)
+                    raise ReservoirError(f"{source}: {name}: expected {split}_inputs, {split}_labels or "
+                                         f"{split}_lengths (the fields of split {split!r}); found {name!r}")
+                if not m and name != "vocab_size":
+                    continue
+                with archive.open(info) as member:
+                    out[name] = npy_header(member, f"{source}: {name}", info.file_size)
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as err:
+        raise ReservoirError(f"{source}: expected {expected}; found {one_line(err)}") from None
+    return out
+
+
+def check_layout(source: Path, names: dict[str, str], inputs: Any, lengths: Any, labels: Any) -> None:
+    """The kinds and shapes of one split's arrays (or of their ``.npy`` headers) checked against each other; see
+    :func:`check_split`. Reads no values."""
+    def fail(part: str, expected: str, found: str) -> ReservoirError:
+        return ReservoirError(f"{source}: {names[part]}: expected {expected}; found {found}")
+
+    kinds = "integer token ids (N, L) or numeric vectors (N, L, d)"
+    kind, ndim, shape = inputs.dtype.kind, len(inputs.shape), tuple(inputs.shape)
+    if kind not in "biuf" or ndim not in (2, 3) or (ndim == 2 and kind == "f"):
+        hint = " (one number per position is (N, L, 1))" if ndim == 2 and kind == "f" else ""
+        raise fail("inputs", kinds, f"{inputs.dtype} of shape {shape}{hint}")
+    if 0 in shape:
+        raise fail("inputs", "at least one row, one position (and one number per vector)", f"shape {shape}")
+    n = shape[0]
+    if labels.dtype.kind not in "biu":
+        raise fail("labels", "integer labels (class ids >= 0)", f"{labels.dtype}")
+    if len(labels.shape) < 1 or labels.shape[0] != n:
+        found = f"{labels.shape[0]} rows" if labels.shape else "a single number"
+        raise fail("labels", f"{n} rows, one per row of {names['inputs']}", found)
+    if lengths is not None and (lengths.dtype.kind not in "iu" or tuple(lengths.shape) != (n,)):
+        raise fail("lengths", f"integers of shape ({n},), one per row of {names['inputs']}",
+                   f"{lengths.dtype} of shape {tuple(lengths.shape)}")
 
 
 def check_split(source: Path, names: dict[str, str], inputs: Any, lengths: Any, labels: Any
@@ -184,12 +234,8 @@ def check_split(source: Path, names: dict[str, str], inputs: Any, lengths: Any, 
         return ReservoirError(f"{source}: {names[part]}: expected {expected}; found {found}")
 
     inputs, labels = np.asarray(inputs), np.asarray(labels)
-    kinds = "integer token ids (N, L) or numeric vectors (N, L, d)"
-    if inputs.dtype.kind not in "biuf" or inputs.ndim not in (2, 3) or (inputs.ndim == 2 and inputs.dtype.kind == "f"):
-        hint = " (one number per position is (N, L, 1))" if inputs.ndim == 2 and inputs.dtype.kind == "f" else ""
-        raise fail("inputs", kinds, f"{inputs.dtype} of shape {inputs.shape}{hint}")
-    if 0 in inputs.shape:
-        raise fail("inputs", "at least one row, one position (and one number per vector)", f"shape {inputs.shape}")
+    lengths = None if lengths is None else np.asarray(lengths)
+    check_layout(source, names, inputs, lengths, labels)
     if inputs.dtype.kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: infinity, refused just below
             inputs = inputs.astype(np.float32, copy=False)
@@ -199,19 +245,10 @@ def check_split(source: Path, names: dict[str, str], inputs: Any, lengths: Any, 
             what = "NaN" if np.isnan(inputs[row]).any() else "infinity"
             raise fail("inputs", "finite numbers (as float32)", f"{what} at row {row}")
     n, L = inputs.shape[:2]
-    if labels.dtype.kind not in "biu":
-        raise fail("labels", "integer labels (class ids >= 0)", f"{labels.dtype}")
-    if labels.ndim < 1 or len(labels) != n:
-        found = f"{len(labels)} rows" if labels.ndim else "a single number"
-        raise fail("labels", f"{n} rows, one per row of {names['inputs']}", found)
     if labels.size and labels.min() < 0:
         row = int(np.argmin(labels.reshape(n, -1).min(axis=1)))
         raise fail("labels", "labels >= 0", f"{labels.min()} at row {row}")
     if lengths is not None:
-        lengths = np.asarray(lengths)
-        if lengths.dtype.kind not in "iu" or lengths.shape != (n,):
-            raise fail("lengths", f"integers of shape ({n},), one per row of {names['inputs']}",
-                       f"{lengths.dtype} of shape {lengths.shape}")
         bad = (lengths < 1) | (lengths > L)
         if bad.any():
             row = int(np.argmax(bad))
