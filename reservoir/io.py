@@ -6,17 +6,19 @@ Nothing here knows about tasks, stores or models; everything above imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import IO, Any, Literal, NamedTuple
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["ArrayHeader", "available_memory", "cause", "check_memory", "first_sentence", "load_npy", "npy_header",
+__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_memory", "first_sentence", "load_npy", "npy_header",
            "one_line", "publish", "read_json", "size_text", "unwritable", "writable_folder"]
 
 
@@ -107,6 +109,44 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     os.umask(mask)
     os.chmod(tmp, 0o666 & ~mask)
     os.replace(tmp, dest)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, what: str, *, text: bool = False, note: str = "") -> Iterator[IO[Any]]:
+    """A file to write ``path`` through: a temporary beside it, flushed to disk and renamed into place when the block
+    ends; nothing is left at ``path`` or beside it when a write fails.
+
+    A failed write (a full disk, an I/O error) is one line, ``<path>: could
+    not write <what> (<reason>)``, followed by ``; <note>`` when given; the
+    file already at ``path`` stays as it was. ``path`` must be a regular file
+    or nothing (:func:`publish`).
+
+    Examples
+    --------
+    >>> path = Path(tempfile.mkdtemp()) / "a.txt"
+    >>> with atomic_write(path, "the note", text=True) as f:
+    ...     _ = f.write("hello")
+    >>> path.read_text()
+    'hello'
+    """
+    path = Path(path)
+    tail = f"; {note}" if note else ""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise ReservoirError(f"{path}: could not write {what} ({err.strerror or one_line(err)}){tail}") from None
+    try:
+        opened: IO[Any] = open(fd, "w", encoding="utf-8") if text else open(fd, "wb")  # noqa: SIM115 - closed below
+        with opened as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, path)
+    except OSError as err:
+        raise ReservoirError(f"{path}: could not write {what} ({err.strerror or one_line(err)}){tail}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 #: Longest output name taken, in bytes: filesystems allow 255, and a store adds its temporary and lock suffixes.

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import read_json
+from reservoir.io import atomic_write, read_json
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
@@ -334,8 +334,14 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
+
+
+def _save(fig: Any, path: Path) -> None:
+    """A figure written as PNG through a temporary file: a full disk is one line, and no half-written PNG is left."""
+    with atomic_write(path, "the figure") as f:
+        fig.savefig(f, format="png", dpi=110)
 
 
 def _varying(labels: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
@@ -376,7 +382,7 @@ def plot_curves(curves: list[dict], path: Path) -> Path | None:
         ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
@@ -400,7 +406,7 @@ def plot_sweeps(sweeps: list[dict], path: Path) -> Path | None:
         ax.set(title=task, xlabel="learning rate", ylabel="mean validation accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     return path
 
 
@@ -440,5 +446,6 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
                   "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"
-    (d / "report.md").write_text(md)
+    with atomic_write(d / "report.md", "the report", text=True) as f:
+        f.write(md)
     return Report(md, [d / "report.md", *figures], rows, comparisons)

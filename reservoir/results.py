@@ -11,20 +11,18 @@ compute results return them and write nothing unless given a path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import platform
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line, publish, unwritable, writable_folder  # noqa: F401 - writable_folder re-exported
+from reservoir.io import atomic_write, unwritable, writable_folder  # noqa: F401 - writable_folder re-exported
 from reservoir.options import shown
 
 
@@ -51,20 +49,11 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
                "written": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
     except OSError as err:
         raise unwritable(p.parent, err) from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=False, default=float)
-            f.write("\n")
-        publish(tmp, p)
-    except BaseException as err:  # a full disk, a folder in the way: no partial file is left
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(err, OSError):
-            raise ReservoirError(f"{p}: could not write the results ({err.strerror or one_line(err)})") from None
-        raise
+    with atomic_write(p, "the results", text=True) as f:
+        json.dump(payload, f, indent=2, sort_keys=False, default=float)
+        f.write("\n")
     return p
 
 

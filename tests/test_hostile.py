@@ -445,3 +445,188 @@ def test_a_backbone_larger_than_memory_is_refused_before_allocating(tmp_path, ba
     assert_bad_input(r)
     assert f"backbone '{backbone}': expected weights that fit in the" in r.stderr
     assert not (tmp_path / "x.zarr").exists()
+
+
+# ------------------------------------------------------------------ a full disk is one line wherever it strikes
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every file written through :func:`reservoir.io.atomic_write` (checkpoints, results, probes, figures, the
+    recipe's copy) fails with ENOSPC once ``room["bytes"]`` bytes are used; ``room["lock"] = True`` fails the lock
+    file's write too."""
+    import builtins
+    import errno
+
+    import reservoir.io
+
+    room = {"bytes": 0, "lock": False}
+    real_open, real_pwrite = builtins.open, os.pwrite
+
+    def no_space():
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            if len(data) > room["bytes"]:
+                raise no_space()
+            room["bytes"] -= len(data)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    def opened(file, *args, **kwargs):
+        f = real_open(file, *args, **kwargs)
+        return Full(f) if isinstance(file, int) else f
+
+    def pwrite(fd, data, offset):
+        if room["lock"]:
+            raise no_space()
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(reservoir.io, "open", opened, raising=False)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    return room
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if p.name.startswith(".") or p.name.endswith((".tmp", ".lock")))
+
+
+def test_a_full_disk_during_train_is_one_line_and_the_run_resumes(tmp_path, full_disk):
+    run = tmp_path / "run"
+    args = ["train", "--task", "bit-xor", "-p", "n_train=64", "-p", "n_test=32", "--backbone", "tiny-gpt2",
+            "--steps", 20, "--eval-every", 10, "--quiet", "--out", run]
+    r = invoke(*args)
+    assert_bad_input(r)
+    assert f"{run}/best.pt: could not write the checkpoint (No space left on device); none was written" in r.stderr
+    assert _leftovers(run) == [] and not (run / "best.pt").exists() and not (run / "results.json").exists()
+    full_disk["bytes"] = 10**9
+    assert invoke(*args).exit_code == 0 and (run / "results.json").is_file()
+
+
+def test_a_full_disk_in_recipe_run_and_report_is_one_line_and_leaves_no_file(tmp_path, full_disk):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, n_test: 32}}\n"
+                      "cells:\n  - {kind: fit-linear, task: bit-xor, layers: 1, fit_layers: [0, 1]}\n")
+    out = tmp_path / "res"
+    r = invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", "--quiet")
+    assert_bad_input(r)
+    assert f"{out}/recipe.yaml: could not write the recipe's copy (No space left on device)" in r.stderr
+    assert not (out / "recipe.yaml").exists() and _leftovers(out) == []
+    full_disk["bytes"] = 10**9
+    assert invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", "--quiet").exit_code == 0
+    full_disk["bytes"] = 0
+    r = invoke("report", out)
+    assert_bad_input(r)
+    assert "could not write the figure (No space left on device)" in r.stderr
+    assert not list(out.glob("*.png")) and _leftovers(out) == []
+    r = invoke("report", out, "--no-plots")
+    assert_bad_input(r)
+    assert f"{out}/report.md: could not write the report (No space left on device)" in r.stderr
+    assert not (out / "report.md").exists() and _leftovers(out) == []
+
+
+def test_a_full_disk_when_taking_a_lock_is_one_line_and_leaves_no_lock_file(tmp_path, full_disk):
+    full_disk["lock"] = True
+    r = invoke(*STORE, "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert f"could not write its lock file {tmp_path}/x.zarr.lock: No space left on device" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ a stopped run leaves nothing half-written
+def test_sigterm_unwinds_like_ctrl_c_and_a_killed_writers_temporaries_are_swept(tmp_path):
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "reservoir", "train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50",
+            "--backbone", "tiny-gpt2", "--steps", "100000", "--eval-every", "1", "--quiet", "--out", str(run)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "last.pt").exists() and time.monotonic() < deadline:  # checkpointing at every step by now
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["Terminated; rerun the same command to resume."]
+    assert _leftovers(tmp_path) == [], "a temporary or the lock survived SIGTERM"
+    stale = run / ".last.pt.k1ll3d.tmp"  # what a SIGKILL during a checkpoint leaves
+    stale.write_bytes(b"half a checkpoint")
+    r = invoke("train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50", "--backbone", "tiny-gpt2",
+               "--steps", 3, "--eval-every", 1, "--quiet", "--out", tmp_path / "other")
+    assert r.exit_code == 0
+    assert stale.exists()  # another folder's run leaves it alone
+    from reservoir.store.lock import run_folder_lock
+
+    with run_folder_lock(run):
+        assert not stale.exists()
+
+
+# ------------------------------------------------------------------ torchrun misuse
+def test_a_torchrun_worker_ends_when_its_agent_is_killed(tmp_path):
+    import signal
+    import time
+
+    pidfile = tmp_path / "worker.pid"
+    worker = ("import os, time; from reservoir.distributed.group import _end_with_the_agent; _end_with_the_agent(); "
+              f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+    agent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", agent], env={**os.environ, "TORCHELASTIC_RUN_ID": "test"})
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(pidfile.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the worker outlived its agent")
+
+
+def test_a_rank_that_never_comes_is_the_timeout_line(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RESERVOIR_DIST_TIMEOUT": "3", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RESERVOIR_TASK_CACHE": "off"}
+    run = subprocess.run([sys.executable, "-m", "reservoir", *map(str, STORE), "--out", tmp_path / "x.zarr"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip() and not ln.startswith(("W", "[W"))]
+    assert len(lines) == 1 and lines[0].startswith("Error: rank 0 of 2: timed out after 3 s (RESERVOIR_DIST_TIMEOUT) "
+                                                   "waiting for the other ranks to join"), run.stderr
+
+
+def test_an_error_line_stays_short_whatever_a_file_holds(tmp_path):
+    assert invoke(*STORE, "--out", tmp_path / "x.zarr").exit_code == 0
+    meta = tmp_path / "x.zarr" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["schema"] = "x" * 10_000_000
+    meta.write_text(json.dumps(doc))
+    r = invoke("info", tmp_path / "x.zarr")
+    line = assert_bad_input(r)
+    assert "expected a store of schema 'reservoir.features/2', found schema 'xxxx" in line and len(line) < 300
+
+    from reservoir.cli.common import MAX_ERROR_CHARS, error_line
+
+    cut = error_line(ValueError("a" * 10**6 + "\nb"))
+    assert len(cut) <= MAX_ERROR_CHARS and "\n" not in cut and "characters cut" in cut and cut.endswith("a b")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +24,55 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _terminate_as_interrupt():
+                return super().invoke(ctx)
         except click.UsageError as err:
             err.ctx = None  # one line: no usage banner, no "Try --help" hint
             raise
         except ReservoirError as err:
-            click.echo(f"Error: {err}", err=True)
+            click.echo(f"Error: {error_line(err)}", err=True)
             ctx.exit(2)
+        except Terminated:
+            click.echo("Terminated; rerun the same command to resume.", err=True)
+            ctx.exit(128 + signal.SIGTERM)
         except KeyboardInterrupt:
             click.echo("Interrupted; rerun the same command to resume.", err=True)
             ctx.exit(130)
+
+
+#: Longest error line printed: past it, the middle is cut (a value read from a file can be of any size).
+MAX_ERROR_CHARS = 2000
+
+
+def error_line(err: BaseException) -> str:
+    """An error as the one line the CLI prints: whitespace runs as one space, at most :data:`MAX_ERROR_CHARS`."""
+    text = " ".join(str(err).split())
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    keep = MAX_ERROR_CHARS // 2 - 20
+    return f"{text[:keep]} ...({len(text) - 2 * keep:,} characters cut)... {text[-keep:]}"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received: unwinds like Ctrl-C, so temporaries are removed and locks released on the way out."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while a command runs. Not under ``torchrun`` (its agent stops workers
+    with SIGTERM and expects them gone) nor outside the main thread (where no handler can be set)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class _EchoHandler(logging.Handler):

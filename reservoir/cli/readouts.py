@@ -143,20 +143,12 @@ def predict(probe, store, splits, out):
 
 def _write_npz(path: Path, arrays: dict) -> None:
     """An .npz written under a temporary name and renamed into place (nothing half-written at ``path``)."""
-    import os
-
     import numpy as np
 
-    from reservoir.errors import ReservoirError
-    from reservoir.io import publish
+    from reservoir.io import atomic_write
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
-    try:
-        np.savez(tmp, **arrays)
-        publish(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise ReservoirError(f"{path}: could not write the predictions ({err.strerror or err})") from None
+    with atomic_write(path, "the predictions") as f:
+        np.savez(f, **arrays)
 
 
 @click.command("fit-raw")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
+import sys
 from collections.abc import Iterator
 
 from reservoir.distributed.jobs import DEFAULT_TIMEOUT, ENV_TIMEOUT, LOCAL, Job, Local, gloo_cause, world_size
@@ -41,6 +43,7 @@ def launch(device: str, sharded: bool | None = None) -> Iterator[Local]:
         return
     import torch.distributed as dist
 
+    _end_with_the_agent()
     world = world_size()
     local_rank = int(os.environ.get("LOCAL_RANK") or 0)
     timeout = _timeout()
@@ -61,6 +64,23 @@ def launch(device: str, sharded: bool | None = None) -> Iterator[Local]:
             dist.destroy_process_group(group)
         if own:
             dist.destroy_process_group()
+
+
+def _end_with_the_agent() -> None:
+    """Under torchrun, end this worker when the agent that started it dies (SIGKILLed, say): left running, the
+    workers would wait on peers that are gone and print c10d's complaints until their timeout. Linux only."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    agent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # no prctl: the timeout still ends the worker
+        return
+    if os.getppid() != agent:  # the agent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _timeout() -> float:
@@ -106,5 +126,9 @@ def _init(device: str, timeout: float) -> None:
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     except (RuntimeError, ValueError) as err:
-        raise ReservoirError(f"rank {os.environ.get('RANK')}: expected a torchrun launch (MASTER_ADDR, "
-                             f"MASTER_PORT, RANK, WORLD_SIZE), could not join it: {gloo_cause(err)}") from None
+        rank = f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}"
+        if "timed out" in str(err).lower():  # the launch is fine; a peer did not come in time
+            raise ReservoirError(f"{rank}: timed out after {timeout:g} s ({ENV_TIMEOUT}) waiting for the other ranks "
+                                 f"to join ({gloo_cause(err)})") from None
+        raise ReservoirError(f"{rank}: expected a torchrun launch (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), "
+                             f"could not join it: {gloo_cause(err)}") from None

@@ -57,7 +57,7 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
     from safetensors.numpy import save as st_save
     from sklearn.utils.validation import check_is_fitted
 
-    from reservoir.io import publish
+    from reservoir.io import atomic_write
     from reservoir.results import write_result
 
     check_is_fitted(est)
@@ -68,13 +68,8 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
     if hasattr(est, "mean_"):
         arrays["mean"] = np.ascontiguousarray(est.mean_, np.float32)
     blob = st_save(arrays)
-    tmp = weights.with_name(f".{weights.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(blob)
-        publish(tmp, weights)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise ReservoirError(f"{weights}: could not write the probe ({err.strerror or err})") from None
+    with atomic_write(weights, "the probe") as f:
+        f.write(blob)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in est.get_params().items()}
     write_result(info, {
         "format": FORMAT, "readout": type(est).__name__, "params": params, "alpha": est.alpha_,

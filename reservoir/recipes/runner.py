@@ -11,6 +11,7 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.io import atomic_write
 from reservoir.settings import describe_difference, first_difference
 from reservoir.store.lock import run_folder_lock
 from reservoir.store.remote import StoreURL, is_url
@@ -218,7 +219,8 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
         if not recipe.raw.get("name"):  # the copy is named like the original
             text = f"name: {recipe.name}\n{text}"
-        (out_dir / "recipe.yaml").write_text(text)
+        with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
+            f.write(text)
         ran, skipped = [], []
         bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True, dynamic_ncols=True)
         for run in bar:

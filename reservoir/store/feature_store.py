@@ -50,6 +50,7 @@ import numpy as np
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
+from reservoir.options import shown
 from reservoir.store import checks
 from reservoir.store import layout as lay
 from reservoir.store import lock as locks
@@ -125,7 +126,7 @@ class FeatureStore:
             if schema != SCHEMA:
                 hint = "; it was written by an older reservoir: extract it again" \
                     if str(schema).startswith("reservoir.features/") else ""
-                raise ReservoirError(f"{p}: expected a store of schema {SCHEMA!r}, found schema {schema!r}{hint}")
+                raise ReservoirError(f"{p}: expected a store of schema {SCHEMA!r}, found schema {shown(schema)}{hint}")
             checks.check_layout(store)
             store.attrs["pooling"] = lay.pooling_attrs(store.attrs["pooling"])  # stores written before poolings
             if not store.complete and not allow_incomplete:

@@ -114,8 +114,14 @@ class StoreLock:
             os.close(fd)  # the holder removed the file between our open and lock: lock the new one
         me = {"pid": os.getpid(), "host": socket.gethostname(),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(me).encode(), 0)
+        except OSError as err:  # a full disk: no lock file is left behind, held or half-written
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            raise ReservoirError(f"{self.store}: expected a writable output path, could not write its lock file "
+                                 f"{self.path}: {err.strerror or err}") from None
         self._fd = fd
         return self
 
@@ -191,4 +197,17 @@ def run_folder_lock(folder: str | os.PathLike | None) -> Iterator[StoreLock | No
         yield None
         return
     with StoreLock(folder) as lock:
+        _sweep(Path(folder))
         yield lock
+
+
+def _sweep(folder: Path) -> None:
+    """Remove what a killed writer of ``folder`` left: the temporaries of :func:`reservoir.io.atomic_write`
+    (``.<name>.<random>.tmp``) directly in it. Called with the folder's lock held, so no live writer owns them."""
+    try:
+        leftovers = [p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    except OSError:  # not made yet, or unreadable: the writer's own error says so
+        return
+    for p in leftovers:
+        if p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)

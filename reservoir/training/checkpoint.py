@@ -11,7 +11,6 @@ file beside their path and renamed into place.
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ from torch import nn
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
-from reservoir.io import first_sentence, one_line, publish
+from reservoir.io import atomic_write, first_sentence, one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.training import TrainConfig
@@ -31,16 +30,45 @@ LAST_KEYS = ("config", "trainable", "optimizer", "rng", "state")
 BEST_KEYS = ("config", "trainable", "step")
 
 
+class _Writes:
+    """A binary file whose first failed write is kept: ``torch.save`` turns it into a RuntimeError that no longer
+    says why (``unexpected pos``)."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except BaseException as err:  # a full disk, or Ctrl-C / SIGTERM arriving during the write
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save(path: Path, payload: dict[str, Any]) -> None:
-    """Write a checkpoint to a fresh temporary file beside ``path``, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-        publish(tmp, path)
-    finally:
-        if os.path.exists(tmp):  # the write failed: no partial file is left
-            os.unlink(tmp)
+    """Write a checkpoint to a fresh temporary file beside ``path``, then rename it into place; a failed write (a full
+    disk) is one line, and the checkpoint already at ``path`` stays as it was."""
+    note = "the previous one is kept, rerun the same command to resume" if path.exists() else "none was written"
+    with atomic_write(path, "the checkpoint", note=note) as f:
+        out = _Writes(f)
+        try:
+            torch.save(payload, out)
+        except BaseException as err:
+            raise _cause(err, out.error) from None
+
+
+def _cause(err: BaseException, failed_write: BaseException | None) -> BaseException:
+    """What stopped ``torch.save``: an interrupt anywhere in the chain of exceptions (torch's zip writer masks it
+    with its own error while closing), else the failed write's error, else ``err``."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__context__
+    return failed_write or err
 
 
 def _refusal(err: BaseException) -> str:

@@ -169,7 +169,7 @@ class Batches:
             idx = self.index(rows)
             X, Ls, Y = self.resident
             return Batch(X[idx, :L], Ls[idx], Y[idx], L, bool(lens.min() < L))
-        item = self._queue.get()
+        item = self._next_item()
         if isinstance(item, BaseException):
             raise item
         rows, x, lengths, y = item
@@ -178,6 +178,17 @@ class Batches:
         nb = self.cuda
         return Batch(x.to(self.device, non_blocking=nb), lengths.to(self.device, non_blocking=nb),
                      y.to(self.device, non_blocking=nb), L, bool(lens.min() < L))
+
+    def _next_item(self) -> Any:
+        """The reader's next item; a reader that ended without one (it cannot, but a wait forever would hide it) is
+        an error, not a hang."""
+        assert self._queue is not None
+        while True:
+            try:
+                return self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the background batch reader ended without a batch") from None
 
     def close(self) -> None:
         """Stop the background reader (if any)."""
