@@ -226,7 +226,9 @@ BACKBONE = Setting("Backbone: minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny
 INIT = Setting("Backbone weights: the checkpoint (pretrained), the architecture's random init, or a per-tensor "
                "mean/std redraw (stats).", INITS[0], one_of(*INITS), flag="--init")
 DEVICE = Setting(DEVICE_HELP, "auto", flag="--device")
-AMP = Setting("Autocast dtype on CUDA (auto: bf16 where supported; float32 master weights in training).", AMPS[0],
+AMP = Setting("Compute dtype of the backbone: auto (bf16 on CUDA where supported, else fp16; on the CPU bf16 where "
+              "the processor has native bf16, else float32), bf16, fp16 (CUDA only) or none (float32). Training "
+              "keeps float32 master weights.", AMPS[0],
               one_of(*AMPS), flag="--amp")
 GAIN = Setting("Gain of the orthogonal input projection.", PROJECTION_GAIN,
                number(0, open_low=True, words="a finite number above 0"), flag="--gain")

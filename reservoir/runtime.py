@@ -7,6 +7,7 @@ all of them run the model the same way and refuse the same bad settings.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from typing import Any
 
@@ -59,21 +60,63 @@ def check_seed(seed: Any, what: str = "seed") -> int:
     return int(seed)
 
 
+@functools.cache
+def native_bf16() -> str | None:
+    """The CPU's native bfloat16 instructions (``"amx_bf16"`` or ``"avx512_bf16"``, from ``/proc/cpuinfo``), or
+    ``None``: without them bf16 arithmetic on the CPU is emulated, slower than float32."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return next((x for x in ("amx_bf16", "avx512_bf16") if x in flags), None)
+    except OSError:
+        pass
+    return None
+
+
 def compute_dtype(device, amp: str):
-    """The dtype the frozen forward runs in: bf16/fp16 on CUDA (auto: bf16 where supported), else float32."""
+    """The dtype the frozen forward runs in.
+
+    CUDA: bf16 or fp16 (``auto``: bf16 where supported). CPU: bf16 (``auto``:
+    only where the processor has native bf16, :func:`native_bf16`, else
+    float32; fp16 is refused, the CPU has no fast fp16 path). ``none``: float32
+    everywhere.
+    """
     import torch
 
     if amp not in AMPS:
         raise ReservoirError(f"unknown amp {amp!r}; expected one of: {', '.join(AMPS)}")
-    if device.type != "cuda" or amp == "none":
+    device = torch.device(device) if isinstance(device, str) else device
+    if amp == "none":
+        return torch.float32
+    if device.type == "cpu":
+        if amp == "fp16":
+            raise ReservoirError("--amp fp16 is for CUDA; expected --amp auto, bf16 or none on the CPU, found fp16")
+        return torch.bfloat16 if amp == "bf16" or native_bf16() else torch.float32
+    if device.type != "cuda":
         return torch.float32
     if amp == "auto":
         amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
+def compute_path(device, amp: str) -> str:
+    """What :func:`compute_dtype` chose and why, for a benchmark's header: ``"bfloat16 (native avx512_bf16)"``."""
+    import torch
+
+    dtype = str(compute_dtype(device, amp)).replace("torch.", "")
+    device = torch.device(device) if isinstance(device, str) else device
+    if device.type != "cpu":
+        return dtype
+    native = native_bf16()
+    if dtype == "bfloat16":
+        return f"bfloat16 (native {native})" if native else "bfloat16 (emulated: no native bf16 on this CPU)"
+    return "float32" + ("" if amp == "none" else " (no native bf16 on this CPU)")
+
+
 def autocast(device, amp: str, cache: bool = True):
-    """CUDA autocast in :func:`compute_dtype`; a no-op on CPU or with ``amp="none"``.
+    """Autocast in :func:`compute_dtype`; a no-op where that is float32 (``amp="none"``, a CPU without native bf16).
 
     Training keeps float32 master weights under autocast; extraction casts the
     frozen weights once instead (:func:`cast_for_inference`). ``cache=False``
@@ -89,20 +132,52 @@ def autocast(device, amp: str, cache: bool = True):
 
 
 def cast_for_inference(backbone, device, amp: str):
-    """Move a frozen backbone to ``device`` with its weights cast once to the compute dtype.
+    """Move a frozen backbone to ``device`` with its weights cast once for the compute dtype.
 
-    Returns ``(backbone, context)``: the context to run forwards in. Transformer
-    backbones run natively in bf16/fp16 (no autocast over float32 weights, so
-    no per-op casts); the LSTM baseline keeps float32 weights under autocast
-    (its fused kernels pick their own precision).
+    Returns ``(backbone, context)``: the context to run forwards in. On CUDA,
+    transformer backbones run natively in bf16/fp16 (every weight cast, no
+    autocast, so no per-op casts). On the CPU only the linear layers of the
+    blocks are cast, under autocast: the residual stream, the norms and the
+    embeddings stay float32, which keeps bf16's rounding out of what every
+    layer adds to (a fully cast MiniLM read bit XOR's layer 1 two points worse
+    than float32; this way within its interval), at a small cost in speed. The
+    LSTM baseline keeps float32 weights under autocast (its fused kernels pick
+    their own precision).
     """
     import torch
 
     backbone.to(device)
     dtype = compute_dtype(device, amp)
     if dtype != torch.float32 and not _keeps_float32(backbone):
-        backbone.cast(dtype)
+        if _mixed(backbone, device):
+            cast_frozen_matmuls(backbone.blocks, dtype)
+        else:
+            backbone.cast(dtype)
     return backbone, forward_context(backbone, device, amp)
+
+
+def cast_frozen_matmuls(module, dtype) -> int:
+    """Store the frozen linear layers inside ``module`` in ``dtype`` once; return how many.
+
+    Under autocast a matrix product casts a float32 weight to the compute
+    dtype at every call (autocast's cache keeps only the casts of weights that
+    train). A frozen weight cast once is the tensor autocast would make, with
+    the same rounding, so what autocast computes does not change; only the
+    per-call copies go. Nothing changes in float32.
+    """
+    import torch
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    if dtype == torch.float32:
+        return 0
+    n = 0
+    for m in module.modules():
+        own = list(m.parameters(recurse=False))
+        if isinstance(m, (nn.Linear, Conv1D)) and own and not any(p.requires_grad for p in own):
+            m.to(dtype=dtype)
+            n += 1
+    return n
 
 
 def _keeps_float32(backbone) -> bool:
@@ -110,10 +185,20 @@ def _keeps_float32(backbone) -> bool:
     return getattr(backbone, "arch", None) is None
 
 
+def _mixed(backbone, device) -> bool:
+    """A transformer on the CPU: linear layers in the compute dtype, the rest float32, under autocast."""
+    import torch
+
+    device = torch.device(device) if isinstance(device, str) else device
+    return device.type == "cpu" and not _keeps_float32(backbone)
+
+
 def forward_context(backbone, device, amp: str):
-    """What a forward of ``backbone`` runs in: autocast for the LSTM baseline, :func:`attention_backends` for
-    cast transformers."""
-    return autocast(device, amp) if _keeps_float32(backbone) else attention_backends(device)
+    """What a forward of ``backbone`` runs in: autocast for the LSTM baseline and for transformers on the CPU,
+    :func:`attention_backends` for cast transformers on CUDA."""
+    if _keeps_float32(backbone) or _mixed(backbone, device):
+        return autocast(device, amp)
+    return attention_backends(device)
 
 
 def attention_backends(device):

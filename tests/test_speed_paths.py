@@ -53,7 +53,7 @@ def test_windows_group_whole_chunks_within_limits():
 def test_token_budget_gives_the_same_features_as_fixed_batches(tmp_path, name):
     stores = {}
     for tag, batching in {"rows": {"batch_size": 7}, "tokens": {"max_tokens": 400}, "default": {}}.items():
-        stores[tag] = run_extract(ExtractConfig(task="listops", backbone=name, layers=2, dtype="float32",
+        stores[tag] = run_extract(ExtractConfig(task="listops", backbone=name, layers=2, dtype="float32", amp="none",
                                             task_params=LISTOPS, out=str(tmp_path / f"{tag}.zarr"), **batching),
                               progress=False)
     with FeatureStore.open(stores["rows"]) as a:
@@ -209,8 +209,9 @@ def test_train_from_a_last_token_store_equals_live_output_only_training(tmp_path
 
     xor = {"n_train": 200, "n_test": 60, "n_bits": 3}
     store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", dtype="float32", task_params=xor,
-                                  out=str(tmp_path / "x.zarr")), progress=False)
-    common = dict(finetune="output", steps=40, eval_every=10, batch_size=16, lr=3e-2, backbone="tiny-gpt2")
+                                  amp="none", out=str(tmp_path / "x.zarr")), progress=False)
+    common = dict(finetune="output", steps=40, eval_every=10, batch_size=16, lr=3e-2, backbone="tiny-gpt2",
+                  amp="none")  # float32 on both sides
     live = run(TrainConfig(task="bit-xor", task_params=xor, device="cpu", out=str(tmp_path / "live"), **common),
                progress=False)
     cached = run(TrainConfig(task="bit-xor", from_store=str(store), device="cpu", out=str(tmp_path / "cached"),

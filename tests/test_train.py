@@ -251,8 +251,9 @@ def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
 def test_split_point_store_equals_live_training(tmp_path, suffix):
     params = {"n_train": 120, "n_test": 40, "max_length": 40}
     store = run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=1, dtype="float32",
-                                  task_params=params, out=str(tmp_path / f"s{suffix}")), progress=False)
-    common = dict(backbone="tiny-bert", layers=2, finetune="layernorm,output", steps=30, eval_every=10, device="cpu")
+                                  amp="none", task_params=params, out=str(tmp_path / f"s{suffix}")), progress=False)
+    common = dict(backbone="tiny-bert", layers=2, finetune="layernorm,output", steps=30, eval_every=10, device="cpu",
+                  amp="none")  # float32 on both sides
     live = run(TrainConfig(task="listops", task_params=params, split_layer=1, out=str(tmp_path / "live"), **common),
                progress=False)
     config = config_for_store(store, out=str(tmp_path / "cached"), **common)

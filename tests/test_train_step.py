@@ -32,11 +32,12 @@ def test_epoch_order_is_batch_rows():
 def test_project_step_trains_what_the_plain_hf_loop_trains(name, task, params):
     """Same weights, groups, batches and settings: the project's steps and the plain Hugging Face loop end at the
     same parameters (so `bench train` times the same computation on both sides)."""
-    config = TrainConfig(task=task, backbone=name, task_params=params, lr=3e-3, device="cpu")
+    config = TrainConfig(task=task, backbone=name, task_params=params, lr=3e-3, device="cpu", amp="none")  # float32
     task_obj, model, data = build(config, CPU)
     _freeze(model, data, config)
     opt = adam([p for p in model.parameters() if p.requires_grad], config.lr, CPU)
-    stepper = Stepper(model, opt, data.train, CPU, config.batch_size, config.seed, grad_clip=config.grad_clip)
+    stepper = Stepper(model, opt, data.train, CPU, config.batch_size, config.seed, amp=config.amp,
+                      grad_clip=config.grad_clip)
     stepper.run(15)
     stepper.close()
     plain = PlainLoop(config, task_obj, data.train, CPU, model.backbone.info)
@@ -123,16 +124,25 @@ def test_train_cli_refuses_cuda_graphs_on_the_cpu(tmp_path):
 
 
 def test_bench_train_cli(tmp_path):
-    r = invoke("bench", "train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=20", "--backbone",
-               "tiny-gpt2", "--device", "cpu", "--steps", "6", "--warmup", "2", "--out", tmp_path / "b.json")
+    args = ["bench", "train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=20", "--backbone", "tiny-gpt2",
+            "--device", "cpu", "--steps", "6", "--warmup", "2"]
+    r = invoke(*args, "--amp", "none", "--out", tmp_path / "b.json")
     assert r.exit_code == 0, r.output
     b = json.loads((tmp_path / "b.json").read_text())
     assert b["kind"] == "bench-train" and b["steps"] == 6 and b["warmup"] == 2
     assert b["ratio"] == pytest.approx(b["project"]["step_ms"] / b["plain"]["step_ms"])
     assert b["project"]["mode"] == "eager" and b["parameters"]["trainable"] < b["parameters"]["total"]
-    assert f"project step / plain step = {b['ratio']:.3f}" in r.output
+    assert f"project step / plain step = {b['ratio']:.3f}" in r.output and "plain_autocast" not in b
     # the two sides took the same batches from the same weights: their mean losses agree
     assert b["project"]["final_loss"] == pytest.approx(b["plain"]["final_loss"], rel=1e-4)
+    # in bf16 the obvious CPU loop stays float32, and the same loop under autocast is timed beside it
+    r = invoke(*args, "--amp", "bf16", "--out", tmp_path / "bf16.json")
+    assert r.exit_code == 0, r.output
+    b = json.loads((tmp_path / "bf16.json").read_text())
+    assert b["compute_dtype"] == "bfloat16" and b["plain"]["compute_dtype"] == "float32"
+    assert b["plain_autocast"]["compute_dtype"] == "bfloat16"
+    assert f"project step / plain step under autocast = {b['ratio_autocast']:.3f}" in r.output
+    assert b["project"]["final_loss"] == pytest.approx(b["plain_autocast"]["final_loss"], rel=2e-2)
     bad = invoke("bench", "train", "--task", "bit-xor", "--backbone", "tiny-gpt2", "--steps", "0")
     assert bad.exit_code == 2 and "expected at least 1, found 0" in bad.output
     lstm = invoke("bench", "train", "--task", "bit-xor", "-p", "n_train=60", "-p", "n_test=20", "--backbone",
@@ -157,4 +167,6 @@ def test_attention_backends_leave_out_cudnn_reusably_and_restore():
     assert isinstance(attention_backends(CPU), contextlib.nullcontext)
     from reservoir.backbones import load_backbone
 
-    assert isinstance(forward_context(load_backbone("tiny-bert", d_in=3), CPU, "auto"), contextlib.nullcontext)
+    bert = load_backbone("tiny-bert", d_in=3)
+    assert isinstance(forward_context(bert, CPU, "none"), contextlib.nullcontext)  # float32: nothing to set
+    assert isinstance(forward_context(bert, CPU, "bf16"), torch.autocast)  # the CPU's bf16: autocast

@@ -120,7 +120,8 @@ class ReservoirBackbone(nn.Module):
         if x.dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
             # one-hot @ W^T == row lookup in W^T
             return F.embedding(x.long(), self.input.weight.t()) + self.input.bias  # (B, L, n_dim)
-        return self.input(x.to(self.input.weight.dtype))  # (B, L, n_dim)
+        with torch.autocast(x.device.type, enabled=False):  # one small product: exact in float32 under CPU autocast
+            return self.input(x.to(self.input.weight.dtype))  # (B, L, n_dim)
 
     def features(
         self,

@@ -37,6 +37,7 @@ from reservoir.bench.result import BenchResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store.remote import StoreURL
+from reservoir.runtime import compute_dtype, compute_path
 from reservoir.runtime import synchronize as _sync
 
 
@@ -101,7 +102,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
         torch.cuda.reset_peak_memory_stats()
     prep = prepare(config)
     task, bb, dev = prep.task, prep.backbone, prep.device
-    dtype = next(bb.parameters()).dtype
+    dtype = compute_dtype(dev, config.amp)
     splits = task.splits.values()
     n_rows = sum(len(s) for s in splits)
     n_tokens = int(sum(int(s.lengths.sum()) for s in splits))
@@ -109,7 +110,8 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
         "task": task.name, "task_params": task.params, "backbone": bb.info.to_dict(), "depth": bb.depth,
         "layers": prep.layers, "n_rows": n_rows, "tokens": n_tokens, "max_length": task.max_length,
         "batch_size": config.batch_size, "max_tokens": config.max_tokens, "format": None, "device": str(dev),
-        "compute_dtype": str(dtype).replace("torch.", ""), "store_dtype": config.dtype,
+        "compute_dtype": str(dtype).replace("torch.", ""), "compute_path": compute_path(dev, config.amp),
+        "store_dtype": config.dtype,
         "torch_threads": torch.get_num_threads(), **prep.timings,
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,12 +124,17 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     if store_url is not None:
         r.update(_time_url(prep, store_url, progress))
     r["padded_tokens"] = sum((hi - lo) * int(s.lengths[rows[o[hi - 1]]]) for s, rows, o, b in plan for lo, hi in b)
-    r["hf_forward_s"] = _time_hf(prep, plan, dtype)
+    # Hugging Face's model the way the project computes: cast to the compute dtype on CUDA, under autocast on the CPU
+    r["hf_forward_s"] = _time_hf(prep, plan, dtype, autocast_cpu=dev.type == "cpu")
+    if dtype != torch.float32:  # the way a user runs the model: float32 weights, no autocast
+        r["hf_forward_f32_s"] = _time_hf(prep, plan, torch.float32)
     r.update(_time_naive(prep, naive_rows))
     r["extract_s"] = r["task_s"] + r["model_s"] + r["pass_s"]
     r.pop("path")
     r["pass_over_bare"] = r["pass_s"] / r["bare_forward_s"]
     r["bare_over_hf"] = r["bare_forward_s"] / r["hf_forward_s"]
+    if "hf_forward_f32_s" in r:
+        r["bare_over_hf_f32"] = r["bare_forward_s"] / r["hf_forward_f32_s"]
     r["naive_over_pass"] = r["naive_s"] / r["pass_s"]
     if store_url is not None:
         r["url_pass_over_bare"] = r["url_pass_s"] / r["bare_forward_s"]
@@ -210,22 +217,27 @@ def _time_bare(prep, plan) -> float:
     return time.perf_counter() - t0
 
 
-def _time_hf(prep, plan, dtype) -> float:
-    """Seconds for the Hugging Face model's own forward (same depth and dtype, its own mask) on the same batches."""
+def _time_hf(prep, plan, dtype, autocast_cpu: bool = False) -> float:
+    """Seconds for the Hugging Face model's own forward (same depth and dtype, its own mask) on the same batches;
+    ``autocast_cpu``: its float32 weights under CPU autocast in ``dtype`` (how bf16 is used on a CPU)."""
+    import contextlib
+
     bb, dev = prep.backbone, prep.device
-    hf = _hf_model(prep, full=False, dtype=dtype) if bb.arch is not None else None
+    mixed = autocast_cpu and dtype != torch.float32
+    hf = _hf_model(prep, full=False, dtype=torch.float32 if mixed else dtype) if bb.arch is not None else None
     if hf is None:  # the LSTM baseline has no Hugging Face model
         return float("nan")
     engine = prep.engine()
     t0 = time.perf_counter()
-    with torch.inference_mode():  # as a user runs it: the weights cast, PyTorch's default attention dispatch
+    context = torch.autocast("cpu", dtype=dtype) if mixed else contextlib.nullcontext()
+    with torch.inference_mode(), context:  # as a user runs it: PyTorch's default attention dispatch
         for split, rows, order, bounds in plan:
             x, lens = engine.upload(split.inputs, split.lengths, rows[order])
             sorted_len = split.lengths[rows[order]]
             for lo, hi in bounds:
                 L = int(sorted_len[hi - 1])
                 mask = (torch.arange(L, device=dev)[None, :] < lens[lo:hi, None]).long()  # (b, L)
-                _hf_forward(hf, bb.project(x[lo:hi, :L]), mask)
+                _hf_forward(hf, bb.project(x[lo:hi, :L]).to(torch.float32 if mixed else dtype), mask)
     _sync(dev)
     del hf
     return time.perf_counter() - t0
@@ -310,16 +322,22 @@ def format_extract(r: BenchResult) -> str:
     return "\n".join([
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
         f"{r['n_rows']:,} rows, {r['tokens']:,} tokens ({r['padded_tokens']:,} padded), batches of {batches}, "
-        f"{r['device']} ({r['compute_dtype']}), {r['torch_threads']} threads, {r['format']} store ({r['store_dtype']})",
+        f"{r['device']} ({r.get('compute_path', r['compute_dtype'])}), {r['torch_threads']} threads, {r['format']} "
+        f"store ({r['store_dtype']})",
         f"extract: task {r['task_s']:.2f} s + model {r['model_s']:.2f} s + pass {r['pass_s']:.2f} s "
         f"= {r['extract_s']:.2f} s",
-        f"bare forward {r['bare_forward_s']:.2f} s; Hugging Face forward {r['hf_forward_s']:.2f} s (same batches)",
+        f"bare forward {r['bare_forward_s']:.2f} s; Hugging Face forward {r['hf_forward_s']:.2f} s in "
+        f"{r['compute_dtype']}" + (" (autocast)" if r['device'] == "cpu" and "hf_forward_f32_s" in r else "")
+        + (f", {r['hf_forward_f32_s']:.2f} s in float32" if "hf_forward_f32_s" in r else "")
+        + " (same batches)",
         f"naive (full model, all hidden states, padded to {r['naive_padded_length']}, float32, batch 32): "
         f"{r['naive_timed_s']:.2f} s for {r['naive_rows']} rows, {r['naive_s']:.2f} s scaled to {r['n_rows']:,}",
         f"pass / bare forward = {r['pass_over_bare']:.3f}" + (
             f" (local disk); {r['url_pass_over_bare']:.3f} to {r['url']} (object store / local = "
             f"{r['url_over_local']:.3f})" if r.measurements.get("url") else ""),
-        f"bare forward / HF forward = {r['bare_over_hf']:.3f}",
+        f"bare forward / HF forward = {r['bare_over_hf']:.3f}" + (
+            f" (both {r['compute_dtype']}); against HF in float32 = {r['bare_over_hf_f32']:.3f}"
+            if "bare_over_hf_f32" in r else ""),
         f"naive / pass = {r['naive_over_pass']:.2f}",
         f"tokens per second (pass): {r['tokens_per_s']:,.0f}",
         f"peak memory: host {r['peak_rss_mb_extract']:,.0f} MB during extraction, {r['peak_rss_mb']:,.0f} MB "

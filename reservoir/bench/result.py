@@ -41,6 +41,12 @@ class BenchResult(Result):
     def __getitem__(self, key: str) -> Any:
         return self.measurements[key]
 
+    def __contains__(self, key: str) -> bool:
+        return key in self.measurements
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.measurements.get(key, default)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.measurements, **self.extra}
 

@@ -38,13 +38,14 @@ import torch
 from reservoir import options
 from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
-from reservoir.runtime import check_seed, resolve_device
+from reservoir.runtime import cast_frozen_matmuls, check_seed, compute_dtype, resolve_device
 from reservoir.runtime import synchronize as _sync
 
 LARGE_BATCH = 1024
 
 
-def _time_steps(model, feeder, batch_size: int, seed: int, device) -> tuple[float, int, str]:
+def _time_steps(model, feeder, batch_size: int, seed: int, device, amp: str = options.AMP.default
+                ) -> tuple[float, int, str]:
     """Seconds for an epoch of ``feeder``'s rows as ``reservoir train`` steps them, the rows they took, the step mode.
 
     The steps are the live loop's (:class:`~reservoir.training.step.Stepper`:
@@ -54,7 +55,7 @@ def _time_steps(model, feeder, batch_size: int, seed: int, device) -> tuple[floa
     from reservoir.training.step import GRAPH_WARMUP_STEPS, Stepper, adam
 
     params = [p for p in model.parameters() if p.requires_grad]
-    stepper = Stepper(model, adam(params, 1e-3, device), feeder, device, batch_size, seed)
+    stepper = Stepper(model, adam(params, 1e-3, device), feeder, device, batch_size, seed, amp=amp)
     n_steps = max(1, len(feeder) // batch_size)
     try:
         stepper.run(GRAPH_WARMUP_STEPS + 1)  # warm-up: kernel selection, optimizer state, graph capture
@@ -119,6 +120,7 @@ def speedup(
     seed: int = 0,
     device: str = "auto",
     progress: bool = False,
+    amp: str = options.AMP.default,
 ) -> BenchResult:
     """Measure cached vs live training cost per epoch; every timing and ratio (``kind="bench-speedup"``).
 
@@ -134,7 +136,7 @@ def speedup(
     if batch_size < 1 or max_live_rows < 1:
         raise ReservoirError(f"batch size and max live rows must be >= 1, found {batch_size}, {max_live_rows}")
     base = ExtractConfig(task=task, task_params=dict(task_params or {}), backbone=backbone, init=init, layers=layers,
-                         seed=seed, device=device, dtype="float32")
+                         seed=seed, device=device, dtype="float32", amp=amp)
     prep = prepare(base)
     data, dev, K = prep.task, prep.device, prep.backbone.depth
     s = K - 1 if split_layer is None else split_layer
@@ -147,11 +149,12 @@ def speedup(
     result: dict[str, Any] = {"task": data.name, "task_params": data.params, "backbone": prep.backbone.info.to_dict(),
                               "depth": K, "split_layer": s, "batch_size": batch_size, "large_batch": LARGE_BATCH,
                               "n_train": len(data.splits["train"]), "device": str(dev),
-                              "torch_threads": torch.get_num_threads()}
+                              "torch_threads": torch.get_num_threads(),
+                              "compute_dtype": str(compute_dtype(dev, amp)).removeprefix("torch.")}
     # live training keeps float32 weights (autocast on CUDA), as `reservoir train` does
     live_bb = prep.backbone if next(prep.backbone.parameters()).dtype == torch.float32 else load_backbone(
         backbone, init=init, depth=K, d_in=data.d_in, seed=seed).to(dev)
-    timing = _Timing(data, live_bb, dev, batch_size, max_live_rows, seed)
+    timing = _Timing(data, live_bb, dev, batch_size, max_live_rows, seed, amp)
 
     with tempfile.TemporaryDirectory() as tmp:
         # one-time costs: the pass (store written) vs the bare forward on the same batches
@@ -173,10 +176,10 @@ def speedup(
 class _Timing:
     """The live and cached epochs of one task and backbone, timed on the same rows and batches."""
 
-    def __init__(self, data, live_bb, device, batch_size: int, max_live_rows: int, seed: int):
+    def __init__(self, data, live_bb, device, batch_size: int, max_live_rows: int, seed: int, amp: str):
         from reservoir.training import heads_per_token
 
-        self.data, self.live_bb, self.dev = data, live_bb, device
+        self.data, self.live_bb, self.dev, self.amp = data, live_bb, device, amp
         self.batch_size, self.max_live_rows, self.seed = batch_size, max_live_rows, seed
         tr = data.splits["train"]
         self.n = len(tr)
@@ -193,7 +196,11 @@ class _Timing:
         d = self.data
         model = ReservoirClassifier(self.live_bb, d.n_out_tokens, self.n_heads, d.n_classes, seed=self.seed)
         apply_freeze(self.live_bb, model.head, groups, first_block=first_block)
-        return model.to(self.dev)
+        model = model.to(self.dev)
+        blocks = getattr(self.live_bb, "blocks", None)  # as `reservoir train` does (the LSTM baseline has none)
+        if blocks is not None:
+            cast_frozen_matmuls(blocks, compute_dtype(self.dev, self.amp))
+        return model
 
     def output_only(self, store: Path, layer: int, extract_s: float) -> dict[str, Any]:
         """(a) Live forward + head vs the head on resident cached features, at the batch size and at 1024."""
@@ -209,7 +216,7 @@ class _Timing:
         timed = self.timed_rows()
         feeder = Feeder.from_split(self.data.splits["train"], timed)
         for key, b in (("", self.batch_size), ("large_batch_", LARGE_BATCH)):
-            seconds, live_rows, mode = _time_steps(model, feeder, min(b, len(timed)), self.seed, self.dev)
+            seconds, live_rows, mode = _time_steps(model, feeder, min(b, len(timed)), self.seed, self.dev, self.amp)
             t_live = seconds * self.n / live_rows
             t_cached = _time_cached(model.head, X, Y, model.n_classes, b, self.seed, self.dev)
             steps = max(1, self.n // b)
@@ -229,13 +236,13 @@ class _Timing:
         model = self.model(("layernorm", "output"), first_block=s)
         b = min(self.batch_size, len(timed))
         seconds, rows, _ = _time_steps(model, Feeder.from_split(self.data.splits["train"], timed), b, self.seed,
-                                       self.dev)
+                                       self.dev, self.amp)
         t_live = seconds * self.n / rows
         with FeatureStore.open(split_store) as st:
             states = np.asarray(st.states("train")[...], dtype=np.float32)
         sub = _subset(self.data, timed).splits["train"]
         seconds, rows, _ = _time_steps(model, Feeder(states, sub.lengths, sub.labels, start=s), b, self.seed,
-                                       self.dev)
+                                       self.dev, self.amp)
         t_split = seconds * self.n / rows
         return {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live, "split_store_epoch_s": t_split,
                 "speedup": t_live / t_split, "rows_timed": len(timed),
@@ -259,7 +266,8 @@ def format_speedup(r: BenchResult) -> str:
     big = r["large_batch"]
     lines = [
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
-        f"{r['n_train']} train rows, batch {r['batch_size']}, {r['device']}, {r['torch_threads']} threads",
+        f"{r['n_train']} train rows, batch {r['batch_size']}, {r['device']}"
+        + (f" ({r['compute_dtype']})" if "compute_dtype" in r else "") + f", {r['torch_threads']} threads",
         f"one-time: extraction {r['extract_s']:.2f} s (task {r['task_s']:.2f} s, model {r['model_s']:.2f} s, "
         f"pass {r['pass_s']:.2f} s); bare forward {r['bare_forward_s']:.2f} s; pass / bare forward = "
         f"{r['extract_overhead']:.2f}; split-point extraction {r['extract_split_s']:.2f} s (scaled from "

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from reservoir.bench.extract import _hf_forward, load_hf_model, peak_device_mb
 from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
-from reservoir.runtime import autocast, compute_dtype, resolve_device
+from reservoir.runtime import autocast, compute_dtype, compute_path, resolve_device
 from reservoir.runtime import synchronize as _sync
 
 
@@ -60,7 +60,7 @@ class PlainLoop:
         as the project's model); the forward below does not use its code.
     """
 
-    def __init__(self, config, task, feeder, device: torch.device, info):
+    def __init__(self, config, task, feeder, device: torch.device, info, amp: str | None = None):
         from reservoir.backbones.arch import arch_for
         from reservoir.backbones.load import orthogonal_projection
         from reservoir.backbones.model import Backbone
@@ -86,6 +86,7 @@ class PlainLoop:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.Adam(self.params, lr=config.lr)
         self.config, self.feeder, self.device = config, feeder, device
+        self.amp = config.amp if amp is None else amp
         self.order = EpochOrder(len(feeder), config.batch_size, config.seed)
         self.step_index = 0
         self.losses: list[float] = []
@@ -100,7 +101,7 @@ class PlainLoop:
         L = x.shape[1]
         mask = (torch.arange(L, device=self.device)[None, :] < lengths[:, None]).long()  # (B, L)
         m = self.model
-        with autocast(self.device, self.config.amp):
+        with autocast(self.device, self.amp):
             h = _hf_forward(self.hf, m.backbone.project(x), mask).last_hidden_state  # (B, L, n_dim), final norm in
             r, idx = last_token_index(lengths, m.n_out_tokens)
             logits = m.head(h[r, idx]).view(len(y), m.n_out_tokens, m.n_heads, m.n_classes)
@@ -161,12 +162,13 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     task, model, data = build(config, device)
     counts, opt = ready_to_train(model, data, config)
     stepper = Stepper(model, opt, data.train, device, config.batch_size, config.seed, amp=config.amp,
-                      grad_clip=config.grad_clip, cuda_graphs=config.cuda_graphs)
+                      grad_clip=config.grad_clip, cuda_graphs=config.cuda_graphs, compile=config.compile)
     r: dict[str, Any] = {
         "task": task.name, "task_params": task.params, "backbone": model.backbone.info.to_dict(),
         "depth": model.backbone.depth, "finetune": config.finetune, "batch_size": config.batch_size,
         "n_train": len(data.train), "max_length": task.max_length, "device": str(device),
         "compute_dtype": str(compute_dtype(device, config.amp)).replace("torch.", ""),
+        "compute_path": compute_path(device, config.amp),
         "torch_threads": torch.get_num_threads(), "steps": steps, "warmup": warmup, "parameters": counts,
     }
     try:
@@ -185,12 +187,22 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    plain = PlainLoop(config, task, data.train, device, info)
-    plain.run(warmup)
-    seconds = _timed(plain.run, steps, device)
-    r["plain"] = {"step_ms": 1e3 * seconds / steps, "steps_per_s": steps / seconds,
-                  "peak_device_mb": peak_device_mb(device), "final_loss": float(np.mean(plain.losses[-steps:]))}
+    # the obvious loop: autocast on CUDA, float32 on the CPU (where a user seldom reaches for autocast); on a CPU
+    # computing in bf16, the same loop under the project's autocast as well
+    sides = {"plain": config.amp if device.type == "cuda" else "none"}
+    if device.type == "cpu" and compute_dtype(device, config.amp) != torch.float32:
+        sides["plain_autocast"] = config.amp
+    for side, amp in sides.items():
+        plain = PlainLoop(config, task, data.train, device, info, amp=amp)
+        plain.run(warmup)
+        seconds = _timed(plain.run, steps, device)
+        r[side] = {"step_ms": 1e3 * seconds / steps, "steps_per_s": steps / seconds, "amp": amp,
+                   "compute_dtype": str(compute_dtype(device, amp)).removeprefix("torch."),
+                   "peak_device_mb": peak_device_mb(device), "final_loss": float(np.mean(plain.losses[-steps:]))}
+        del plain
     r["ratio"] = r["project"]["step_ms"] / r["plain"]["step_ms"]
+    if "plain_autocast" in r:
+        r["ratio_autocast"] = r["project"]["step_ms"] / r["plain_autocast"]["step_ms"]
     r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return BenchResult("bench-train", r)
 
@@ -199,25 +211,35 @@ def format_train(r: BenchResult) -> str:
     """The benchmark as the lines ``reservoir bench train`` prints."""
     p, q = r["project"], r["plain"]
     counts = r["parameters"]
-    mode = p["mode"] + ("" if p["mode"] == "cuda-graph" or not p["eager_because"] else f" ({p['eager_because']})")
+    mode = p["mode"] + ("" if p["mode"] != "eager" or not p["eager_because"] else f" ({p['eager_because']})")
 
     def mem(side):
         return "" if side["peak_device_mb"] is None else f"{side['peak_device_mb']:14,.0f}"
 
-    head = f"{'':<26} {'step ms':>9} {'steps/s':>9}" + ("" if p["peak_device_mb"] is None else f" {'peak device MB':>14}")
-    return "\n".join([
+    head = f"{'':<30} {'step ms':>9} {'steps/s':>9}" + ("" if p["peak_device_mb"] is None else f" {'peak device MB':>14}")
+    q2 = r.get("plain_autocast")
+    lines = [
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
         f"finetune {r['finetune']} ({counts['trainable']:,} of {counts['total']:,} parameters), batch "
-        f"{r['batch_size']}, {r['device']} ({r['compute_dtype']}), {r['torch_threads']} threads",
+        f"{r['batch_size']}, {r['device']} ({r.get('compute_path', r['compute_dtype'])}), {r['torch_threads']} threads",
         f"project step: {mode}",
         head,
-        f"{'project (reservoir train)':<26} {p['step_ms']:9.3f} {p['steps_per_s']:9.1f} {mem(p)}".rstrip(),
-        f"{'plain (HF model, Adam)':<26} {q['step_ms']:9.3f} {q['steps_per_s']:9.1f} {mem(q)}".rstrip(),
-        f"project step / plain step = {r['ratio']:.3f}",
-        f"({r['steps']} steps timed on each side after {r['warmup']} warm-up steps, the same batches; mean training "
-        f"loss over them: project {p['final_loss']:.4f}, plain {q['final_loss']:.4f}; peak host memory "
-        f"{r['peak_rss_mb']:,.0f} MB)",
-    ])
+        f"{'project (reservoir train)':<30} {p['step_ms']:9.3f} {p['steps_per_s']:9.1f} {mem(p)}".rstrip(),
+        f"{'plain (HF model, Adam, ' + q.get('compute_dtype', r['compute_dtype']) + ')':<30} {q['step_ms']:9.3f} "
+        f"{q['steps_per_s']:9.1f} {mem(q)}".rstrip(),
+    ]
+    if q2 is not None:
+        lines.append(f"{'plain under autocast (' + q2['compute_dtype'] + ')':<30} {q2['step_ms']:9.3f} "
+                     f"{q2['steps_per_s']:9.1f} {mem(q2)}".rstrip())
+    lines.append(f"project step / plain step = {r['ratio']:.3f}")
+    if q2 is not None:
+        lines.append(f"project step / plain step under autocast = {r['ratio_autocast']:.3f}")
+    losses = f"project {p['final_loss']:.4f}, plain {q['final_loss']:.4f}"
+    if q2 is not None:
+        losses += f", plain under autocast {q2['final_loss']:.4f}"
+    lines.append(f"({r['steps']} steps timed on each side after {r['warmup']} warm-up steps, the same batches; mean "
+                 f"training loss over them: {losses}; peak host memory {r['peak_rss_mb']:,.0f} MB)")
+    return "\n".join(lines)
 
 
 __all__ = ["PlainLoop", "bench_train", "format_train"]

@@ -91,16 +91,17 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
               help="Rows timed for each live epoch (scaled to the full epoch).")
 @train_option("seed")
 @train_option("device")
+@train_option("amp")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_speedup(task, data, input_column, label_column, params, backbone, init, layers, split_layer, batch_size,
-                  max_live_rows, seed, device, out):
+                  max_live_rows, seed, device, amp, out):
     """Per-epoch cost of training live vs from a store, and the break-even number of epochs."""
     from reservoir.bench import format_speedup, speedup
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
     _check_out(out)
     r = speedup(task, task_params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
-                device)
+                device, amp=amp)
     click.echo(format_speedup(r))
     if out:
         r.write(out)
@@ -118,7 +119,7 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 @step_options
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_train(task, data, input_column, label_column, params, backbone, init, layers, finetune, batch_size, lr,
-                steps, warmup, seed, device, amp, cuda_graphs, out):
+                steps, warmup, seed, device, amp, cuda_graphs, compiled, out):
     """The project's training step vs a plain PyTorch loop over the Hugging Face model (same groups, same batches)."""
     from reservoir.bench import bench_train as run_bench
     from reservoir.bench import format_train
@@ -131,7 +132,7 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
             raise click.BadParameter(f"expected at least 1, found {value}", param_hint=name)
     config = TrainConfig(task=task, task_params=task_params, backbone=backbone, init=init, layers=layers,
                          finetune=finetune, batch_size=batch_size, lr=lr, seed=seed, device=device, amp=amp,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, compile=compiled)
     r = run_bench(config, steps=steps, warmup=warmup)
     click.echo(format_train(r))
     if out:

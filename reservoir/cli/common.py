@@ -252,5 +252,5 @@ def storage_option(f: Any) -> Any:
 
 
 def step_options(f: Any) -> Any:
-    """``--amp`` and ``--cuda-graphs``: how a live training step runs (``train``, ``bench train``)."""
-    return train_option("amp")(train_option("cuda_graphs")(f))
+    """``--amp``, ``--cuda-graphs`` and ``--compile``: how a live training step runs (``train``, ``bench train``)."""
+    return train_option("amp")(train_option("cuda_graphs")(train_option("compile", "--compile", "compiled")(f)))

@@ -118,8 +118,9 @@ def _describe_store(st) -> None:
                f"label shape {task['label_shape']}")
     p = a["projection"]
     click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
+    norm = "stored" if "final_norm/weight" in a["arrays"] else "none"
     click.echo(f"layers     {st.layers}   pooling {','.join(st.poolings)} x{a['pooling']['n_out_tokens']}   "
-               f"dtype {a['dtype']}   final norm {'stored' if 'final_norm/weight' in a['arrays'] else 'none'}")
+               f"dtype {a['dtype']} (computed in {a.get('compute_dtype', 'an unrecorded dtype')})   final norm {norm}")
     if st.full_seq_layer is not None:
         click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
     if task.get("truncated"):

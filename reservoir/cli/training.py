@@ -35,7 +35,8 @@ from reservoir.cli.common import _Group, _task_from, ci, data_options, step_opti
 @storage_option
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,
-          seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp, cuda_graphs, out, quiet):
+          seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp, cuda_graphs, compiled,
+          out, quiet):
     """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
     from reservoir.training import TrainConfig, config_for_store, parse_lr_sweep, run, sweep
 
@@ -47,7 +48,7 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
         raise click.UsageError(f"expected --steps or --epochs, not both; found --steps {steps} and --epochs {epochs:g}")
     settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
                     batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
-                    device=device, amp=amp, cuda_graphs=cuda_graphs, out=out)
+                    device=device, amp=amp, cuda_graphs=cuda_graphs, compile=compiled, out=out)
     task, task_params = _task_from(task, data, input_column, label_column, params, alternative="--from-store")
     if from_store is not None:  # the store says which task, init, seed (and split layer)
         config = config_for_store(from_store, **settings)

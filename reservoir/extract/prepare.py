@@ -10,6 +10,7 @@ the backbone to its compute dtype on its device.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 from reservoir.errors import ReservoirError
 from reservoir.extract.config import ExtractConfig, resolve_layers
 from reservoir.extract.engine import Engine
-from reservoir.runtime import cast_for_inference, check_positions, resolve_device
+from reservoir.runtime import cast_for_inference, check_positions, compute_dtype, resolve_device
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -77,18 +78,19 @@ def prepare(config: ExtractConfig, task: TaskData | None = None) -> ExtractionPl
     t0 = time.perf_counter()
     backbone = load_backbone(config.backbone, init=config.init, depth=requested_depth, d_in=task.d_in,
                              seed=config.seed, projection_gain=config.projection_gain, revision=config.revision)
-    plan = plan_extraction(config, task, backbone, timings)
+    plan = plan_extraction(config, task, backbone, timings, owned=True)
     timings["model_s"] = time.perf_counter() - t0
     return plan
 
 
 def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBackbone,
-                    timings: dict[str, float] | None = None) -> ExtractionPlan:
+                    timings: dict[str, float] | None = None, *, owned: bool = False) -> ExtractionPlan:
     """Check a task and a loaded backbone against each other and the settings; the store's attributes.
 
-    The backbone is moved to the config's device and, on CUDA, cast to the
-    compute dtype in place; the caller's task stays whole (a truncated copy
-    is planned).
+    The backbone is moved to the config's device and cast to the compute
+    dtype: in place when ``owned`` (loaded for this extraction), else a copy
+    is cast, so the caller's float32 weights stay as they were. The caller's
+    task stays whole (a truncated copy is planned).
     """
     device = resolve_device(config.device)
     if backbone.projection_info is None:
@@ -123,11 +125,15 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
         "layers": layers,
         "pooling": {"kinds": list(config.pooling), "n_out_tokens": task.n_out_tokens},
         "dtype": config.dtype,
+        # what the forward computed in (a float32 store may hold bf16-computed features): never mixed in one store
+        "compute_dtype": str(compute_dtype(device, config.amp)).removeprefix("torch."),
         "full_seq_layer": s_layer,
     }
     # saved in float32 before the weights are cast to the compute dtype
     final_norm = backbone.final_norm_arrays()
     projection_weight = backbone.input.weight.detach().cpu().t().numpy()
+    if not owned and compute_dtype(device, config.amp) != next(backbone.parameters()).dtype:
+        backbone = copy.deepcopy(backbone)  # the caller's model is not theirs to keep otherwise
     backbone, context = cast_for_inference(backbone, device, config.amp)
     return ExtractionPlan(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context,
                           {} if timings is None else timings)

@@ -29,8 +29,10 @@ stable id, used as its results folder under the output directory::
 
 Cell keys by kind (:data:`KIND_KEYS`): every kind takes ``kind, task,
 task_params, seeds, tag``; fit-linear adds ``backbone, init, layers,
-fit_layers, readout, dtype, batch_size``; train adds ``backbone, init, layers,
-finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout``;
+fit_layers, readout, dtype, amp, batch_size``; train adds ``backbone, init, layers,
+finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout, amp``
+(``amp`` as ``--amp``: ``auto`` computes in bf16 on CUDA and on CPUs with native
+bf16, ``none`` in float32);
 fit-raw adds ``readout``; bench (cached vs live training cost, as
 ``reservoir bench speedup``) adds ``backbone, init, layers, batch_size,
 split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
@@ -59,7 +61,7 @@ them). Every path the runner writes or removes is resolved first and refused unl
 output (or cache) folder, so neither an id nor a symbolic link can send a write, or ``force``'s removal,
 elsewhere. fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
 over everything in the store key (task fingerprint, backbone, init, seed,
-depth, dtype, projection gain); a complete store whose provenance matches is
+depth, dtype, compute dtype, projection gain); a complete store whose provenance matches is
 reused, an unfinished one is resumed.
 """
 

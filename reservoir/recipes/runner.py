@@ -69,13 +69,16 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
     ``cache_dir`` is a folder or an object-store prefix (``s3://bucket/recipes``).
     """
     import reservoir.extract as ex
+    from reservoir.runtime import compute_dtype, resolve_device
     from reservoir.store import FeatureStore, remove
     from reservoir.tasks import load_task
 
     c = run.cell
     task = load_task(run.task, c.task_params)
+    computed = str(compute_dtype(resolve_device(device), c.amp)).removeprefix("torch.")
     key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
-           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "gain": options.PROJECTION_GAIN}
+           "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "compute_dtype": computed,
+           "gain": options.PROJECTION_GAIN}
     name = f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
     path: Path | StoreURL
     if isinstance(cache_dir, StoreURL):
@@ -88,7 +91,7 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
             a = st.attrs
             found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
                      "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
-                     "gain": a["projection"]["gain"]}
+                     "compute_dtype": a.get("compute_dtype"), "gain": a["projection"]["gain"]}
             diff = first_difference(found, key, keys=found)
             complete = st.complete
         if diff is not None:
@@ -98,8 +101,8 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
         elif complete:
             return path
     cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
-                           task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, device=device,
-                           batch_size=c.batch_size or 64)
+                           task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, amp=c.amp,
+                           device=device, batch_size=c.batch_size or 64)
     return ex.run(cfg, progress=False, task=task)
 
 
@@ -145,7 +148,7 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
     cfg = tr.TrainConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers,
                          finetune=run.finetune, task_params=dict(c.task_params), lr=run.lr or 1e-3, steps=c.steps,
                          epochs=c.epochs, batch_size=c.batch_size or 16, eval_every=c.eval_every, seed=run.seed,
-                         dropout=c.dropout, device=device, out=str(folder))
+                         dropout=c.dropout, amp=c.amp, device=device, out=str(folder))
     if c.lr_sweep:  # the sweep writes sweep.json (with the recipe block) into the run folder it owns
         s = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False, extra={"recipe": meta})
         m = s.metrics

@@ -18,9 +18,10 @@ KINDS = ("fit-linear", "train", "fit-raw", "bench")
 TOP_KEYS = ("name", "description", "defaults", "cells", "paper")
 COMMON_KEYS = ("kind", "task", "task_params", "seeds", "tag")
 KIND_KEYS = {
-    "fit-linear": COMMON_KEYS + ("backbone", "init", "layers", "fit_layers", "readout", "dtype", "batch_size"),
+    "fit-linear": COMMON_KEYS + ("backbone", "init", "layers", "fit_layers", "readout", "dtype", "amp",
+                                 "batch_size"),
     "train": COMMON_KEYS + ("backbone", "init", "layers", "finetune", "lr", "lr_sweep", "steps", "epochs",
-                            "batch_size", "eval_every", "dropout"),
+                            "batch_size", "eval_every", "dropout", "amp"),
     "fit-raw": COMMON_KEYS + ("readout",),
     "bench": COMMON_KEYS + ("backbone", "init", "layers", "batch_size", "split_layer", "max_live_rows"),
 }
@@ -112,6 +113,7 @@ class Cell:
     fit_layers: str | list[int] = "all"
     readout: list[str] = field(default_factory=lambda: ["logistic"])
     dtype: str = "float16"
+    amp: str = options.AMP.default
     batch_size: int | None = None
     finetune: list[str] = field(default_factory=lambda: ["fpt"])
     lr: list[float] = field(default_factory=lambda: [1e-3])
@@ -141,6 +143,7 @@ class Cell:
         self.init = _choices(_as_list(self.init), options.INITS, "init", w)
         self.readout = _choices(_as_list(self.readout), options.READOUTS, "readout", w)
         _choices([self.dtype], options.DTYPES, "dtype", w)
+        _choices([self.amp], options.AMPS, "amp", w)
         self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
                        for v in _as_list(self.layers)]
         self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]

@@ -61,7 +61,8 @@ from reservoir.store.remote import StoreURL
 
 SCHEMA = "reservoir.features/2"
 #: Attributes that shape the features; a store is refused if any differs (reported in this order).
-KEY_FIELDS = ("schema", "task", "backbone", "projection", "layers", "pooling", "dtype", "full_seq_layer")
+KEY_FIELDS = ("schema", "task", "backbone", "projection", "layers", "pooling", "dtype", "compute_dtype",
+              "full_seq_layer")
 
 
 def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any, Any] | None:
@@ -177,7 +178,8 @@ class FeatureStore:
         fmt = detect_format(p, fmt)
         lock = locks.writer_lock(p, job).acquire()
         try:
-            attrs = {**attrs, "pooling": lay.pooling_attrs(attrs["pooling"])}
+            # a store made through this API by other code may not say what computed it: recorded as unknown
+            attrs = {"compute_dtype": None, **attrs, "pooling": lay.pooling_attrs(attrs["pooling"])}
             key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
             if isinstance(p, StoreURL):
                 state = _state(p)

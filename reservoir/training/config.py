@@ -34,7 +34,7 @@ class TrainConfig:
     The builder :func:`reservoir.training.run` reads every field; the loop
     :func:`reservoir.training.train` reads the optimization settings (``lr``,
     ``steps``/``epochs``, ``batch_size``, ``eval_every``, ``seed``,
-    ``dropout``, ``grad_clip``, ``amp``, ``cuda_graphs``) and the freeze (``finetune``,
+    ``dropout``, ``grad_clip``, ``amp``, ``cuda_graphs``, ``compile``) and the freeze (``finetune``,
     ``split_layer``), and saves :meth:`key` in its checkpoints.
 
     Examples
@@ -75,6 +75,9 @@ class TrainConfig:
     amp: str = options.AMP.field()
     cuda_graphs: str = setting("Capture the training step as one CUDA graph (auto: on CUDA when every train row has "
                                "one length).", "auto", one_of(*options.CUDA_GRAPHS))
+    compile: bool = setting("Compile the model's forward for the training steps with torch.compile (opt-in: "
+                            "compiling costs tens of seconds, which only long runs repay; trains what the eager steps "
+                            "train, to float rounding).", False, options.FLAG)
     out: str | None = setting("Run folder (checkpoints, results.json); default results/train/<run>.", None)
 
     def __post_init__(self) -> None:
@@ -113,7 +116,7 @@ class TrainConfig:
         holds): tuples become lists, numpy scalars floats.
         """
         d = asdict(self)
-        for k in ("device", "out", "amp", "eval_every", "cuda_graphs"):
+        for k in ("device", "out", "amp", "eval_every", "cuda_graphs", "compile"):
             d.pop(k)
         return json.loads(json.dumps(d, default=float))
 

@@ -24,7 +24,7 @@ from reservoir.errors import ReservoirError
 from reservoir.io import writable_folder
 from reservoir.store.lock import run_folder_lock
 from reservoir.results import Result
-from reservoir.runtime import attention_backends, autocast
+from reservoir.runtime import attention_backends, autocast, cast_frozen_matmuls, compute_dtype
 from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier
 from reservoir.training.config import TrainConfig
@@ -217,6 +217,9 @@ def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainC
     _set_dropout(model, settings.dropout)
     model.train(settings.dropout > 0)
     device = next(model.parameters()).device
+    blocks = getattr(model.backbone, "blocks", None)  # the LSTM baseline has none
+    if blocks is not None:  # the frozen linear layers stored in bf16 once: what autocast makes of them at every step
+        cast_frozen_matmuls(blocks, compute_dtype(device, settings.amp))
     return counts, adam([p for p in model.parameters() if p.requires_grad], settings.lr, device)
 
 
@@ -262,7 +265,8 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
     names = {n for n, p in model.named_parameters() if p.requires_grad}
     best, t0 = None, time.perf_counter()
     stepper = Stepper(model, opt, data.train, device, settings.batch_size, settings.seed, amp=settings.amp,
-                      grad_clip=settings.grad_clip, start=state["step"], cuda_graphs=settings.cuda_graphs)
+                      grad_clip=settings.grad_clip, start=state["step"], cuda_graphs=settings.cuda_graphs,
+                      compile=settings.compile)
     bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=None if progress else True,
                dynamic_ncols=True)
     try:

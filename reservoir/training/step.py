@@ -238,11 +238,14 @@ class Stepper:
 
     def __init__(self, model: ReservoirClassifier, opt: torch.optim.Optimizer, feeder: Feeder, device: torch.device,
                  batch_size: int, seed: int, amp: str = "auto", grad_clip: float = 0.0, start: int = 0,
-                 cuda_graphs: str = "auto"):
+                 cuda_graphs: str = "auto", compile: bool = False):
         if cuda_graphs not in GRAPH_CHOICES:
             raise ReservoirError(f"unknown CUDA graphs setting {cuda_graphs!r}; expected one of: "
                                  f"{', '.join(GRAPH_CHOICES)}")
         self.model, self.opt, self.device, self.amp = model, opt, device, amp
+        # the compiled forward (torch.compile, shapes dynamic: batches vary in length); a graph capture is skipped
+        self.forward = torch.compile(model, dynamic=True) if compile else model
+        self.compiled = compile
         self.start = feeder.start
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grad_clip = grad_clip
@@ -257,7 +260,9 @@ class Stepper:
 
     def _why_eager(self, setting: str) -> str | None:
         """Why the steps cannot (or are not to) be captured; ``None`` when they will be."""
-        if self.device.type != "cuda":
+        if self.compiled:
+            why = "the forward is compiled (--compile)"
+        elif self.device.type != "cuda":
             why = f"the device is {self.device.type}, not CUDA"
         elif self.batches.resident is None:
             why = "the training split is not resident on the device"
@@ -273,7 +278,7 @@ class Stepper:
     # -- one eager step ------------------------------------------------------------------------------
     def _forward_backward(self, x, lengths, y, padded: bool, cache: bool = True) -> None:
         with autocast(self.device, self.amp, cache=cache), attention_backends(self.device):
-            logits = self.model(x, lengths, self.start, padded=padded)
+            logits = self.forward(x, lengths, self.start, padded=padded)
         loss = loss_fn(logits, y)
         loss.backward()
         if self.grad_clip > 0:
@@ -347,8 +352,9 @@ class Stepper:
 
     @property
     def mode(self) -> str:
-        """``"cuda-graph"`` once the step is captured (after :data:`GRAPH_WARMUP_STEPS` eager steps), else ``"eager"``."""
-        return "cuda-graph" if self.graph is not None else "eager"
+        """``"cuda-graph"`` once the step is captured (after :data:`GRAPH_WARMUP_STEPS` eager steps), ``"compiled"``
+        with ``compile``, else ``"eager"``."""
+        return "cuda-graph" if self.graph is not None else "compiled" if self.compiled else "eager"
 
     def close(self) -> None:
         self.batches.close()
