@@ -64,6 +64,10 @@ def read_json(path: str | os.PathLike, expected: str) -> Any:
     ...
     reservoir.errors.ReservoirError: /dev/null: expected a JSON object; found invalid JSON (Expecting value at line 1)
     """
+    size = check_regular(path, expected)
+    if size > MAX_JSON_BYTES:
+        raise ReservoirError(f"{path}: expected {expected} of at most {size_text(MAX_JSON_BYTES)}; found "
+                             f"{size_text(size)}")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -80,6 +84,31 @@ def read_json(path: str | os.PathLike, expected: str) -> Any:
     raise ReservoirError(f"{path}: expected {expected}; found {found}")
 
 
+#: Largest JSON file read (results, probes, metadata): far above any the toolkit writes, far below what parsing
+#: (about 25 bytes of memory per byte of JSON) could not hold.
+MAX_JSON_BYTES = 64 << 20
+
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+def file_kind(mode: int) -> str:
+    """What a ``stat`` mode is, in words (``"a FIFO"``)."""
+    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def check_regular(path: str | os.PathLike, expected: str) -> int:
+    """Refuse (one line) to read ``path`` unless it is a regular file (a FIFO or a device would block or never end);
+    return its size."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise ReservoirError(f"{path}: expected {expected}; found {err.strerror or one_line(err)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ReservoirError(f"{path}: expected {expected}; found {file_kind(st.st_mode)}")
+    return st.st_size
+
+
 def replaceable(dest: str | os.PathLike) -> None:
     """Refuse (one line) to write ``dest`` unless nothing is there or a regular file is: never over a folder, a
     link, a device or a FIFO."""
@@ -91,10 +120,7 @@ def replaceable(dest: str | os.PathLike) -> None:
         raise ReservoirError(f"{dest}: expected a file path to write, could not inspect it: "
                              f"{err.strerror or err}") from None
     if not stat.S_ISREG(mode):
-        kind = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device",
-                stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
-        found = kind.get(stat.S_IFMT(mode), "not a regular file")
-        raise ReservoirError(f"{dest}: expected a regular file (or no file) to write, found {found}")
+        raise ReservoirError(f"{dest}: expected a regular file (or no file) to write, found {file_kind(mode)}")
 
 
 def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
@@ -201,18 +227,20 @@ def unwritable(folder: Path, err: OSError, for_path: str | os.PathLike | None = 
 
 #: Longest duration a setting in seconds may ask for (a week): longer ones overflow timers and mean a typo.
 MAX_SECONDS = 7 * 24 * 3600
+#: Shortest one (10 ms): below it timers round to zero, which some libraries take as "no timeout" or fail on.
+MIN_SECONDS = 0.01
 
 
 def env_seconds(name: str, default: float) -> float:
-    """Seconds from the environment variable ``name`` (``default`` when unset); one line unless above 0 and at most
-    :data:`MAX_SECONDS`."""
+    """Seconds from the environment variable ``name`` (``default`` when unset); one line unless within
+    :data:`MIN_SECONDS`..:data:`MAX_SECONDS`."""
     raw = os.environ.get(name)
     try:
         seconds = default if raw is None else float(raw)
     except ValueError:
         seconds = float("nan")
-    if not 0 < seconds <= MAX_SECONDS:
-        raise ReservoirError(f"{name}: expected seconds above 0 and at most {MAX_SECONDS:,}, found {raw!r}")
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise ReservoirError(f"{name}: expected seconds from {MIN_SECONDS:g} to {MAX_SECONDS:,}, found {raw!r}")
     return seconds
 
 

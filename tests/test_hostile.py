@@ -188,7 +188,7 @@ def test_durations_from_the_environment_are_bounded(monkeypatch, value):
     from reservoir.io import env_seconds
 
     monkeypatch.setenv("RESERVOIR_DIST_TIMEOUT", value)
-    with pytest.raises(ReservoirError, match=r"RESERVOIR_DIST_TIMEOUT: expected seconds above 0 and at most 604,800"):
+    with pytest.raises(ReservoirError, match=r"RESERVOIR_DIST_TIMEOUT: expected seconds from 0.01 to 604,800"):
         env_seconds("RESERVOIR_DIST_TIMEOUT", 1800)
 
 
@@ -630,3 +630,111 @@ def test_an_error_line_stays_short_whatever_a_file_holds(tmp_path):
 
     cut = error_line(ValueError("a" * 10**6 + "\nb"))
     assert len(cut) <= MAX_ERROR_CHARS and "\n" not in cut and "characters cut" in cut and cut.endswith("a b")
+
+
+# ------------------------------------------------------------------ the second trial's findings
+@pytest.mark.parametrize("where", ["zarr.json", "train/features/c/0/0/0/0", "store", "probe.json", "probe.safetensors"])
+def test_a_fifo_where_a_file_is_read_is_refused_at_once(tmp_path, where):
+    store = tmp_path / "s.zarr"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    assert invoke("fit-linear", store, "--layer", 1, "--save", "--results", tmp_path / "r").exit_code == 0
+    probe = tmp_path / "r" / "s" / "logistic-layer1"
+    if where == "store":
+        store = tmp_path / "q.h5"
+        target = store
+    elif where.startswith("probe"):
+        target = Path(f"{probe}.probe.json" if where == "probe.json" else f"{probe}.safetensors")
+    else:
+        target = store / where
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)  # opening it for reading would block until a writer comes
+    r = invoke("predict", f"{probe}.probe.json", store) if where.startswith("probe") else invoke("info", store)
+    assert_bad_input(r)
+    assert "found a FIFO" in r.stderr
+
+
+def test_a_json_file_past_the_size_limit_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    import reservoir.io
+    from reservoir.errors import ReservoirError
+    from reservoir.io import read_json
+
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"x": "y" * 5000}))
+    monkeypatch.setattr(reservoir.io, "MAX_JSON_BYTES", 4096)
+    with pytest.raises(ReservoirError, match=r"big.json: expected a results JSON object of at most 4.0 KiB; found 4.9"):
+        read_json(path, "a results JSON object")
+
+
+@pytest.mark.parametrize("name,value", [("WORLD_SIZE", "two"), ("RANK", "abc")])
+def test_torchrun_variables_that_are_not_counts_are_one_line(tmp_path, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    r = invoke(*STORE, "--out", tmp_path / "x.zarr")
+    assert_bad_input(r)
+    assert f"{name}: expected a non-negative integer (as torchrun sets it), found {value!r}" in r.stderr
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_sighup_unwinds_like_sigterm(tmp_path):
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "reservoir", "train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50",
+            "--backbone", "tiny-gpt2", "--steps", "100000", "--eval-every", "1", "--quiet", "--out", str(run)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "last.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["Terminated; rerun the same command to resume."]
+    assert _leftovers(tmp_path) == []
+
+
+def test_smaller_findings_of_the_second_trial(tmp_path, monkeypatch):
+    from reservoir.errors import ReservoirError
+    from reservoir.io import env_seconds
+
+    monkeypatch.setenv("RESERVOIR_RECIPES", str(tmp_path / "missing"))
+    r = invoke("recipe", "list")
+    assert_bad_input(r)
+    assert "RESERVOIR_RECIPES: expected a folder of recipe files, found no such folder at" in r.stderr
+    monkeypatch.setenv("RESERVOIR_DIST_TIMEOUT", "1e-300")  # a timer of zero
+    with pytest.raises(ReservoirError, match="RESERVOIR_DIST_TIMEOUT: expected seconds from 0.01 to 604,800"):
+        env_seconds("RESERVOIR_DIST_TIMEOUT", 1800)
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(40, 3, 2)).astype(np.float32)
+    np.savez(tmp_path / "one.npz", train_inputs=x, train_labels=np.zeros(40, int), test_inputs=x[:8],
+             test_labels=np.arange(8) % 2)  # one class in train, two in the task
+    store = tmp_path / "one.zarr"
+    assert invoke("extract", "--data", tmp_path / "one.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--quiet",
+                  "--out", store).exit_code == 0
+    r = invoke("bench", "readout", store)
+    assert_bad_input(r)
+    assert "the comparison needs at least two classes in the train split, found only class 0" in r.stderr
+    r = invoke("fit-linear", store, "--layer", "1,1,0", "--results", tmp_path / "res")
+    assert r.exit_code == 0 and r.output.count("\n    1 ") == 1  # a layer named twice is fitted once
+
+
+def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path):
+    import numpy as np
+
+    store = tmp_path / "s.h5"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    assert invoke("fit-linear", store, "--layer", 1, "--save", "--results", tmp_path / "r").exit_code == 0
+    probe = tmp_path / "r" / "s" / "logistic-layer1"
+    x = np.random.default_rng(0).normal(size=(40, 3, 2)).astype(np.float32)
+    data = tmp_path / "d.npz"
+    np.savez(data, train_inputs=x, train_labels=np.arange(40) % 2, test_inputs=x[:8], test_labels=np.arange(8) % 2)
+    before = {p: p.read_bytes() for p in (store, data, Path(f"{probe}.safetensors"))}
+    cases = [(["predict", f"{probe}.probe.json", store, "--out", store], "is the input"),
+             (["predict", f"{probe}.probe.json", store, "--out", f"{probe}.safetensors"], "is the input"),
+             (["fit-raw", "--data", data, "--out", data], "is the input"),
+             (["bench", "readout", store, "--out", store], "is the input")]
+    for args, found in cases:
+        r = invoke(*args)
+        assert_bad_input(r)
+        assert f"expected an output apart from the command's inputs; found it {found}" in r.stderr, args
+    assert all(p.read_bytes() == b for p, b in before.items())

@@ -111,6 +111,9 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
                                  f"{tuple(st.attrs['task']['label_shape'])} and {st.n_out_tokens} output token(s)")
         X_all, y = read_layers(st, "train", wanted)
         Xt_all, yt = read_layers(st, "test", wanted)
+    if len(np.unique(y)) < 2:
+        raise ReservoirError(f"{source}: the comparison needs at least two classes in the train split, found only "
+                             f"class {int(y[0]) if len(y) else 'none'}")
 
     def side(fit_s, est, X, extra):
         correct = (np.asarray(est.predict(X)) == yt).astype(np.int64)

@@ -15,6 +15,7 @@ from reservoir.cli.common import (
     forward_options,
     step_options,
     storage_option,
+    task_inputs,
     train_option,
 )
 from reservoir.errors import ReservoirError
@@ -68,7 +69,7 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
     if naive_rows < 1:
         raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out)
+    _check_out(out, *task_inputs(task_params))
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
                            task_params=task_params, seed=seed, batch_size=batch_size,
                            max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
@@ -99,7 +100,7 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
     from reservoir.bench import format_speedup, speedup
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out)
+    _check_out(out, *task_inputs(task_params))
     r = speedup(task, task_params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
                 device, amp=amp)
     click.echo(format_speedup(r))
@@ -126,7 +127,7 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
     from reservoir.training import TrainConfig
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out)
+    _check_out(out, *task_inputs(task_params))
     for name, value in (("--steps", steps), ("--warmup", warmup)):
         if value < 1:
             raise click.BadParameter(f"expected at least 1, found {value}", param_hint=name)
@@ -155,7 +156,7 @@ def bench_readout(store, layer, penalty, path_rows, seed, out):
     """The logistic readout's all-layer sweep vs scikit-learn's LogisticRegression: wall time, accuracy."""
     from reservoir.bench import readout_vs_sklearn
 
-    _check_out(out)
+    _check_out(out, store)
     layers = "all" if layer == "all" else _parse_layers(layer)
     rows = None if path_rows == "all" else _path_rows(path_rows)
     r = readout_vs_sklearn(store, layers, seed=seed, penalty=penalty, path_rows=rows)

@@ -32,9 +32,9 @@ class _Group(click.Group):
         except ReservoirError as err:
             click.echo(f"Error: {error_line(err)}", err=True)
             ctx.exit(2)
-        except Terminated:
+        except Terminated as stop:
             click.echo("Terminated; rerun the same command to resume.", err=True)
-            ctx.exit(128 + signal.SIGTERM)
+            ctx.exit(128 + stop.signum)
         except KeyboardInterrupt:
             click.echo("Interrupted; rerun the same command to resume.", err=True)
             ctx.exit(130)
@@ -54,25 +54,32 @@ def error_line(err: BaseException) -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM received: unwinds like Ctrl-C, so temporaries are removed and locks released on the way out."""
+    """SIGTERM or SIGHUP received: unwinds like Ctrl-C, so temporaries are removed and locks released on the way
+    out; exits 128 + the signal's number."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = int(signum)
 
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` while a command runs. Not under ``torchrun`` (its agent stops workers
+    """SIGTERM and SIGHUP raise :class:`Terminated` while a command runs. Not under ``torchrun`` (its agent stops workers
     with SIGTERM and expects them gone) nor outside the main thread (where no handler can be set)."""
     if "TORCHELASTIC_RUN_ID" in os.environ or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: Any) -> None:
-        raise Terminated
+        raise Terminated(signum)
 
-    before = signal.signal(signal.SIGTERM, stop)
+    caught = (signal.SIGTERM, signal.SIGHUP)  # a closed terminal sends SIGHUP
+    before = {s: signal.signal(s, stop) for s in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 class _EchoHandler(logging.Handler):
@@ -113,18 +120,34 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     return params
 
 
-def _check_out(out: str | None) -> None:
-    """Refuse an --out file that cannot be written before the work whose result it will hold."""
-    from reservoir.io import writable_folder
+def _check_out(out: str | None, *inputs: Any) -> None:
+    """Refuse an --out file that cannot be written before the work whose result it will hold, or that is one of the
+    command's ``inputs`` (files or folders; ``None`` and URLs are skipped) or lies inside one."""
+    from reservoir.io import check_name, replaceable, writable_folder
+    from reservoir.store.remote import is_url
 
-    from reservoir.io import check_name, replaceable
+    if out is None:
+        return
+    check_name(out)
+    if Path(out).is_dir():
+        raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
+    target = Path(out).resolve()
+    for source in inputs:
+        if source is None or is_url(str(source)):
+            continue
+        src = Path(source).resolve()
+        if target == src or src in target.parents:
+            where = "is" if target == src else "lies inside"
+            raise ReservoirError(f"{out}: expected an output apart from the command's inputs; found it {where} the "
+                                 f"input {source}")
+    replaceable(out)
+    writable_folder(Path(out).parent)
 
-    if out is not None:
-        check_name(out)
-        if Path(out).is_dir():
-            raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
-        replaceable(out)
-        writable_folder(Path(out).parent)
+
+def task_inputs(task_params: dict[str, Any]) -> list[Any]:
+    """The files a task is read from (a data file's ``path``, an image task's ``data_dir``): what no --out may
+    replace."""
+    return [task_params.get("path"), task_params.get("data_dir")]
 
 
 def _parse_layers(value: str | None) -> int | list[int] | None:

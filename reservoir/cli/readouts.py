@@ -16,6 +16,7 @@ from reservoir.cli.common import (
     data_options,
     setting_option,
     storage_option,
+    task_inputs,
 )
 
 
@@ -75,6 +76,8 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     from reservoir.readouts.run import fit_linear as run_fit
 
     layers = "all" if layer == "all" else _parse_layers(layer)
+    if isinstance(layers, list):
+        layers = list(dict.fromkeys(layers))  # a layer named twice is fitted once
     sizes = _parse_sizes(train_sizes)
 
     def show(r):
@@ -133,7 +136,7 @@ def predict(probe, store, splits, out):
 
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
     target = Path(out) if out else Path(f"{base}-{Path(store).name.split('.')[0]}.predictions.npz")
-    _check_out(str(target))
+    _check_out(str(target), store, f"{base}.probe.json", f"{base}.safetensors")
     found = predict_store(base, store, list(splits) or None)
     for split, res in found.items():
         click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}")
@@ -164,7 +167,7 @@ def fit_raw(task, data, input_column, label_column, params, readout, seed, out):
     from reservoir.tasks.base import task_label
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out)
+    _check_out(out, *task_inputs(task_params))
     r = run_raw(task, task_params, readout, seed=seed)
     m = r.metrics
     click.echo(f"{task_label(task, task_params)} raw inputs ({m['n_features']} features), {readout}: "

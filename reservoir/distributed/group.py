@@ -9,7 +9,8 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from reservoir.distributed.jobs import DEFAULT_TIMEOUT, ENV_TIMEOUT, LOCAL, Job, Local, gloo_cause, world_size
+from reservoir.distributed.jobs import (DEFAULT_TIMEOUT, ENV_TIMEOUT, LOCAL, Job, Local, gloo_cause, is_leader,
+                                        world_size)
 from reservoir.errors import ReservoirError
 from reservoir.io import env_seconds
 
@@ -22,6 +23,7 @@ def sharding(sharded: bool | None = None) -> bool:
     only rank 0 extracts), ``True`` requires a torchrun launch (of any size: a
     job of one process runs the whole protocol, its group included).
     """
+    is_leader()  # RANK and WORLD_SIZE read as torchrun sets them, or one line, before anything is written
     launched = "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ  # torchrun sets both, even for 1 process
     if sharded and not launched:
         raise ReservoirError(f"expected a torchrun launch for sharded=True; found WORLD_SIZE="

@@ -27,14 +27,24 @@ _jobs = itertools.count()  # one key prefix per job in the process group's store
 T = TypeVar("T")
 
 
+def _env_count(name: str, default: int) -> int:
+    """A non-negative integer that torchrun sets (``WORLD_SIZE``, ``RANK``); one line when it is something else."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    if not raw.strip().isdigit():
+        raise ReservoirError(f"{name}: expected a non-negative integer (as torchrun sets it), found {raw[:40]!r}")
+    return int(raw)
+
+
 def world_size() -> int:
     """Processes of the job this process was launched in (``WORLD_SIZE``; 1 outside torchrun)."""
-    return int(os.environ.get("WORLD_SIZE") or 1)
+    return max(_env_count("WORLD_SIZE", 1), 1)
 
 
 def is_leader() -> bool:
     """Whether this process is rank 0 (or the only process): the one that reports."""
-    return int(os.environ.get("RANK") or 0) == 0
+    return _env_count("RANK", 0) == 0
 
 
 class Local:

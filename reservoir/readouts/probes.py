@@ -102,6 +102,9 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     kinds = {"LogisticReadout": LogisticReadout, "RidgeReadout": RidgeReadout}
     if meta.get("readout") not in kinds:
         raise ReservoirError(f"{info}: expected readout LogisticReadout or RidgeReadout; found {meta.get('readout')!r}")
+    from reservoir.io import check_regular
+
+    check_regular(weights, "the probe's weights (a safetensors file)")
     try:
         blob = weights.read_bytes()
     except OSError as err:

@@ -20,6 +20,9 @@ def recipes_dir() -> Path:
     from importlib import resources
 
     env = os.environ.get("RESERVOIR_RECIPES")
+    if env and not Path(env).is_dir():
+        found = "a file" if Path(env).exists() else "no such folder"
+        raise ReservoirError(f"RESERVOIR_RECIPES: expected a folder of recipe files, found {found} at {env[:200]}")
     return Path(env) if env else Path(str(resources.files("reservoir.recipes") / "bundled"))
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.io import file_kind
 from reservoir.store.remote import StoreURL, is_url
 
 Format = Literal["zarr", "hdf5"]
@@ -26,14 +28,40 @@ def existing_format(path: Path | StoreURL) -> Format | None:
     """The backend of whatever is at ``path`` (``None`` when nothing is); refuses other files."""
     if isinstance(path, StoreURL):
         return "zarr" if path.exists() else None
-    if path.is_dir():
+    expected = "a reservoir feature store (Zarr folder or HDF5 file)"
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ReservoirError(f"{path}: expected {expected}, could not inspect it: {err.strerror or err}") from None
+    if stat.S_ISDIR(mode):
+        special = _special_entry(path)
+        if special is not None:  # opening it would block (a FIFO) or read a device: before any library touches it
+            raise ReservoirError(f"{path}: expected {expected} of folders and regular files; found {special[1]} at "
+                                 f"{special[0]}")
         return "zarr"
-    if path.is_file():
+    if stat.S_ISREG(mode):
         with open(path, "rb") as f:
             if f.read(8) == HDF5_MAGIC:
                 return "hdf5"
-        raise ReservoirError(f"{path}: expected a reservoir feature store (Zarr folder or HDF5 file), "
-                             "found another file")
+        raise ReservoirError(f"{path}: expected {expected}, found another file")
+    raise ReservoirError(f"{path}: expected {expected}; found {file_kind(mode)}")
+
+
+def _special_entry(folder: Path) -> tuple[str, str] | None:
+    """The first entry inside ``folder`` that is neither a folder, a regular file nor a link (links are the layout
+    check's to name), as ``(relative path, kind)``; ``None`` when there is none."""
+    stack = [str(folder)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for e in entries:
+                if e.is_symlink():
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif not e.is_file(follow_symlinks=False):
+                    return os.path.relpath(e.path, folder), file_kind(e.stat(follow_symlinks=False).st_mode)
     return None
 
 
