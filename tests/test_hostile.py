@@ -544,10 +544,12 @@ def test_a_full_disk_when_taking_a_lock_is_one_line_and_leaves_no_lock_file(tmp_
 
 
 # ------------------------------------------------------------------ a stopped run leaves nothing half-written
-def test_sigterm_unwinds_like_ctrl_c_and_a_killed_writers_temporaries_are_swept(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_unwinds_like_ctrl_c_and_a_killed_writers_temporaries_are_swept(tmp_path, signame):
     import signal
     import time
 
+    signum = getattr(signal, signame)  # SIGHUP: a closed terminal
     run = tmp_path / "run"
     args = [sys.executable, "-m", "reservoir", "train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50",
             "--backbone", "tiny-gpt2", "--steps", "100000", "--eval-every", "1", "--quiet", "--out", str(run)]
@@ -555,9 +557,9 @@ def test_sigterm_unwinds_like_ctrl_c_and_a_killed_writers_temporaries_are_swept(
     deadline = time.monotonic() + 120
     while not (run / "last.pt").exists() and time.monotonic() < deadline:  # checkpointing at every step by now
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + signum, err
     assert [ln for ln in err.splitlines() if ln.strip()] == ["Terminated; rerun the same command to resume."]
     assert _leftovers(tmp_path) == [], "a temporary or the lock survived SIGTERM"
     stale = run / ".last.pt.k1ll3d.tmp"  # what a SIGKILL during a checkpoint leaves
@@ -672,24 +674,6 @@ def test_torchrun_variables_that_are_not_counts_are_one_line(tmp_path, monkeypat
     assert_bad_input(r)
     assert f"{name}: expected a non-negative integer (as torchrun sets it), found {value!r}" in r.stderr
     assert not (tmp_path / "x.zarr").exists()
-
-
-def test_sighup_unwinds_like_sigterm(tmp_path):
-    import signal
-    import time
-
-    run = tmp_path / "run"
-    args = [sys.executable, "-m", "reservoir", "train", "--task", "bit-xor", "-p", "n_train=200", "-p", "n_test=50",
-            "--backbone", "tiny-gpt2", "--steps", "100000", "--eval-every", "1", "--quiet", "--out", str(run)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (run / "last.pt").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGHUP, err
-    assert [ln for ln in err.splitlines() if ln.strip()] == ["Terminated; rerun the same command to resume."]
-    assert _leftovers(tmp_path) == []
 
 
 def test_smaller_findings_of_the_second_trial(tmp_path, monkeypatch):
