@@ -18,8 +18,9 @@ from typing import IO, Any, Literal, NamedTuple
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_memory", "first_sentence", "load_npy", "npy_header",
-           "one_line", "publish", "read_json", "size_text", "unwritable", "writable_folder"]
+__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_memory", "check_name", "check_regular",
+           "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header", "one_line", "publish", "read_json",
+           "replaceable", "size_text", "unwritable", "writable_folder"]
 
 
 def one_line(err: Any) -> str:
@@ -335,7 +336,8 @@ def load_npy(path: str | os.PathLike, mmap_mode: Literal["r", "c"] | None = None
     import numpy as np
 
     with open(path, "rb") as f:
-        npy_header(f, str(path), os.fstat(f.fileno()).st_size)
+        size = os.fstat(f.fileno()).st_size
+        npy_header(f, str(path), size)
         if mmap_mode is None:
-            check_memory(str(path), os.fstat(f.fileno()).st_size)
+            check_memory(str(path), size)
     return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)

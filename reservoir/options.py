@@ -166,6 +166,13 @@ class Setting:
     cli: bool = True  # an option of the command line (else errors name the field, not a flag)
     limit: float | None = None  # the largest value the toolkit takes (a resource bound), checked after the constraint
 
+    def check(self, value: Any, label: str) -> None:
+        """Refuse ``value`` in one line naming ``label``: outside the constraint, or above the toolkit's limit."""
+        if self.constraint is not None:
+            self.constraint.check(value, label)
+        if self.limit is not None:
+            check_limit(value, self.limit, label)
+
     def field(self, **changes: Any) -> Any:
         """A dataclass field of this setting (``changes``: e.g. a ``help`` that says more for one configuration)."""
         return dataclasses.field(default=self.default, metadata={"setting": dataclasses.replace(self, **changes)})
@@ -208,10 +215,8 @@ def check_fields(config: Any) -> None:
     """Check every field of a configuration dataclass against its setting's constraint (one line naming it)."""
     for f in dataclasses.fields(config):
         found = f.metadata.get("setting")
-        if found is not None and found.constraint is not None:
-            found.constraint.check(getattr(config, f.name), label_of(f.name, found))
-        if found is not None and found.limit is not None:
-            check_limit(getattr(config, f.name), found.limit, label_of(f.name, found))
+        if found is not None:
+            found.check(getattr(config, f.name), label_of(f.name, found))
 
 
 def check_limit(value: Any, limit: float, label: str) -> None:

@@ -150,14 +150,15 @@ def cast_for_inference(backbone, device, amp: str):
     dtype = compute_dtype(device, amp)
     if dtype != torch.float32 and not _keeps_float32(backbone):
         if _mixed(backbone, device):
-            cast_frozen_matmuls(backbone.blocks, dtype)
+            cast_frozen_matmuls(backbone, dtype)
         else:
             backbone.cast(dtype)
     return backbone, forward_context(backbone, device, amp)
 
 
-def cast_frozen_matmuls(module, dtype) -> int:
-    """Store the frozen linear layers inside ``module`` in ``dtype`` once; return how many.
+def cast_frozen_matmuls(backbone, dtype) -> int:
+    """Store the frozen linear layers of ``backbone``'s blocks in ``dtype`` once; return how many (none for a
+    backbone without blocks, the LSTM baseline).
 
     Under autocast a matrix product casts a float32 weight to the compute
     dtype at every call (autocast's cache keeps only the casts of weights that
@@ -169,10 +170,11 @@ def cast_frozen_matmuls(module, dtype) -> int:
     from torch import nn
     from transformers.pytorch_utils import Conv1D
 
-    if dtype == torch.float32:
+    blocks = getattr(backbone, "blocks", None)
+    if dtype == torch.float32 or blocks is None:
         return 0
     n = 0
-    for m in module.modules():
+    for m in blocks.modules():
         own = list(m.parameters(recurse=False))
         if isinstance(m, (nn.Linear, Conv1D)) and own and not any(p.requires_grad for p in own):
             m.to(dtype=dtype)

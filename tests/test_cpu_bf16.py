@@ -93,7 +93,7 @@ def test_frozen_weights_cast_once_train_exactly_what_autocast_trains(backbone, f
 
     def trained(cast: bool):
         if not cast:
-            monkeypatch.setattr(loop, "cast_frozen_matmuls", lambda module, dtype: 0)
+            monkeypatch.setattr(loop, "cast_frozen_matmuls", lambda backbone, dtype: 0)
         else:
             monkeypatch.undo()
         config = TrainConfig(task="bit-xor", backbone=backbone, finetune=finetune, amp="bf16", device="cpu",

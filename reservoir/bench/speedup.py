@@ -197,9 +197,7 @@ class _Timing:
         model = ReservoirClassifier(self.live_bb, d.n_out_tokens, self.n_heads, d.n_classes, seed=self.seed)
         apply_freeze(self.live_bb, model.head, groups, first_block=first_block)
         model = model.to(self.dev)
-        blocks = getattr(self.live_bb, "blocks", None)  # as `reservoir train` does (the LSTM baseline has none)
-        if blocks is not None:
-            cast_frozen_matmuls(blocks, compute_dtype(self.dev, self.amp))
+        cast_frozen_matmuls(self.live_bb, compute_dtype(self.dev, self.amp))  # as `reservoir train` does
         return model
 
     def output_only(self, store: Path, layer: int, extract_s: float) -> dict[str, Any]:

@@ -115,6 +115,7 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
                             f" (pass --truncate to keep the first {backbone.info.max_positions})")
         task = dataclasses.replace(task, splits=dict(task.splits))  # the caller's task stays whole
         truncated = truncate_task(task, backbone.info.max_positions)
+    computed = compute_dtype(device, config.amp)
     attrs = {
         # the depth a store needs is its top layer, however many blocks the backbone object holds
         "backbone": {**backbone.info.to_dict(), "depth": max(layers)},
@@ -126,13 +127,13 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
         "pooling": {"kinds": list(config.pooling), "n_out_tokens": task.n_out_tokens},
         "dtype": config.dtype,
         # what the forward computed in (a float32 store may hold bf16-computed features): never mixed in one store
-        "compute_dtype": str(compute_dtype(device, config.amp)).removeprefix("torch."),
+        "compute_dtype": str(computed).removeprefix("torch."),
         "full_seq_layer": s_layer,
     }
     # saved in float32 before the weights are cast to the compute dtype
     final_norm = backbone.final_norm_arrays()
     projection_weight = backbone.input.weight.detach().cpu().t().numpy()
-    if not owned and compute_dtype(device, config.amp) != next(backbone.parameters()).dtype:
+    if not owned and computed != next(backbone.parameters()).dtype:
         backbone = copy.deepcopy(backbone)  # the caller's model is not theirs to keep otherwise
     backbone, context = cast_for_inference(backbone, device, config.amp)
     return ExtractionPlan(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context,

@@ -90,7 +90,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     from safetensors import SafetensorError
     from safetensors.numpy import load as st_load
 
-    from reservoir.io import read_json
+    from reservoir.io import check_regular, read_json
     from reservoir.readouts.logistic import LogisticReadout
     from reservoir.readouts.ridge import RidgeReadout
 
@@ -102,8 +102,6 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     kinds = {"LogisticReadout": LogisticReadout, "RidgeReadout": RidgeReadout}
     if meta.get("readout") not in kinds:
         raise ReservoirError(f"{info}: expected readout LogisticReadout or RidgeReadout; found {meta.get('readout')!r}")
-    from reservoir.io import check_regular
-
     check_regular(weights, "the probe's weights (a safetensors file)")
     try:
         blob = weights.read_bytes()

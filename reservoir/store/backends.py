@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,10 +37,12 @@ def existing_format(path: Path | StoreURL) -> Format | None:
     except OSError as err:
         raise ReservoirError(f"{path}: expected {expected}, could not inspect it: {err.strerror or err}") from None
     if stat.S_ISDIR(mode):
-        special = _special_entry(path)
-        if special is not None:  # opening it would block (a FIFO) or read a device: before any library touches it
-            raise ReservoirError(f"{path}: expected {expected} of folders and regular files; found {special[1]} at "
-                                 f"{special[0]}")
+        # a FIFO would block its reader, a device never end: refused before any library opens them (links are the
+        # layout check's to name, :meth:`ZarrBackend.escape`)
+        special = next(((where, m) for where, m in _odd_entries(path) if not stat.S_ISLNK(m)), None)
+        if special is not None:
+            raise ReservoirError(f"{path}: expected {expected} of folders and regular files; found "
+                                 f"{file_kind(special[1])} at {special[0]}")
         return "zarr"
     if stat.S_ISREG(mode):
         with open(path, "rb") as f:
@@ -49,20 +52,17 @@ def existing_format(path: Path | StoreURL) -> Format | None:
     raise ReservoirError(f"{path}: expected {expected}; found {file_kind(mode)}")
 
 
-def _special_entry(folder: Path) -> tuple[str, str] | None:
-    """The first entry inside ``folder`` that is neither a folder, a regular file nor a link (links are the layout
-    check's to name), as ``(relative path, kind)``; ``None`` when there is none."""
-    stack = [str(folder)]
+def _odd_entries(folder: str | os.PathLike) -> Iterator[tuple[str, int]]:
+    """Every entry inside ``folder`` that is neither a folder nor a regular file (a link, a FIFO, a device, a
+    socket), as ``(path relative to folder, stat mode)``; links are not followed."""
+    stack = [os.fspath(folder)]
     while stack:
         with os.scandir(stack.pop()) as entries:
             for e in entries:
-                if e.is_symlink():
-                    continue
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 elif not e.is_file(follow_symlinks=False):
-                    return os.path.relpath(e.path, folder), file_kind(e.stat(follow_symlinks=False).st_mode)
-    return None
+                    yield os.path.relpath(e.path, folder), e.stat(follow_symlinks=False).st_mode
 
 
 def detect_format(path: str | os.PathLike | StoreURL, fmt: str | None = None) -> Format:
@@ -162,11 +162,9 @@ class ZarrBackend(Backend):
     def escape(self, names):
         if isinstance(self.path, StoreURL):
             return None  # objects under one prefix: nothing links elsewhere
-        for root, dirs, files in os.walk(self.path):  # links are not followed
-            for entry in (*dirs, *files):
-                if os.path.islink(os.path.join(root, entry)):
-                    where = os.path.relpath(os.path.join(root, entry), self.path)
-                    return f"{where} is a symbolic link (to {os.readlink(os.path.join(root, entry))})"
+        for where, mode in _odd_entries(self.path):
+            if stat.S_ISLNK(mode):
+                return f"{where} is a symbolic link (to {os.readlink(os.path.join(self.path, where))})"
         return None
 
     def create(self, name, shape, dtype, chunk_rows):

@@ -102,6 +102,13 @@ def describe(holder: dict | None) -> str:
     return f"pid {holder.get('pid')} on {holder.get('host')}{job} since {holder.get('started')}"
 
 
+def busy(where: Any, holder: dict | None) -> ReservoirError:
+    """The refusal of a second writer: ``<where> is being written by <holder>; wait for it to finish or pass another
+    --out``."""
+    return ReservoirError(f"{where} is being written by {describe(holder)}; wait for it to finish or pass another "
+                          "--out")
+
+
 def holder(url: StoreURL) -> dict | None:
     """Who holds the lease of the store at ``url`` (``{pid, host, started, ...}``), or ``None`` when nobody does."""
     record, _ = read(url)
@@ -136,8 +143,7 @@ class Lease:
             except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
                 record, etag = read(self.url)
                 if record is not None and not expired(record):
-                    raise ReservoirError(f"{self.url} is being written by {describe(record)}; wait for it to finish "
-                                         "or pass another --out") from None
+                    raise busy(self.url, record) from None
                 if etag is None:  # released between our create and our read: try again from the start
                     return self.acquire()
                 try:  # an expired lease: replace exactly the version read, so one taker wins

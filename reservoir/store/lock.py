@@ -107,8 +107,7 @@ class StoreLock:
                 os.close(fd)
                 if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise ReservoirError(f"{self.store}: could not lock {self.path}: {err.strerror or err}") from err
-                raise ReservoirError(f"{self.store} is being written by {describe(who)}; wait for it to finish "
-                                     "or pass another --out") from None
+                raise lease.busy(self.store, who) from None
             if self._still_current(fd):
                 break
             os.close(fd)  # the holder removed the file between our open and lock: lock the new one

@@ -19,7 +19,8 @@ import torch
 from reservoir.errors import ReservoirError
 from reservoir.io import one_line, read_json
 from reservoir.runtime import check_positions, resolve_device
-from reservoir.store.lock import describe, holder
+from reservoir.store.lease import busy
+from reservoir.store.lock import holder
 from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
@@ -49,7 +50,7 @@ def run(config: TrainConfig, progress: bool = True, *, extra: dict[str, Any] | N
     out = config.out or config.default_out()
     who = holder(out)  # refused before the model loads (train() takes the folder's lock itself)
     if who is not None:
-        raise ReservoirError(f"{out} is being written by {describe(who)}; wait for it to finish or pass another --out")
+        raise busy(out, who)
     if config.from_store is not None and is_last_token_store(config.from_store):
         return train_cached(config, out=out, extra=extra)
     device = resolve_device(config.device)

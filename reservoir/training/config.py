@@ -145,8 +145,7 @@ def check_number(name: str, value: Any, label: str | None = None) -> None:
     ...
     reservoir.errors.ReservoirError: lr in cells[0] must be a finite number > 0, found -1.0
     """
+    if name not in BOUNDS:
+        raise KeyError(f"{name} is not a number of TrainConfig")
     found = options.field_setting(TrainConfig, name)
-    label = label or options.label_of(name, found)
-    BOUNDS[name].check(value, label)
-    if found.limit is not None:
-        options.check_limit(value, found.limit, label)
+    found.check(value, label or options.label_of(name, found))

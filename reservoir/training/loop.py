@@ -217,9 +217,8 @@ def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainC
     _set_dropout(model, settings.dropout)
     model.train(settings.dropout > 0)
     device = next(model.parameters()).device
-    blocks = getattr(model.backbone, "blocks", None)  # the LSTM baseline has none
-    if blocks is not None:  # the frozen linear layers stored in bf16 once: what autocast makes of them at every step
-        cast_frozen_matmuls(blocks, compute_dtype(device, settings.amp))
+    # the frozen linear layers stored in bf16 once: what autocast makes of them at every step
+    cast_frozen_matmuls(model.backbone, compute_dtype(device, settings.amp))
     return counts, adam([p for p in model.parameters() if p.requires_grad], settings.lr, device)
 
 
