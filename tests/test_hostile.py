@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_cli import assert_bad_input, invoke
@@ -722,3 +723,184 @@ def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path
         assert_bad_input(r)
         assert f"expected an output apart from the command's inputs; found it {found}" in r.stderr, args
     assert all(p.read_bytes() == b for p, b in before.items())
+
+
+# ------------------------------------------------------------------ probes: what they hold is checked, not trusted
+@pytest.fixture(scope="module")
+def saved_probe(tmp_path_factory):
+    """A store and a logistic probe fitted on its layer 1 (``--save``); tests tamper with copies."""
+    root = tmp_path_factory.mktemp("probe")
+    store = root / "s.zarr"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    assert invoke("fit-linear", store, "--layer", 1, "--save", "--results", root / "r").exit_code == 0
+    return store, root / "r" / "s" / "logistic-layer1"
+
+
+def _probe_copy(saved_probe, tmp_path, meta=None, arrays=None):
+    """A copy of the probe with JSON fields replaced and arrays replaced (the sha256 recorded again)."""
+    import hashlib
+
+    from safetensors.numpy import load as st_load
+    from safetensors.numpy import save as st_save
+
+    store, probe = saved_probe
+    base = tmp_path / "p"
+    record = json.loads(Path(f"{probe}.probe.json").read_text())
+    blob = Path(f"{probe}.safetensors").read_bytes()
+    if arrays is not None:
+        blob = arrays(dict(st_load(blob))) if callable(arrays) else arrays
+        blob = blob if isinstance(blob, bytes) else st_save(blob)
+    record.update({"weights": "p.safetensors", "weights_sha256": hashlib.sha256(blob).hexdigest(), **(meta or {})})
+    Path(f"{base}.safetensors").write_bytes(blob)
+    Path(f"{base}.probe.json").write_text(json.dumps(record))
+    return store, f"{base}.probe.json"
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("layer", True, "expected layer to be an integer >= 0; found True"),
+    ("layer", -1, "expected layer to be an integer >= 0"),
+    ("n_features", "32", "expected n_features to be an integer >= 1"),
+    ("n_heads", 1.5, "expected n_heads to be an integer >= 0"),
+    ("alpha", float("nan"), "expected alpha to be a finite number >= 0"),
+    ("classes", [0, 0], "expected classes to be a list of distinct integers"),
+    ("params", "C=1", "expected params to be an object"),
+    ("params", {"max_iter": -5}, "expected the readout's parameters; found LogisticReadout: max_iter"),
+    ("final_norm", "yes", "expected final_norm to be true or false"),
+    ("pooling", "max", "expected pooling to be one of last, first, mean"),
+    ("backbone", ["gpt2"], "expected backbone to be an object"),
+    ("n_heads", None, "expected n_heads to be an integer >= 0; found None"),
+])
+def test_a_probe_json_field_of_the_wrong_type_is_refused_in_one_line(saved_probe, tmp_path, field, value, expected):
+    store, probe = _probe_copy(saved_probe, tmp_path, meta={field: value})
+    assert expected in assert_bad_input(invoke("predict", probe, store))
+
+
+def _bf16(arrays):
+    import torch
+    from safetensors.torch import save as st_save
+
+    return st_save({k: torch.from_numpy(v).to(torch.bfloat16 if k == "coef" else None) for k, v in arrays.items()})
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda a: {**a, "coef": np.where(np.arange(a["coef"].size).reshape(a["coef"].shape) == 3, np.nan, a["coef"])
+                .astype(np.float32)}, "expected finite weights; found NaN or inf in coef"),
+    (lambda a: {**a, "intercept": np.full_like(a["intercept"], np.inf)}, "NaN or inf in intercept"),
+    (lambda a: {**a, "coef": a["coef"].astype(np.int32)}, "expected coef as floats of shape"),
+    (lambda a: {**a, "classes": a["classes"].astype(np.float64)}, "expected classes as distinct integers"),
+    (lambda a: {**a, "classes": a["classes"][None]}, "expected classes as distinct integers, one row"),
+    (lambda a: {**a, "classes": np.zeros_like(a["classes"])}, "expected classes as distinct integers"),
+    (lambda a: {**a, "classes": a["classes"][::-1].copy()}, "expected the classes p.probe.json records"),
+    (lambda a: {k: v for k, v in a.items() if k != "mean"}, "found no mean"),
+    (_bf16, "expected safetensors weights of float32 and int64 arrays; found 'BF16'"),
+])
+def test_probe_arrays_are_checked_beyond_their_shapes(saved_probe, tmp_path, change, expected):
+    store, probe = _probe_copy(saved_probe, tmp_path, arrays=change)
+    assert expected in assert_bad_input(invoke("predict", probe, store))
+
+
+def test_a_probe_is_refused_on_a_store_with_another_number_of_label_heads(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 6, 4)).astype(np.float32)
+    for name, shape in (("multi", (3,)), ("single", ())):
+        np.savez(tmp_path / f"{name}.npz", train_inputs=X[:80], train_labels=rng.integers(0, 3, (80, *shape)),
+                 test_inputs=X[80:], test_labels=rng.integers(0, 3, (40, *shape)))
+        assert invoke("extract", "--data", tmp_path / f"{name}.npz", "--backbone", "tiny-gpt2", "--layers", 1,
+                      "--quiet", "--out", tmp_path / f"{name}.zarr").exit_code == 0
+        assert invoke("fit-linear", tmp_path / f"{name}.zarr", "--layer", 1, "--save", "--results",
+                      tmp_path / "r").exit_code == 0
+    line = assert_bad_input(invoke("predict", tmp_path / "r/multi/logistic-layer1.probe.json", tmp_path / "single.zarr"))
+    assert "expected labels of the probe's 3 label heads; found one label per row" in line
+    line = assert_bad_input(invoke("predict", tmp_path / "r/single/logistic-layer1.probe.json", tmp_path / "multi.zarr"))
+    assert "expected labels of the probe's one label per row; found 3 label heads" in line
+
+
+# ------------------------------------------------------------------ a results folder is read and written inside it
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_report_and_recipe_run_never_follow_a_link_out_of_the_results_folder(tmp_path, what):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, n_test: 32}}\n"
+                      "cells:\n  - {kind: fit-linear, task: bit-xor, layers: 1, fit_layers: [1]}\n")
+    out = tmp_path / "res"
+    assert invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", "--quiet").exit_code == 0
+    path = next(out.rglob("logistic-layer1.json"))
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    if what == "file":
+        shutil.move(path, outside / path.name)
+        path.symlink_to(outside / path.name)
+        link = path
+    else:
+        link = path.parent
+        shutil.move(link, outside / link.name)
+        link.symlink_to(outside / link.name, target_is_directory=True)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    line = assert_bad_input(invoke("report", out, "--no-plots"))
+    assert "inside" in line and "found a link to" in line and str(outside) in line
+    for force in ([], ["--force"]):
+        line = assert_bad_input(invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", *force))
+        assert str(outside) in line and ("refusing to write or remove it" in line
+                                         or "expected run folders and results files inside" in line)
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before  # nothing written out there
+
+
+def test_report_refuses_a_recipe_copy_linked_from_outside(tmp_path):
+    out = tmp_path / "res"
+    out.mkdir()
+    (tmp_path / "r.yaml").write_text("name: r\ncells:\n  - {kind: fit-linear, task: bit-xor}\n")
+    (out / "recipe.yaml").symlink_to(tmp_path / "r.yaml")
+    assert "expected the recipe's copy inside" in assert_bad_input(invoke("report", out, "--no-plots"))
+
+
+# ------------------------------------------------------------------ options that were silently clipped
+def test_train_sizes_beyond_the_training_rows_are_refused_before_any_fit(tmp_path):
+    store = tmp_path / "s.zarr"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    line = assert_bad_input(invoke("fit-linear", store, "--layer", 1, "--train-sizes", "10,65"))
+    assert "expected train sizes up to the store's 64 training rows; found 65" in line
+    ok = invoke("fit-linear", store, "--layer", 1, "--train-sizes", "10,64", "--results", tmp_path / "r")
+    assert ok.exit_code == 0 and "64 rows" in ok.output
+
+
+# ------------------------------------------------------------------ the last classes of the second trial
+@pytest.mark.parametrize("env, expected", [({"RANK": "5"}, "WORLD_SIZE=1 (unset)"),
+                                           ({"RANK": "2", "WORLD_SIZE": "2"}, "WORLD_SIZE=2")])
+def test_a_rank_outside_its_job_is_refused_not_run_silently(tmp_path, monkeypatch, env, expected):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    line = assert_bad_input(invoke(*STORE, "--out", tmp_path / "s.zarr"))
+    assert f"RANK: expected a rank below {expected} (as torchrun sets them), found {env['RANK']}" in line
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_zarr_metadata_file_past_the_json_limit_is_refused_before_it_is_parsed(tmp_path):
+    from reservoir.io import MAX_JSON_BYTES
+
+    store = tmp_path / "s.zarr"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    os.truncate(store / "train" / "features" / "zarr.json", MAX_JSON_BYTES + 1)  # sparse: no disk used
+    for args in (["info", store], ["fit-linear", store, "--layer", 1]):
+        line = assert_bad_input(invoke(*args))
+        assert f"whose metadata files are at most 64.0 MiB; found train/features/zarr.json of {MAX_JSON_BYTES + 1:,} " \
+               "bytes" in line
+
+
+def test_a_scratch_folder_left_by_a_killed_process_is_removed_by_the_next(tmp_path, monkeypatch):
+    import socket
+    import tempfile
+
+    from reservoir.io import scratch_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname().replace("-", "_")
+    stale = tmp_path / f"reservoir-bench-{host}-{dead.pid}-abc"
+    live = tmp_path / f"reservoir-bench-{host}-{os.getpid()}-def"
+    other_host = tmp_path / f"reservoir-bench-elsewhere-{dead.pid}-ghi"
+    for folder in (stale, live, other_host):
+        (folder / "store.zarr").mkdir(parents=True)
+    with scratch_folder("bench") as tmp:
+        assert tmp.parent == tmp_path and tmp.is_dir()
+        assert not stale.exists() and live.exists() and other_host.exists()
+    assert not tmp.exists()

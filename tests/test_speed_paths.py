@@ -2,6 +2,7 @@
 
 import copy
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -229,3 +230,62 @@ def test_train_from_a_last_token_store_equals_live_output_only_training(tmp_path
     with pytest.raises(ReservoirError, match="found last-token features only, which train the output layer alone"):
         run(TrainConfig(task="bit-xor", from_store=str(store), finetune="fpt", out=str(tmp_path / "bad")),
             progress=False)
+
+
+def test_chunk_writer_workers_write_every_item_once_and_stop_on_the_first_error():
+    import threading
+
+    seen, lock = [], threading.Lock()
+
+    def write(item):
+        with lock:
+            seen.append(item)
+
+    with ChunkWriter(write, depth=2, workers=3) as w:
+        for i in range(50):
+            w.submit(i)
+    assert sorted(seen) == list(range(50))
+
+    def failing(item):
+        if item == 5:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        with ChunkWriter(failing, depth=1, workers=3) as w:
+            for i in range(1000):
+                w.submit(i)
+
+
+def test_several_writer_threads_write_the_one_writer_store(tmp_path, monkeypatch):
+    """Windows written side by side (as on CUDA): chunks, checksums and done flags as one writer leaves them."""
+    from test_distributed import arrays
+
+    passes = sys.modules["reservoir.extract.passes"]
+    cfg = dict(task="listops", backbone="tiny-gpt2", layers=2, task_params=LISTOPS)
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 60)  # many windows of a few chunks each
+    one = run_extract(ExtractConfig(**cfg, out=str(tmp_path / "one.zarr")), progress=False)
+    monkeypatch.setattr(passes, "writers", lambda device: {"workers": 4, "depth": 2})
+    many = run_extract(ExtractConfig(**cfg, out=str(tmp_path / "many.zarr")), progress=False)
+    ref, got = arrays(one), arrays(many)
+    assert got.keys() == ref.keys() and len(ref) > 0
+    for key in ref:
+        assert np.array_equal(got[key], ref[key]), key
+    with FeatureStore.open(many) as s:
+        assert s.complete and s.done("train").all() and s.chunk_rows("train") * 4 < s.n_rows("train")
+
+
+def test_default_batching_is_64_rows_on_the_cpu_and_a_width_scaled_token_budget_on_cuda():
+    from reservoir.extract.plan import CUDA_BATCH_ELEMENTS, resolve_batching
+
+    assert resolve_batching(None, None, torch.device("cpu"), 768) == (64, None)
+    assert resolve_batching(None, None, torch.device("cuda", 1), 768) == (None, CUDA_BATCH_ELEMENTS // 768)
+    assert resolve_batching(None, None, "cuda", 4096) == (None, 16384)
+    assert resolve_batching(32, None, "cuda", 768) == (32, None)  # given settings stand, on any device
+    assert resolve_batching(None, 5000, "cpu", 768) == (None, 5000)
+    with pytest.raises(ReservoirError, match="--max-tokens must be >= 1"):
+        resolve_batching(None, 0, "cuda", 768)
+    from reservoir.extract import prepare
+
+    plan = prepare(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=1, task_params={"n_train": 50}))
+    assert plan.batching == (64, None)

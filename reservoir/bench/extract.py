@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import resource
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from reservoir.bench.result import BenchResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store.remote import StoreURL
+from reservoir.io import scratch_folder
 from reservoir.runtime import compute_dtype, compute_path
 from reservoir.runtime import synchronize as _sync
 
@@ -109,12 +109,12 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     r: dict[str, Any] = {
         "task": task.name, "task_params": task.params, "backbone": bb.info.to_dict(), "depth": bb.depth,
         "layers": prep.layers, "n_rows": n_rows, "tokens": n_tokens, "max_length": task.max_length,
-        "batch_size": config.batch_size, "max_tokens": config.max_tokens, "format": None, "device": str(dev),
+        "batch_size": prep.batching[0], "max_tokens": prep.batching[1], "format": None, "device": str(dev),
         "compute_dtype": str(dtype).replace("torch.", ""), "compute_path": compute_path(dev, config.amp),
         "store_dtype": config.dtype,
         "torch_threads": torch.get_num_threads(), **prep.timings,
     }
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch_folder("bench") as tmp:
         fmt = config.format or "zarr"
         path = Path(tmp) / ("store.h5" if fmt == "hdf5" else "store.zarr")
         t = time_pass(prep, path, fmt, progress)
@@ -199,7 +199,7 @@ def _warm_up(prep) -> None:
 
     split = next(iter(prep.task.splits.values()))
     rows = np.arange(min(len(split), WINDOW_ROWS))
-    order, bounds = plan_order(split.lengths[rows], prep.config.batch_size, prep.config.max_tokens)
+    order, bounds = plan_order(split.lengths[rows], *prep.batching)
     lo, hi = max(bounds, key=lambda b: (b[1] - b[0]) * int(split.lengths[rows[order[b[1] - 1]]]))
     with torch.inference_mode(), prep.context:
         prep.engine().run(split.inputs, split.lengths, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)])

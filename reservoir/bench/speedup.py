@@ -27,7 +27,6 @@ runs.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ import torch
 from reservoir import options
 from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
+from reservoir.io import scratch_folder
 from reservoir.runtime import cast_frozen_matmuls, check_seed, compute_dtype, resolve_device
 from reservoir.runtime import synchronize as _sync
 
@@ -156,7 +156,7 @@ def speedup(
         backbone, init=init, depth=K, d_in=data.d_in, seed=seed).to(dev)
     timing = _Timing(data, live_bb, dev, batch_size, max_live_rows, seed, amp)
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch_folder("bench") as tmp:
         # one-time costs: the pass (store written) vs the bare forward on the same batches
         t = time_pass(prep, Path(tmp) / "last.zarr", "zarr", progress)
         result.update(task_s=prep.timings["task_s"], model_s=prep.timings["model_s"], pass_s=t["pass_s"],

@@ -43,8 +43,16 @@ def world_size() -> int:
 
 
 def is_leader() -> bool:
-    """Whether this process is rank 0 (or the only process): the one that reports."""
-    return _env_count("RANK", 0) == 0
+    """Whether this process is rank 0 (or the only process): the one that reports.
+
+    A ``RANK`` outside the job (``RANK=5`` alone, or not below ``WORLD_SIZE``)
+    is one line, not a run that never reports.
+    """
+    rank, world = _env_count("RANK", 0), world_size()
+    if rank >= world:
+        raise ReservoirError(f"RANK: expected a rank below WORLD_SIZE={os.environ.get('WORLD_SIZE') or '1 (unset)'} "
+                             f"(as torchrun sets them), found {rank}")
+    return rank == 0
 
 
 class Local:

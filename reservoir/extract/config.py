@@ -37,10 +37,11 @@ class ExtractConfig:
                                           flag="--param", factory=dict)
     seed: int = options.SEED.field(help="Seed of the random/stats inits and the input projection.")
     projection_gain: float = options.GAIN.field()
-    batch_size: int | None = setting("Most sequences per forward pass (default 64; no row cap with --max-tokens "
-                                     "unless given).", None)
+    batch_size: int | None = setting("Most sequences per forward pass (default: 64 on the CPU, none on CUDA, where "
+                                     "--max-tokens has a default; no row cap with --max-tokens unless given).", None)
     max_tokens: int | None = setting("Token budget per forward pass (rows x longest length): short sequences travel "
-                                     "in large batches.", None)
+                                     "in large batches (default on CUDA: 2^26 / the model's width; none on the CPU).",
+                                     None)
     dtype: str = setting("Stored feature dtype.", "float16", one_of(*options.DTYPES))
     device: str = options.DEVICE.field()
     amp: str = options.AMP.field()

@@ -101,7 +101,9 @@ class Engine:
                 progress.update(hi - lo)
         if feats is None:
             return None, None
-        inv = torch.from_numpy(np.argsort(order)).to(self.device)  # sorted position of each row
+        inv = torch.from_numpy(np.argsort(order))  # sorted position of each row
+        if self.device.type == "cuda":  # pinned and asynchronous: a pageable copy would wait for the window's forwards
+            inv = inv.pin_memory().to(self.device, non_blocking=True)
         return feats[inv], (None if states is None else states[inv])
 
 

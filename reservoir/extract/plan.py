@@ -20,8 +20,13 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 
-#: Default rows per batch when no token budget is given.
+#: Default rows per batch when no token budget is given (the CPU's default).
 DEFAULT_BATCH_SIZE = 64
+#: On CUDA, with neither a batch size nor a token budget given: a token budget of this many activation elements
+#: (padded tokens x model width) per forward. Rows of 64 keep a GPU launch-bound on short sequences and small models
+#: (kernels shorter than their launches); this budget fills it (87,381 tokens at width 768, 16,384 at 4,096), and the
+#: window (:data:`WINDOW_ROWS`) caps the rows.
+CUDA_BATCH_ELEMENTS = 1 << 26
 #: Host memory one window may use for its outputs and inputs (the extraction's working set).
 WINDOW_BYTES = 256 << 20
 #: Most rows per window: what a kill can cost, since a window's chunks are written when it ends; small enough that
@@ -50,6 +55,27 @@ def check_batching(batch_size: int | None, max_tokens: int | None) -> None:
         raise ReservoirError(f"--batch-size must be >= 1, found {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise ReservoirError(f"--max-tokens must be >= 1, found {max_tokens}")
+
+
+def resolve_batching(batch_size: int | None, max_tokens: int | None, device,
+                     n_dim: int) -> tuple[int | None, int | None]:
+    """The ``(batch_size, max_tokens)`` a pass runs with: the given ones, or the device's default.
+
+    Given either, they stand (a row cap of :data:`DEFAULT_BATCH_SIZE` without
+    a budget, :func:`plan_order`). Given neither: 64 rows on the CPU; on CUDA
+    a budget of :data:`CUDA_BATCH_ELEMENTS` // ``n_dim`` padded tokens.
+
+    Examples
+    --------
+    >>> resolve_batching(None, None, "cuda", 768), resolve_batching(None, None, "cpu", 768)
+    ((None, 87381), (64, None))
+    """
+    check_batching(batch_size, max_tokens)
+    if batch_size is not None or max_tokens is not None:
+        return batch_size, max_tokens
+    if getattr(device, "type", str(device).split(":")[0]) == "cuda":
+        return None, max(1, CUDA_BATCH_ELEMENTS // n_dim)
+    return DEFAULT_BATCH_SIZE, None
 
 
 def plan_order(lengths: np.ndarray, batch_size: int | None = None,

@@ -21,6 +21,7 @@ import numpy as np
 from reservoir.errors import ReservoirError
 from reservoir.extract.config import ExtractConfig, resolve_layers
 from reservoir.extract.engine import Engine
+from reservoir.extract.plan import resolve_batching
 from reservoir.runtime import cast_for_inference, check_positions, compute_dtype, resolve_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,6 +45,7 @@ class ExtractionPlan:
     final_norm: dict[str, np.ndarray] | None  # the final norm's float32 arrays, or None (identity)
     context: contextlib.AbstractContextManager  # what forwards run in (autocast for the LSTM baseline, else nothing)
     timings: dict[str, float]  # task_s, model_s, then pass_s
+    batching: tuple[int | None, int | None]  # (batch_size, max_tokens) the pass runs with (resolve_batching)
 
     def engine(self, out_dtype: torch.dtype | None = None) -> Engine:
         """The :class:`Engine` this extraction runs (``out_dtype``: the store dtype by default)."""
@@ -136,8 +138,9 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
     if not owned and computed != next(backbone.parameters()).dtype:
         backbone = copy.deepcopy(backbone)  # the caller's model is not theirs to keep otherwise
     backbone, context = cast_for_inference(backbone, device, config.amp)
+    batching = resolve_batching(config.batch_size, config.max_tokens, device, backbone.n_dim)
     return ExtractionPlan(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context,
-                          {} if timings is None else timings)
+                          {} if timings is None else timings, batching)
 
 
 def truncate_task(task: TaskData, max_tokens: int) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """A background writer: store chunks are written while the next window computes.
 
 The extraction loop hands each finished window to :class:`ChunkWriter` and
-goes on with the next one; one thread writes the window's chunks (and their
-``done`` flags) in order. The queue is short, so at most ``depth`` windows wait
-in memory. :func:`write_window` is what a pass hands it: a :class:`FinishedWindow`
+goes on with the next one; background threads write the windows' chunks (and
+their ``done`` flags): one thread in submission order, or ``workers`` threads
+side by side, each window's chunks disjoint from the others' (what a GPU
+needs when it computes rows faster than one thread stores them). The queue
+is short, so at most ``depth`` windows wait in memory beside those being
+written. :func:`write_window` is what a pass hands it: a :class:`FinishedWindow`
 into the store. A write error stops the run at the next hand-over (or at
 :meth:`ChunkWriter.close`) with the original exception; a chunk whose write
 failed is never marked done, so the same command resumes there.
@@ -28,15 +31,18 @@ T = TypeVar("T")
 
 
 class ChunkWriter(Generic[T]):
-    """Run ``write(item)`` for every submitted item on one background thread, in order.
+    """Run ``write(item)`` for every submitted item on background threads (one: in order).
 
     Parameters
     ----------
     write : callable
         Writes one item; its exceptions are re-raised in the submitting thread.
+        With several workers it is called from several threads at once.
     depth : int
         Items that may wait; :meth:`submit` blocks beyond that (back-pressure
         keeps memory bounded when the disk is slower than the model).
+    workers : int
+        Threads writing items side by side (the first error stops them all).
 
     Examples
     --------
@@ -47,13 +53,16 @@ class ChunkWriter(Generic[T]):
     [1, 2]
     """
 
-    def __init__(self, write: Callable[[T], None], depth: int = 2):
+    def __init__(self, write: Callable[[T], None], depth: int = 2, workers: int = 1):
         self._write = write
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self._error_lock = threading.Lock()
         self._abandon = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reservoir-writer", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"reservoir-writer-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
         while True:
@@ -65,11 +74,15 @@ class ChunkWriter(Generic[T]):
             try:
                 self._write(item)
             except BaseException as err:  # noqa: BLE001 - handed to the submitting thread
-                self._error = err
+                with self._error_lock:
+                    if self._error is None:  # the first error is the one reported
+                        self._error = err
+                self._abandon.set()  # the other workers write nothing more
 
     def _raise(self) -> None:
-        if self._error is not None:
+        with self._error_lock:
             err, self._error = self._error, None
+        if err is not None:
             self._abandon.set()
             raise err
 
@@ -82,8 +95,10 @@ class ChunkWriter(Generic[T]):
         """Wait for queued writes (or, with ``abandon``, skip those not started) and stop the thread."""
         if abandon:
             self._abandon.set()
-        self._queue.put(_STOP)
-        self._thread.join()
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for thread in self._threads:
+            thread.join()
         if not abandon:
             self._raise()
 

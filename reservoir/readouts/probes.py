@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     kinds = {"LogisticReadout": LogisticReadout, "RidgeReadout": RidgeReadout}
     if meta.get("readout") not in kinds:
         raise ReservoirError(f"{info}: expected readout LogisticReadout or RidgeReadout; found {meta.get('readout')!r}")
+    _check_meta(meta, info)
     check_regular(weights, "the probe's weights (a safetensors file)")
     try:
         blob = weights.read_bytes()
@@ -112,26 +114,81 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
                              "after it was saved); save the probe again")
     try:
         arrays = st_load(blob)
-    except (SafetensorError, ValueError) as err:
-        raise ReservoirError(f"{weights}: expected safetensors weights; found {err}") from None
+    except (SafetensorError, ValueError, KeyError) as err:  # KeyError: a dtype numpy lacks (BF16, F8_*)
+        raise ReservoirError(f"{weights}: expected safetensors weights of float32 and int64 arrays; found "
+                             f"{err}") from None
     cls = kinds[meta["readout"]]
     params = {k: v for k, v in (meta.get("params") or {}).items() if k in cls().get_params()}
     est = cls(**params)
     try:
-        d, H = int(meta["n_features"]), int(meta["n_heads"])
-        coef, intercept, classes = arrays["coef"], arrays["intercept"], arrays["classes"]
-        if coef.shape != (max(H, 1), len(classes), d) or intercept.shape != coef.shape[:2]:
-            raise ValueError(f"coef {coef.shape}, intercept {intercept.shape} for {len(classes)} classes, {d} "
-                             "features")
-        est.coef_, est.intercept_, est.classes_ = coef, intercept, classes
-        est.n_features_in_, est.n_heads_, est.alpha_ = d, H, float(meta["alpha"])
-        if cls is LogisticReadout:
-            est.mean_ = arrays["mean"]
-            if est.mean_.shape != (d,):
-                raise ValueError(f"mean {est.mean_.shape}")
-    except (KeyError, TypeError, ValueError) as err:
-        raise ReservoirError(f"{info}: expected a fitted {cls.__name__}; found a probe without {err}") from None
+        est._check_params()
+    except ValueError as err:
+        raise ReservoirError(f"{info}: expected the readout's parameters; found {err}") from None
+    d, H = meta["n_features"], meta["n_heads"]
+    names = ("coef", "intercept", "classes", *(("mean",) if cls is LogisticReadout else ()))
+    missing = [name for name in names if name not in arrays]
+    if missing:
+        raise ReservoirError(f"{weights}: expected the arrays {', '.join(names)}; found no {', '.join(missing)}")
+    coef, intercept, classes = arrays["coef"], arrays["intercept"], arrays["classes"]
+    if classes.ndim != 1 or classes.dtype.kind not in "iu" or len(np.unique(classes)) != len(classes):
+        raise ReservoirError(f"{weights}: expected classes as distinct integers, one row; found {classes.dtype} of "
+                             f"shape {classes.shape}")
+    if classes.tolist() != meta["classes"]:
+        raise ReservoirError(f"{weights}: expected the classes {info.name} records; found {classes.tolist()[:10]}")
+    mean = arrays.get("mean") if cls is LogisticReadout else None
+    shapes = {"coef": (max(H, 1), len(classes), d), "intercept": (max(H, 1), len(classes)), "mean": (d,)}
+    for name, a in (("coef", coef), ("intercept", intercept), ("mean", mean)):
+        if a is None:
+            continue
+        if a.shape != shapes[name] or a.dtype.kind != "f":
+            raise ReservoirError(f"{weights}: expected {name} as floats of shape {shapes[name]} ({len(classes)} "
+                                 f"classes, {d} features); found {a.dtype} of shape {a.shape}")
+        if not np.isfinite(a).all():
+            raise ReservoirError(f"{weights}: expected finite weights; found NaN or inf in {name}")
+    est.coef_, est.intercept_, est.classes_ = coef, intercept, classes
+    est.n_features_in_, est.n_heads_, est.alpha_ = d, H, float(meta["alpha"])
+    if mean is not None:
+        est.mean_ = mean
     return est, meta
+
+
+def _is_int(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+#: A probe JSON's fields: (must be there, check, what was expected).
+FIELDS: dict[str, tuple[bool, Any, str]] = {
+    "weights_sha256": (True, lambda v: isinstance(v, str), "a string"),
+    "n_features": (True, lambda v: _is_int(v, 1), "an integer >= 1"),
+    "n_heads": (True, lambda v: _is_int(v, 0), "an integer >= 0"),
+    "alpha": (True, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= 0,
+              "a finite number >= 0"),
+    "classes": (True, lambda v: isinstance(v, list) and all(_is_int(c, -2**63) for c in v) and len(set(v)) == len(v),
+                "a list of distinct integers"),
+    "params": (False, lambda v: isinstance(v, dict), "an object"),
+    "layer": (False, lambda v: _is_int(v, 0), "an integer >= 0"),
+    "final_norm": (False, lambda v: isinstance(v, bool), "true or false"),
+    "pooling": (False, lambda v: v in options.POOLINGS, f"one of {', '.join(options.POOLINGS)}"),
+    "n_out_tokens": (False, lambda v: _is_int(v, 1), "an integer >= 1"),
+    "backbone": (False, lambda v: isinstance(v, dict), "an object"),
+    "projection": (False, lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _check_meta(meta: dict[str, Any], where: Path) -> None:
+    """Refuse (one line) a probe JSON whose fields are missing or of the wrong type."""
+    for key, (required, ok, expected) in FIELDS.items():
+        if key not in meta:
+            if required:
+                raise ReservoirError(f"{where}: expected {key} ({expected}); found no {key}")
+            continue
+        if not ok(meta[key]):
+            raise ReservoirError(f"{where}: expected {key} to be {expected}; found {_short(meta[key])}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def save_probe(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, store: FeatureStore, layer: int,
@@ -170,9 +227,18 @@ def check_store(meta: dict[str, Any], store: FeatureStore, where: str) -> None:
     if meta.get("pooling") not in store.poolings:
         raise ReservoirError(f"{store.path}: expected features pooled by {meta.get('pooling')!r} (the probe's); found "
                              f"poolings {store.poolings}")
+    label_shape = a["task"].get("label_shape") or []
+    heads = int(np.prod(label_shape)) if label_shape else 0
+    if heads != meta["n_heads"]:
+        raise ReservoirError(f"{store.path}: expected labels of the probe's {_heads(meta['n_heads'])}; found "
+                             f"{_heads(heads)} (labels of shape {tuple(label_shape)} per row)")
     if meta.get("n_out_tokens") != store.n_out_tokens:
         raise ReservoirError(f"{store.path}: expected {meta.get('n_out_tokens')} output token(s) per row (the "
                              f"probe's); found {store.n_out_tokens}")
+
+
+def _heads(n: int) -> str:
+    return "one label per row" if n == 0 else f"{n} label heads"
 
 
 def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathLike,

@@ -214,6 +214,10 @@ def fit_linear(
             raise ReservoirError(f"{st.path}: expected train and test splits, found {st.splits}")
         wanted = _wanted_layers(st, layers)
         pooled = st.pooling(pooling)  # refused now if the store lacks it
+        largest = max((s for s in sizes or [] if s is not None), default=0)
+        if largest > st.n_rows("train"):
+            raise ReservoirError(f"{st.path}: expected train sizes up to the store's {st.n_rows('train'):,} training "
+                                 f"rows; found {largest:,}")
         folder = None if results_dir is None else Path(results_dir) / st.path.name.split(".")[0]
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from reservoir.errors import ReservoirError
 from reservoir.readouts.features import iter_layer, layer_bytes, read_layers
 from reservoir.readouts.intervals import accuracy_metrics
 from reservoir.readouts.logistic import LogisticReadout
@@ -146,10 +147,14 @@ def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, size
     if not sizes:
         return []
     n_rows = len(y) // n_out
+    largest = max((s for s in sizes if s is not None), default=0)
+    if largest > n_rows:  # fit_linear refuses this before any fit; a guard for other callers
+        raise ReservoirError(f"{store.path}: expected train sizes up to the {n_rows:,} training rows; found "
+                             f"{largest:,}")
     order = np.random.default_rng([seed, 2]).permutation(n_rows)  # nested subsets: prefixes of one permutation
     curve = []
     for size in sizes:
-        s = n_rows if size is None else min(int(size), n_rows)
+        s = n_rows if size is None else int(size)
         rows = (np.sort(order[:s])[:, None] * n_out + np.arange(n_out)).ravel()
         est = store_readout(store, readout, seed, device)
         t0 = time.perf_counter()

@@ -11,7 +11,7 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write
+from reservoir.io import atomic_write, check_inside
 from reservoir.settings import describe_difference, first_difference
 from reservoir.store.lock import run_folder_lock
 from reservoir.store.remote import StoreURL, is_url
@@ -229,6 +229,8 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         for run in bar:
             folder = out_dir / run.id
             files = result_files(run, folder)
+            for path in (folder, *files):  # a planted link is neither read nor written through
+                check_inside(path, out_dir, "run folders and results files")
             if not force and all(map(finished, files)):
                 skipped.append(run.id)
                 if progress:

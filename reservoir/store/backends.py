@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import file_kind
+from reservoir.io import MAX_JSON_BYTES, file_kind, size_text
 from reservoir.store.remote import StoreURL, is_url
 
 Format = Literal["zarr", "hdf5"]
@@ -39,7 +39,12 @@ def existing_format(path: Path | StoreURL) -> Format | None:
     if stat.S_ISDIR(mode):
         # a FIFO would block its reader, a device never end: refused before any library opens them (links are the
         # layout check's to name, :meth:`ZarrBackend.escape`)
-        special = next(((where, m) for where, m in _odd_entries(path) if not stat.S_ISLNK(m)), None)
+        # and a metadata file past the JSON limit is refused before Zarr parses it whole
+        special = next(((where, m) for where, m in _odd_entries(path, MAX_JSON_BYTES) if not stat.S_ISLNK(m)), None)
+        if special is not None and stat.S_ISREG(special[1]):
+            size = os.stat(os.path.join(path, special[0])).st_size
+            raise ReservoirError(f"{path}: expected {expected} whose metadata files are at most "
+                                 f"{size_text(MAX_JSON_BYTES)}; found {special[0]} of {size:,} bytes")
         if special is not None:
             raise ReservoirError(f"{path}: expected {expected} of folders and regular files; found "
                                  f"{file_kind(special[1])} at {special[0]}")
@@ -52,9 +57,10 @@ def existing_format(path: Path | StoreURL) -> Format | None:
     raise ReservoirError(f"{path}: expected {expected}; found {file_kind(mode)}")
 
 
-def _odd_entries(folder: str | os.PathLike) -> Iterator[tuple[str, int]]:
+def _odd_entries(folder: str | os.PathLike, max_meta: int | None = None) -> Iterator[tuple[str, int]]:
     """Every entry inside ``folder`` that is neither a folder nor a regular file (a link, a FIFO, a device, a
-    socket), as ``(path relative to folder, stat mode)``; links are not followed."""
+    socket), as ``(path relative to folder, stat mode)``; links are not followed. With ``max_meta``, also every
+    ``zarr.json`` larger than that many bytes (a regular file's mode)."""
     stack = [os.fspath(folder)]
     while stack:
         with os.scandir(stack.pop()) as entries:
@@ -63,6 +69,8 @@ def _odd_entries(folder: str | os.PathLike) -> Iterator[tuple[str, int]]:
                     stack.append(e.path)
                 elif not e.is_file(follow_symlinks=False):
                     yield os.path.relpath(e.path, folder), e.stat(follow_symlinks=False).st_mode
+                elif max_meta is not None and e.name == "zarr.json" and e.stat().st_size > max_meta:
+                    yield os.path.relpath(e.path, folder), stat.S_IFREG
 
 
 def detect_format(path: str | os.PathLike | StoreURL, fmt: str | None = None) -> Format:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,9 @@ class FeatureStore:
         self.attrs = backend.read_attrs()
         self._verified: set[tuple[str, str, int]] = set()
         self._sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # write_chunks may run on several threads (disjoint chunks); the checksums and done flags of many chunks
+        # share a backend chunk, so their read-modify-write is one thread's at a time
+        self._flags_lock = threading.Lock()
 
     # -- opening -----------------------------------------------------------
     @classmethod
@@ -458,19 +462,20 @@ class FeatureStore:
                 arr = self._b.array(f"{split}/{name}")
                 for i, j in runs:
                     arr[spans[i][0] : spans[j - 1][1]] = values[at[i] : at[j]]
-            for i, j in runs:
-                self._b.array(f"{split}/checksums")[chunks[i] : chunks[j - 1] + 1] = sums[i:j]
-            self._b.flush()
-            for i, j in runs:
-                self._b.array(f"{split}/done")[chunks[i] : chunks[j - 1] + 1] = True
-            self._b.flush()
+            with self._flags_lock:
+                for i, j in runs:
+                    self._b.array(f"{split}/checksums")[chunks[i] : chunks[j - 1] + 1] = sums[i:j]
+                self._b.flush()
+                for i, j in runs:
+                    self._b.array(f"{split}/done")[chunks[i] : chunks[j - 1] + 1] = True
+                self._b.flush()
+                self._sums.pop(split, None)
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
             spans_text = ", ".join(f"{chunks[i]}-{chunks[j - 1]}" if j - i > 1 else str(chunks[i]) for i, j in runs)
             which = f"chunk {chunks[0]}" if len(chunks) == 1 else f"chunks {spans_text}"
             raise ReservoirError(f"{self.path}: could not write {which} of split {split!r} "
                                  f"({cause(err)}); {'it is' if len(chunks) == 1 else 'they are'} not marked done: "
                                  "fix the cause (e.g. free disk space) and rerun the same command to resume") from err
-        self._sums.pop(split, None)
 
     def mark_complete(self) -> None:
         """Set ``complete`` after checking that every chunk of every split is done."""

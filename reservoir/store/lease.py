@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from reservoir.errors import ReservoirError
-from reservoir.io import env_seconds
+from reservoir.io import env_seconds, process_alive
 from reservoir.store.remote import StoreURL, _obstore, cause
 
 ENV_SECONDS = "RESERVOIR_LEASE_SECONDS"
@@ -78,20 +78,7 @@ def expired(record: dict | None) -> bool:
             return True
     except (KeyError, TypeError, ValueError):
         return True
-    return record.get("host") == socket.gethostname() and not _alive(record.get("pid"))
-
-
-def _alive(pid: Any) -> bool:
-    """Whether process ``pid`` of this host exists (a pid that is not a positive integer counts as alive)."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: it exists
-        return True
-    return True
+    return record.get("host") == socket.gethostname() and not process_alive(record.get("pid"))
 
 
 def describe(holder: dict | None) -> str:
