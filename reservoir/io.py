@@ -174,6 +174,14 @@ def replaceable(dest: str | os.PathLike) -> None:
                              f"{err.strerror or err}") from None
     if not stat.S_ISREG(mode):
         raise ReservoirError(f"{dest}: expected a regular file (or no file) to write, found {file_kind(mode)}")
+    try:
+        with open(dest, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return  # unreadable: the write itself says why it fails, if it does
+    if head == b"\x89HDF\r\n\x1a\n":
+        raise ReservoirError(f"{dest}: expected a file path to write; found an HDF5 file (a feature store?), which is "
+                             "never replaced by an output: remove it first or choose another path")
 
 
 def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:

@@ -143,7 +143,7 @@ def grid(each: Constraint) -> Constraint:
         return v is None or (not isinstance(v, (str, bytes)) and hasattr(v, "__len__") and len(v) > 0
                              and all(each.accepts(a) for a in v))
 
-    return Constraint(ok, f"None or a non-empty list of {each.expected.removeprefix('a ').removeprefix('an ')}s")
+    return Constraint(ok, f"None or a non-empty list, each {each.expected}")
 
 
 #: True or False.

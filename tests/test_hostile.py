@@ -904,3 +904,60 @@ def test_a_scratch_folder_left_by_a_killed_process_is_removed_by_the_next(tmp_pa
         assert tmp.parent == tmp_path and tmp.is_dir()
         assert not stale.exists() and live.exists() and other_host.exists()
     assert not tmp.exists()
+
+
+# ------------------------------------------------------------------ found again when the trial's cases were re-run
+@pytest.mark.parametrize("readout", [["LogisticReadout"], {"a": 1}])
+def test_a_probe_readout_of_the_wrong_type_is_one_line(saved_probe, tmp_path, readout):
+    store, probe = _probe_copy(saved_probe, tmp_path, meta={"readout": readout})
+    assert "expected readout LogisticReadout or RidgeReadout" in assert_bad_input(invoke("predict", probe, store))
+
+
+@pytest.mark.parametrize("env, expected", [({"WORLD_SIZE": "\u00b2"}, "WORLD_SIZE: expected a non-negative integer"),
+                                           ({"RANK": "\u00b9"}, "RANK: expected a non-negative integer"),
+                                           ({"WORLD_SIZE": "0"}, "WORLD_SIZE: expected at least 1 process")])
+def test_job_counts_that_are_not_ascii_digits_or_zero_are_one_line(tmp_path, monkeypatch, env, expected):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert expected in assert_bad_input(invoke(*STORE, "--out", tmp_path / "s.zarr"))
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_running_out_of_memory_is_one_line(saved_probe, monkeypatch):
+    import reservoir.readouts.probes as probes
+
+    store, probe = saved_probe
+
+    def exhausted(*a, **k):
+        raise MemoryError()
+
+    monkeypatch.setattr(probes, "load", exhausted)
+    assert "found it ran out of memory" in assert_bad_input(invoke("predict", f"{probe}.probe.json", store))
+
+
+def test_train_sizes_naming_the_same_rows_twice_are_refused(tmp_path):
+    store = tmp_path / "s.zarr"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    line = assert_bad_input(invoke("fit-linear", store, "--layer", 1, "--train-sizes", "10,64,all"))
+    assert "expected distinct train sizes; found 64 and 'all'" in line
+
+
+def test_an_output_never_replaces_an_hdf5_store(saved_probe, tmp_path):
+    store, probe = saved_probe
+    other = tmp_path / "other.h5"
+    assert invoke(*STORE, "--out", other).exit_code == 0
+    before = other.read_bytes()
+    line = assert_bad_input(invoke("predict", f"{probe}.probe.json", store, "--out", other))
+    assert "found an HDF5 file (a feature store?)" in line and other.read_bytes() == before
+
+
+def test_bench_readout_refuses_train_rows_of_one_class_after_the_validation_carve(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12, 6, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", train_inputs=X[:2], train_labels=np.array([0, 1]), test_inputs=X[2:],
+             test_labels=rng.integers(0, 2, 10))
+    store = tmp_path / "d.zarr"
+    assert invoke("extract", "--data", tmp_path / "d.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--quiet",
+                  "--out", store).exit_code == 0
+    line = assert_bad_input(invoke("bench", "readout", store))
+    assert "needs at least two classes in the train rows left after holding out validation rows" in line

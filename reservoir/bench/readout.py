@@ -122,6 +122,9 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
 
     per_layer = []
     t_rows, v_rows = carve_rows(len(y), 0.1, seed)  # the readout's own carve (val_fraction 0.1)
+    if len(np.unique(y[t_rows])) < 2:
+        raise ReservoirError(f"{source}: the comparison needs at least two classes in the train rows left after "
+                             f"holding out validation rows; found one class in {len(t_rows)} row(s) of {len(y)}")
     for i, k in enumerate(wanted):
         X, Xt = X_all[i], Xt_all[i]
         ours = LogisticReadout(random_state=seed, penalty=penalty, path_rows=path_rows)

@@ -32,6 +32,10 @@ class _Group(click.Group):
         except ReservoirError as err:
             click.echo(f"Error: {error_line(err)}", err=True)
             ctx.exit(2)
+        except MemoryError:
+            click.echo("Error: expected inputs that fit in the memory this process may use; found it ran out of "
+                       "memory (use smaller inputs or raise the limit)", err=True)
+            ctx.exit(2)
         except Terminated as stop:
             click.echo("Terminated; rerun the same command to resume.", err=True)
             ctx.exit(128 + stop.signum)

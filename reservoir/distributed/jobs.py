@@ -32,14 +32,17 @@ def _env_count(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if not raw:
         return default
-    if not raw.strip().isdigit():
+    if not (raw.strip().isascii() and raw.strip().isdigit()):
         raise ReservoirError(f"{name}: expected a non-negative integer (as torchrun sets it), found {raw[:40]!r}")
     return int(raw)
 
 
 def world_size() -> int:
     """Processes of the job this process was launched in (``WORLD_SIZE``; 1 outside torchrun)."""
-    return max(_env_count("WORLD_SIZE", 1), 1)
+    world = _env_count("WORLD_SIZE", 1)
+    if world < 1:
+        raise ReservoirError(f"WORLD_SIZE: expected at least 1 process (as torchrun sets it), found {world}")
+    return world
 
 
 def is_leader() -> bool:

@@ -101,7 +101,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ReservoirError(f"{info}: expected a probe of format {FORMAT!r}; found {found!r}")
     kinds = {"LogisticReadout": LogisticReadout, "RidgeReadout": RidgeReadout}
-    if meta.get("readout") not in kinds:
+    if not isinstance(meta.get("readout"), str) or meta["readout"] not in kinds:
         raise ReservoirError(f"{info}: expected readout LogisticReadout or RidgeReadout; found {meta.get('readout')!r}")
     _check_meta(meta, info)
     check_regular(weights, "the probe's weights (a safetensors file)")
@@ -131,8 +131,9 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
         raise ReservoirError(f"{weights}: expected the arrays {', '.join(names)}; found no {', '.join(missing)}")
     coef, intercept, classes = arrays["coef"], arrays["intercept"], arrays["classes"]
     if classes.ndim != 1 or classes.dtype.kind not in "iu" or len(np.unique(classes)) != len(classes):
+        repeats = " with repeats" if classes.ndim == 1 and classes.dtype.kind in "iu" else ""
         raise ReservoirError(f"{weights}: expected classes as distinct integers, one row; found {classes.dtype} of "
-                             f"shape {classes.shape}")
+                             f"shape {classes.shape}{repeats}")
     if classes.tolist() != meta["classes"]:
         raise ReservoirError(f"{weights}: expected the classes {info.name} records; found {classes.tolist()[:10]}")
     mean = arrays.get("mean") if cls is LogisticReadout else None

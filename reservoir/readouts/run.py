@@ -218,6 +218,9 @@ def fit_linear(
         if largest > st.n_rows("train"):
             raise ReservoirError(f"{st.path}: expected train sizes up to the store's {st.n_rows('train'):,} training "
                                  f"rows; found {largest:,}")
+        if sizes and None in sizes and st.n_rows("train") in sizes:
+            raise ReservoirError(f"{st.path}: expected distinct train sizes; found {st.n_rows('train'):,} and 'all', "
+                                 f"which are both the store's {st.n_rows('train'):,} training rows")
         folder = None if results_dir is None else Path(results_dir) / st.path.name.split(".")[0]
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)
