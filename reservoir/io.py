@@ -139,15 +139,17 @@ def scratch_folder(purpose: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def check_inside(path: str | os.PathLike, root: str | os.PathLike, expected: str) -> None:
-    """Refuse (one line) ``path`` when, its links followed, it leads outside the folder ``root``.
+def check_inside(path: str | os.PathLike, root: str | os.PathLike, expected: str, doing: str = "read") -> None:
+    """Refuse (one line) ``path`` unless, resolved, it lies strictly inside the folder ``root`` (resolved).
 
-    What the toolkit reads or writes inside a folder it was given (a results
-    folder's runs and files) stays inside it, whatever links are planted there.
+    What the toolkit reads, writes or removes inside a folder it was given (a
+    results folder's runs and files, a recipe's store cache) stays inside it,
+    whatever ids or links are planted there; ``doing`` says what was refused.
     """
-    target = Path(path).resolve()
-    if not target.is_relative_to(Path(root).resolve()):
-        raise ReservoirError(f"{path}: expected {expected} inside {root}; found a link to {target}")
+    resolved, top = Path(path).resolve(), Path(root).resolve()
+    if top not in resolved.parents:
+        raise ReservoirError(f"{path}: expected {expected} inside {top}, found one resolving to {resolved}; refusing "
+                             f"to {doing} it")
 
 
 def check_regular(path: str | os.PathLike, expected: str) -> int:
@@ -160,6 +162,10 @@ def check_regular(path: str | os.PathLike, expected: str) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise ReservoirError(f"{path}: expected {expected}; found {file_kind(st.st_mode)}")
     return st.st_size
+
+
+#: The first bytes of every HDF5 file (its format signature).
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def replaceable(dest: str | os.PathLike) -> None:
@@ -179,7 +185,7 @@ def replaceable(dest: str | os.PathLike) -> None:
             head = f.read(8)
     except OSError:
         return  # unreadable: the write itself says why it fails, if it does
-    if head == b"\x89HDF\r\n\x1a\n":
+    if head == HDF5_MAGIC:
         raise ReservoirError(f"{dest}: expected a file path to write; found an HDF5 file (a feature store?), which is "
                              "never replaced by an output: remove it first or choose another path")
 

@@ -217,17 +217,23 @@ def test_recipe_numbers_must_be_finite_and_bounded(tmp_path):
 
 
 # ------------------------------------------------------------------ results are validated on read
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5.0, 10**300, "0.9", True])
-def test_a_results_file_whose_accuracy_is_no_accuracy_is_refused_and_redone(tmp_path, bad):
-    from reservoir.readouts.run import FitResult
-    from reservoir.recipes.runner import finished
-
+def _ran_fit_linear_recipe(tmp_path):
+    """A one-run fit-linear recipe run into ``tmp_path/res``: the recipe, the results folder and the results file."""
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: r\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, n_test: 32}}\n"
                       "cells:\n  - {kind: fit-linear, task: bit-xor, layers: 1, fit_layers: [1]}\n")
     out = tmp_path / "res"
     assert invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", "--quiet").exit_code == 0
     path = next(out.rglob("logistic-layer1.json"))
+    return recipe, out, path
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5.0, 10**300, "0.9", True])
+def test_a_results_file_whose_accuracy_is_no_accuracy_is_refused_and_redone(tmp_path, bad):
+    from reservoir.readouts.run import FitResult
+    from reservoir.recipes.runner import finished
+
+    recipe, out, path = _ran_fit_linear_recipe(tmp_path)
     data = json.loads(path.read_text())
     data["metrics"]["test_accuracy"] = bad
     path.write_text(json.dumps(data))
@@ -818,12 +824,7 @@ def test_a_probe_is_refused_on_a_store_with_another_number_of_label_heads(tmp_pa
 # ------------------------------------------------------------------ a results folder is read and written inside it
 @pytest.mark.parametrize("what", ["file", "folder"])
 def test_report_and_recipe_run_never_follow_a_link_out_of_the_results_folder(tmp_path, what):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: r\ndefaults: {backbone: tiny-gpt2, seeds: [0], task_params: {n_train: 64, n_test: 32}}\n"
-                      "cells:\n  - {kind: fit-linear, task: bit-xor, layers: 1, fit_layers: [1]}\n")
-    out = tmp_path / "res"
-    assert invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", "--quiet").exit_code == 0
-    path = next(out.rglob("logistic-layer1.json"))
+    recipe, out, path = _ran_fit_linear_recipe(tmp_path)
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     if what == "file":
@@ -836,11 +837,11 @@ def test_report_and_recipe_run_never_follow_a_link_out_of_the_results_folder(tmp
         link.symlink_to(outside / link.name, target_is_directory=True)
     before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
     line = assert_bad_input(invoke("report", out, "--no-plots"))
-    assert "inside" in line and "found a link to" in line and str(outside) in line
+    assert "expected results files inside" in line and "found one resolving to" in line and str(outside) in line \
+        and "refusing to read it" in line
     for force in ([], ["--force"]):
         line = assert_bad_input(invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c", *force))
-        assert str(outside) in line and ("refusing to write or remove it" in line
-                                         or "expected run folders and results files inside" in line)
+        assert str(outside) in line and "expected a path inside" in line and "refusing to write or remove it" in line
     assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before  # nothing written out there
 
 

@@ -120,7 +120,7 @@ CUDA_WRITERS = 3
 
 def writers(device) -> dict[str, int]:
     """The background writer's ``workers`` and ``depth`` (windows waiting) for a pass on ``device``."""
-    return {"workers": CUDA_WRITERS, "depth": 2} if device.type == "cuda" else {"workers": 1, "depth": 2}
+    return {"workers": CUDA_WRITERS if device.type == "cuda" else 1, "depth": 2}
 
 
 def iter_windows(plan: ExtractionPlan, store: FeatureStore, progress: bool = True, every_chunk: bool = False,

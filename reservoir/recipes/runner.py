@@ -20,16 +20,9 @@ from reservoir.recipes.schema import Recipe, Run, fitted_layers
 
 
 def _check_inside(path: Path, root: Path) -> None:
-    """Refuse ``path`` unless, resolved, it lies strictly inside ``root`` (resolved).
-
-    Every path the runner writes or removes is checked first, so that no id
-    and no symbolic link in a results folder sends a write or ``--force``'s
-    removal elsewhere.
-    """
-    resolved, top = path.resolve(), root.resolve()
-    if top not in resolved.parents:
-        raise ReservoirError(f"{path}: expected a path inside {top}, found one resolving to {resolved}; refusing to "
-                             "write or remove it")
+    """Every path the runner reads, writes or removes is checked first (:func:`~reservoir.io.check_inside`), so that
+    no id and no symbolic link in a results folder sends a read, a write or ``--force``'s removal elsewhere."""
+    check_inside(path, root, "a path", "write or remove")
 
 
 def _out_dir(recipe: Recipe, out: str | os.PathLike | None) -> Path:
@@ -215,7 +208,9 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     out_dir = _out_dir(recipe, out)
     cache = StoreURL(str(cache_dir)) if is_url(cache_dir) else Path(cache_dir)
     runs = recipe.runs()
-    for path in [out_dir / "recipe.yaml", *(out_dir / run.id for run in runs)]:  # before anything is written
+    # before anything is written: the recipe's copy, every run folder and every results file it reads or writes
+    for path in [out_dir / "recipe.yaml", *(p for run in runs for p in (out_dir / run.id,
+                                                                       *result_files(run, out_dir / run.id)))]:
         _check_inside(path, out_dir)
     with run_folder_lock(out_dir):  # one recipe run per results folder
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -229,8 +224,6 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         for run in bar:
             folder = out_dir / run.id
             files = result_files(run, folder)
-            for path in (folder, *files):  # a planted link is neither read nor written through
-                check_inside(path, out_dir, "run folders and results files")
             if not force and all(map(finished, files)):
                 skipped.append(run.id)
                 if progress:

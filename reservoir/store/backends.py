@@ -18,11 +18,10 @@ from typing import Any, Literal
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import MAX_JSON_BYTES, file_kind, size_text
+from reservoir.io import HDF5_MAGIC, MAX_JSON_BYTES, file_kind, size_text
 from reservoir.store.remote import StoreURL, is_url
 
 Format = Literal["zarr", "hdf5"]
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def existing_format(path: Path | StoreURL) -> Format | None:
@@ -40,14 +39,13 @@ def existing_format(path: Path | StoreURL) -> Format | None:
         # a FIFO would block its reader, a device never end: refused before any library opens them (links are the
         # layout check's to name, :meth:`ZarrBackend.escape`)
         # and a metadata file past the JSON limit is refused before Zarr parses it whole
-        special = next(((where, m) for where, m in _odd_entries(path, MAX_JSON_BYTES) if not stat.S_ISLNK(m)), None)
-        if special is not None and stat.S_ISREG(special[1]):
-            size = os.stat(os.path.join(path, special[0])).st_size
-            raise ReservoirError(f"{path}: expected {expected} whose metadata files are at most "
-                                 f"{size_text(MAX_JSON_BYTES)}; found {special[0]} of {size:,} bytes")
-        if special is not None:
-            raise ReservoirError(f"{path}: expected {expected} of folders and regular files; found "
-                                 f"{file_kind(special[1])} at {special[0]}")
+        for where, st in _odd_entries(path, MAX_JSON_BYTES):
+            if stat.S_ISREG(st.st_mode):
+                raise ReservoirError(f"{path}: expected {expected} whose metadata files are at most "
+                                     f"{size_text(MAX_JSON_BYTES)}; found {where} of {st.st_size:,} bytes")
+            if not stat.S_ISLNK(st.st_mode):
+                raise ReservoirError(f"{path}: expected {expected} of folders and regular files; found "
+                                     f"{file_kind(st.st_mode)} at {where}")
         return "zarr"
     if stat.S_ISREG(mode):
         with open(path, "rb") as f:
@@ -57,10 +55,10 @@ def existing_format(path: Path | StoreURL) -> Format | None:
     raise ReservoirError(f"{path}: expected {expected}; found {file_kind(mode)}")
 
 
-def _odd_entries(folder: str | os.PathLike, max_meta: int | None = None) -> Iterator[tuple[str, int]]:
+def _odd_entries(folder: str | os.PathLike, max_meta: int | None = None) -> Iterator[tuple[str, os.stat_result]]:
     """Every entry inside ``folder`` that is neither a folder nor a regular file (a link, a FIFO, a device, a
-    socket), as ``(path relative to folder, stat mode)``; links are not followed. With ``max_meta``, also every
-    ``zarr.json`` larger than that many bytes (a regular file's mode)."""
+    socket), as ``(path relative to folder, its stat)``; links are not followed. With ``max_meta``, also every
+    ``zarr.json`` larger than that many bytes (a regular file's stat)."""
     stack = [os.fspath(folder)]
     while stack:
         with os.scandir(stack.pop()) as entries:
@@ -68,9 +66,9 @@ def _odd_entries(folder: str | os.PathLike, max_meta: int | None = None) -> Iter
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 elif not e.is_file(follow_symlinks=False):
-                    yield os.path.relpath(e.path, folder), e.stat(follow_symlinks=False).st_mode
+                    yield os.path.relpath(e.path, folder), e.stat(follow_symlinks=False)
                 elif max_meta is not None and e.name == "zarr.json" and e.stat().st_size > max_meta:
-                    yield os.path.relpath(e.path, folder), stat.S_IFREG
+                    yield os.path.relpath(e.path, folder), e.stat()
 
 
 def detect_format(path: str | os.PathLike | StoreURL, fmt: str | None = None) -> Format:
@@ -170,8 +168,8 @@ class ZarrBackend(Backend):
     def escape(self, names):
         if isinstance(self.path, StoreURL):
             return None  # objects under one prefix: nothing links elsewhere
-        for where, mode in _odd_entries(self.path):
-            if stat.S_ISLNK(mode):
+        for where, st in _odd_entries(self.path):
+            if stat.S_ISLNK(st.st_mode):
                 return f"{where} is a symbolic link (to {os.readlink(os.path.join(self.path, where))})"
         return None
 
