@@ -581,6 +581,30 @@ def test_sigterm_unwinds_like_ctrl_c_and_a_killed_writers_temporaries_are_swept(
         assert not stale.exists()
 
 
+def test_an_interrupt_before_torch_saves_with_block_does_not_abort_when_its_writer_is_collected(tmp_path):
+    # torch makes its zip writer, then enters a `with` block that finishes it; a signal between the two leaves the
+    # writer unfinished, and its C++ destructor writes the archive's end into the (by then closed) checkpoint file
+    code = f"""
+import gc, torch, torch.serialization as s
+from pathlib import Path
+from reservoir.training import checkpoint
+made = s._opener.__init__
+def interrupted(self, file_like):
+    made(self, file_like)
+    raise KeyboardInterrupt
+s._opener.__init__ = interrupted
+try:
+    checkpoint.save(Path({str(tmp_path)!r}) / "last.pt", {{"w": torch.ones(3)}})
+except KeyboardInterrupt:
+    print("interrupted")
+gc.collect()
+print("collected")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.split()) == (0, ["interrupted", "collected"]), r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------ torchrun misuse
 def test_a_torchrun_worker_ends_when_its_agent_is_killed(tmp_path):
     import signal

@@ -32,20 +32,30 @@ BEST_KEYS = ("config", "trainable", "step")
 
 class _Writes:
     """A binary file whose first failed write is kept: ``torch.save`` turns it into a RuntimeError that no longer
-    says why (``unexpected pos``)."""
+    says why (``unexpected pos``).
+
+    Once a write has failed, or the file is closed, writes are dropped: an
+    interrupt between torch's zip writer being made and its ``with`` block
+    leaves the writer unfinished, and its destructor writes the end of the
+    archive whenever it is collected. A write that raised there, in C++,
+    would abort the process; the temporary it writes to is discarded anyway.
+    """
 
     def __init__(self, f: Any):
         self.f, self.error = f, None
 
     def write(self, data: bytes) -> int:
+        if self.error is not None or self.f.closed:
+            return len(data)
         try:
             return self.f.write(data)
         except BaseException as err:  # a full disk, or Ctrl-C / SIGTERM arriving during the write
-            self.error = self.error or err
+            self.error = err
             raise
 
     def flush(self) -> None:
-        self.f.flush()
+        if self.error is None and not self.f.closed:
+            self.f.flush()
 
 
 def save(path: Path, payload: dict[str, Any]) -> None:
@@ -58,6 +68,8 @@ def save(path: Path, payload: dict[str, Any]) -> None:
             torch.save(payload, out)
         except BaseException as err:
             raise _cause(err, out.error) from None
+        if out.error is not None:  # a failed write torch did not pass on: nothing half-written is renamed into place
+            raise out.error
 
 
 def _cause(err: BaseException, failed_write: BaseException | None) -> BaseException:
