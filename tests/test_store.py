@@ -19,6 +19,66 @@ def _config(out, **kw):
     return ExtractConfig(**base)
 
 
+def _four_chunks(path, attrs, feats, labels, lengths):
+    """A 10-row store of 3-row chunks written as an extraction would: chunks 0, 2 and the 1-row edge chunk 3 in one
+    call, chunk 1 in another."""
+    rows = np.r_[0:3, 6:10]
+    with FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+        st.write_chunks("train", [0, 2, 3], feats[rows], labels[rows], lengths=lengths[rows])
+        st.write_chunk("train", 1, feats[3:6], labels[3:6], lengths=lengths[3:6])
+        st.mark_complete()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_chunk_files_written_directly_are_the_files_zarr_writes(tmp_path, monkeypatch, dtype):
+    import reservoir.store.backends as backends
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * np.dtype(dtype).itemsize)
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": dtype, "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    feats = np.random.default_rng(0).standard_normal((10, 2, 1, 3)).astype(dtype)
+    labels, lengths = np.arange(10) % 4, np.arange(10) + 1
+    put, direct = backends._put, []
+    monkeypatch.setattr(backends, "_put", lambda path, data: (direct.append(path.name), put(path, data)))
+    _four_chunks(tmp_path / "direct.zarr", attrs, feats, labels, lengths)
+    assert len(direct) == 4  # every feature chunk, none of the compressed integer arrays
+    monkeypatch.setattr(backends.ZarrBackend, "_raw_chunk_rows", lambda self, name: None)
+    _four_chunks(tmp_path / "zarr.zarr", attrs, feats, labels, lengths)
+    assert len(direct) == 4
+
+    def chunk_files(root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("c/**/*")) if p.is_file()}
+
+    ours, theirs = chunk_files(tmp_path / "direct.zarr"), chunk_files(tmp_path / "zarr.zarr")
+    assert sorted(ours) == sorted(theirs) and len([k for k in ours if k.startswith("train/features")]) == 4
+    assert ours == theirs
+    with FeatureStore.open(tmp_path / "direct.zarr") as st:
+        assert st.verify() == {}
+        np.testing.assert_array_equal(st.features("train")[...], feats)
+    assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_a_chunk_file_linked_from_outside_is_replaced_not_written_through(tmp_path, monkeypatch):
+    import os
+
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    feats = np.ones((10, 2, 1, 3), np.float32)
+    with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
+                             np.eye(2, 3, dtype=np.float32)) as st:
+        st.write_chunk("train", 0, feats[:3], np.zeros(3))
+        chunk, outside = tmp_path / "s.zarr/train/features/c/0/0/0/0", tmp_path / "outside"
+        os.link(chunk, outside)
+        before = outside.read_bytes()
+        st.write_chunk("train", 0, 2 * feats[:3], np.zeros(3))
+        assert outside.read_bytes() == before and chunk.read_bytes() != before
+        np.testing.assert_array_equal(st.features("train")[:3], 2 * feats[:3])
+
+
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_round_trip(tmp_path, suffix):
     from reservoir.backbones import load_backbone

@@ -459,9 +459,8 @@ class FeatureStore:
         runs = _runs(chunks)  # (first index, end index) into chunks, of consecutive chunk numbers
         try:
             for name, values in rows.items():
-                arr = self._b.array(f"{split}/{name}")
                 for i, j in runs:
-                    arr[spans[i][0] : spans[j - 1][1]] = values[at[i] : at[j]]
+                    self._b.write_rows(f"{split}/{name}", spans[i][0], values[at[i] : at[j]])
             with self._flags_lock:
                 for i, j in runs:
                     self._b.array(f"{split}/checksums")[chunks[i] : chunks[j - 1] + 1] = sums[i:j]
