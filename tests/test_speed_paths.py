@@ -178,6 +178,40 @@ def test_cached_head_trains_the_same_head_as_autograd_adam(n_out, n_heads, clip)
     assert learner.accuracy(Xs, Ys) > 0.97
 
 
+@pytest.mark.parametrize("n_out,n_heads,clip", [(1, 1, 0.0), (2, 3, 0.5)])
+def test_cached_heads_graph_path_trains_the_head_its_eager_steps_train(monkeypatch, n_out, n_heads, clip):
+    """The captured-run path (buffers gathered once per run, losses summed at its end) on the CPU, with a capture
+    that records the steps instead of a CUDA graph: the same head, step for step, as the eager steps."""
+    from reservoir.training import cached
+
+    replays = []
+
+    def record(body):
+        def replay():
+            replays.append(1)
+            t = trainer.t
+            body()
+            trainer.t = t  # a replay runs no Python: the host's step count is the caller's to advance
+        return replay
+
+    torch.manual_seed(0)
+    X, Y = torch.randn(16 * 70, n_out, 12), torch.randint(0, 5, (16 * 70, n_out, n_heads))
+    head = torch.nn.Linear(12, n_heads * 5)
+    eager = CachedHead(copy.deepcopy(head), X, Y, 5, lr=1e-2, grad_clip=clip)
+    trainer = CachedHead(copy.deepcopy(head), X, Y, 5, lr=1e-2, grad_clip=clip)
+    monkeypatch.setattr(trainer, "_capture", record)
+    trainer.cuda_graphs = True  # as on CUDA
+    for epoch in range(2):  # 70 steps: the first epoch eager (no step yet), then two replays of 32 and 6 eager steps
+        order = eager.epoch_order(seed=3, epoch=epoch)
+        assert eager.run(order, 16) == trainer.run(order, 16) == 70
+    assert len(replays) == 2 and list(trainer._graphs) == [16] and trainer.t == eager.t == 140
+    assert torch.equal(trainer.head.weight, eager.head.weight) and torch.equal(trainer.head.bias, eager.head.bias)
+    assert trainer.loss_steps == 140 and trainer.mean_loss() == pytest.approx(eager.mean_loss(), rel=1e-5)
+    monkeypatch.setattr(cached, "GRAPH_MAX_BYTES", 16 * 32 * n_out * 12 * 4 - 1)  # a larger batch runs eagerly
+    assert trainer.run(eager.epoch_order(seed=3, epoch=2), 32) == 35 and trainer._graphs[32] is None
+    assert len(replays) == 2
+
+
 def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 

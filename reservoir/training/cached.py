@@ -11,9 +11,12 @@ fallback, the same bias-corrected update with ``eps`` outside the square
 root). No step does numpy indexing, host transfers, ``.item()`` or autograd
 bookkeeping; the loss is summed on the device and read once per evaluation.
 On CUDA, runs of :data:`GRAPH_STEPS` steps are captured once as a CUDA graph
-and replayed (a step is then a dozen small kernels and no launches from the
-host), with the rows of those steps copied into the graph's index buffer in
-one device copy.
+and replayed: the rows of all those steps are gathered into the graph's input
+buffers by one ``index_select`` each for features and labels, every step
+writes its picked log-probabilities into a slice of one buffer that the
+graph's last kernel sums into the loss, so a step is ten small kernels (the
+logits, log-softmax, the pick, the gradient's 1/n, exp and scatter, two
+products, the step count and fused Adam) and no launches from the host.
 
 ``reservoir train --from-store`` on a last-token store runs it through
 :func:`reservoir.training.train_cached`.
@@ -22,6 +25,8 @@ one device copy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +35,18 @@ from torch import nn
 
 #: Steps one CUDA graph replay runs (an epoch's remainder runs eagerly).
 GRAPH_STEPS = 32
+#: Largest input buffer (the features of :data:`GRAPH_STEPS` batches) a graph holds; larger batches run eagerly
+#: (they are not launch-bound).
+GRAPH_MAX_BYTES = 256 << 20
+
+
+@dataclass
+class _Graph:
+    """A captured run of :data:`GRAPH_STEPS` steps and its input buffers (features and labels of its batches)."""
+
+    replay: Callable[[], None]  # runs the captured steps on what x and y hold
+    x: torch.Tensor  # (GRAPH_STEPS * batch, n_out * d)
+    y: torch.Tensor  # (GRAPH_STEPS * batch, n_out * n_heads)
 
 
 class CachedHead:
@@ -84,7 +101,8 @@ class CachedHead:
         self.loss_sum = torch.zeros((), device=X.device)
         self.loss_steps = 0
         self.cuda_graphs = cuda_graphs and X.device.type == "cuda"
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # batch size -> graph, rows buffer
+        self._graphs: dict[int, _Graph | None] = {}  # batch size -> captured run and its buffers (None: eager)
+        self._minus_one: dict[int, torch.Tensor] = {}  # label elements per batch -> (n, 1) of -1/n (the one-hot)
         self.why_eager: str | None = None
 
     def epoch_order(self, seed: int, epoch: int) -> torch.Tensor:
@@ -94,27 +112,39 @@ class CachedHead:
 
     def step(self, rows: torch.Tensor) -> None:
         """One Adam step on the batch ``rows`` (a device tensor of row indices)."""
-        self._step(rows)
-        self.loss_steps += 1
-
-    @torch.no_grad()
-    def _step(self, rows: torch.Tensor) -> None:
-        """The step's device work alone (what a CUDA graph captures)."""
-        W, b = self.params
         B = len(rows)
         xb = self.X.index_select(0, rows).view(B * self.n_out, self.d)  # (B*n_out, d)
-        logits = torch.addmm(b, xb, W.t()).view(-1, self.C)  # (B*n_out*n_heads, C)
-        logp = torch.log_softmax(logits, dim=-1)
         y = self.Y.index_select(0, rows).view(-1, 1)  # (B*n_out*n_heads, 1)
-        self.loss_sum -= logp.gather(1, y).sum() / len(y)
-        g = logp.exp_().scatter_add_(1, y, torch.full_like(y, -1, dtype=logp.dtype))  # softmax - onehot
-        g = g.div_(len(y)).view(B * self.n_out, -1)  # (B*n_out, n_heads*C): d loss / d logits
+        self._one_hot_values(len(y))
+        picked = self._update(xb, y)
+        self.loss_sum.sub_(picked.sum(), alpha=1 / len(y))
+        self.loss_steps += 1
+
+    def _one_hot_values(self, n: int) -> None:
+        """Make the ``(n, 1)`` column of -1/n a step of ``n`` label elements scatters (once, outside any capture)."""
+        if n not in self._minus_one:
+            self._minus_one[n] = torch.full((n, 1), -1.0 / n, device=self.X.device)
+
+    @torch.no_grad()
+    def _update(self, xb: torch.Tensor, y: torch.Tensor, picked: torch.Tensor | None = None) -> torch.Tensor:
+        """One step's device work on gathered features ``xb`` ``(B*n_out, d)`` and labels ``y`` ``(n, 1)``; returns
+        the log-probabilities of the labels ``(n, 1)`` (written into ``picked`` when given), whose negative mean is
+        the step's loss. What a CUDA graph captures."""
+        W, b = self.params
+        n = len(y)
+        logits = torch.addmm(b, xb, W.t()).view(-1, self.C)  # (n, C)
+        logp = torch.log_softmax(logits, dim=-1)
+        picked = torch.gather(logp, 1, y, out=picked) if picked is not None else logp.gather(1, y)
+        # (softmax - onehot) / n = d loss / d logits, the 1/n inside the exponent and the one-hot's column
+        g = logp.sub_(math.log(n)).exp_().scatter_add_(1, y, self._minus_one[n])
+        g = g.view(xb.shape[0], -1)  # (B*n_out, n_heads*C)
         grads = [g.t() @ xb, g.sum(0)]  # (n_heads*C, d), (n_heads*C,)
         if self.grad_clip > 0:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads]))
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
             coef = (self.grad_clip / (norm + 1e-6)).clamp_(max=1.0)
             torch._foreach_mul_(grads, coef)
         self._adam(grads)
+        return picked
 
     def _adam(self, grads: list[torch.Tensor]) -> None:
         b1, b2 = self.betas
@@ -144,11 +174,12 @@ class CachedHead:
         i = start
         if self.cuda_graphs and self.t > 0:  # after an eager step: kernels, handles and the fused kernel known to work
             while stop - i >= GRAPH_STEPS and self._fused:
-                captured = self._graph(batch_size)
-                if captured is None:
+                graph = self._graph(batch_size)
+                if graph is None:
                     break
-                graph, rows = captured
-                rows.copy_(order[i * batch_size : (i + GRAPH_STEPS) * batch_size])
+                rows = order[i * batch_size : (i + GRAPH_STEPS) * batch_size]
+                torch.index_select(self.X, 0, rows, out=graph.x)
+                torch.index_select(self.Y, 0, rows, out=graph.y)
                 graph.replay()
                 self.t += GRAPH_STEPS
                 self.loss_steps += GRAPH_STEPS
@@ -157,19 +188,33 @@ class CachedHead:
             self.step(order[j * batch_size : (j + 1) * batch_size])
         return stop - start
 
-    def _graph(self, batch_size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+    def _graph(self, batch_size: int) -> _Graph | None:
         """The captured run of :data:`GRAPH_STEPS` steps at ``batch_size`` (captured on first use), or ``None``."""
-        if batch_size in self._graphs:
-            return self._graphs[batch_size]
-        rows = torch.zeros(GRAPH_STEPS * batch_size, dtype=torch.int64, device=self.X.device)
-        graph = torch.cuda.CUDAGraph()
+        if batch_size not in self._graphs:
+            self._graphs[batch_size] = self._captured_run(batch_size)
+        return self._graphs[batch_size]
+
+    def _captured_run(self, batch_size: int) -> _Graph | None:
+        rows, dev = GRAPH_STEPS * batch_size, self.X.device
+        if rows * self.X.shape[1] * self.X.element_size() > GRAPH_MAX_BYTES:
+            return None  # eager: large batches are not launch-bound
+        x = torch.zeros(rows, self.X.shape[1], dtype=self.X.dtype, device=dev)
+        y = torch.zeros(rows, self.Y.shape[1], dtype=self.Y.dtype, device=dev)
+        n = batch_size * self.n_out * self.n_heads
+        picked = torch.zeros(GRAPH_STEPS, n, 1, device=dev)  # each step's picked log-probabilities
+        self._one_hot_values(n)
+
+        def steps() -> None:
+            for k in range(GRAPH_STEPS):
+                batch = slice(k * batch_size, (k + 1) * batch_size)
+                self._update(x[batch].view(-1, self.d), y[batch].reshape(-1, 1), picked[k])
+            self.loss_sum.sub_(picked.sum(), alpha=1 / n)
+
         t = self.t
         try:
-            with torch.cuda.graph(graph):
-                for k in range(GRAPH_STEPS):
-                    self._step(rows[k * batch_size : (k + 1) * batch_size])
+            replay = self._capture(steps)
         except RuntimeError as err:  # go on eagerly
-            torch.cuda.synchronize(self.X.device)
+            torch.cuda.synchronize(dev)
             self.cuda_graphs = False
             self.why_eager = f"CUDA graph capture failed ({str(err).splitlines()[0][:200]})"
             return None
@@ -178,8 +223,15 @@ class CachedHead:
         if not self._fused:  # the fused kernel failed inside the capture: the graph holds the host-counted update
             self.cuda_graphs, self.why_eager = False, "the fused Adam kernel was refused during capture"
             return None
-        self._graphs[batch_size] = (graph, rows)
-        return self._graphs[batch_size]
+        return _Graph(replay, x, y)
+
+    @staticmethod
+    def _capture(body: Callable[[], None]) -> Callable[[], None]:
+        """``body``'s kernels captured as one CUDA graph (not run); returns what replays them."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        return graph.replay  # holds the graph
 
     def mean_loss(self) -> float:
         """Mean training loss since the last call (one read from the device)."""
