@@ -299,14 +299,18 @@ def test_several_writer_threads_write_the_one_writer_store(tmp_path, monkeypatch
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
     monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 60)  # many windows of a few chunks each
     one = run_extract(ExtractConfig(**cfg, out=str(tmp_path / "one.zarr")), progress=False)
-    monkeypatch.setattr(passes, "writers", lambda device: {"workers": 4, "depth": 2})
-    many = run_extract(ExtractConfig(**cfg, out=str(tmp_path / "many.zarr")), progress=False)
+    many = run_extract(ExtractConfig(**cfg, writers=4, out=str(tmp_path / "many.zarr")), progress=False)
     ref, got = arrays(one), arrays(many)
     assert got.keys() == ref.keys() and len(ref) > 0
     for key in ref:
         assert np.array_equal(got[key], ref[key]), key
     with FeatureStore.open(many) as s:
         assert s.complete and s.done("train").all() and s.chunk_rows("train") * 4 < s.n_rows("train")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert passes.writers(cpu)["workers"] == 1 and passes.writers(cuda)["workers"] == passes.CUDA_WRITERS
+    assert passes.writers(cpu, 4)["workers"] == passes.writers(cuda, 4)["workers"] == 4
+    with pytest.raises(ReservoirError, match=r"--writers must be an integer in 1\.\.16, found 0"):
+        ExtractConfig(**cfg, writers=0)
 
 
 def test_default_batching_is_64_rows_on_the_cpu_and_a_width_scaled_token_budget_on_cuda():

@@ -97,6 +97,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     >>> r["pass_over_bare"]  # doctest: +SKIP
     """
     from reservoir.extract import prepare
+    from reservoir.extract.passes import writers
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -109,7 +110,8 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     r: dict[str, Any] = {
         "task": task.name, "task_params": task.params, "backbone": bb.info.to_dict(), "depth": bb.depth,
         "layers": prep.layers, "n_rows": n_rows, "tokens": n_tokens, "max_length": task.max_length,
-        "batch_size": prep.batching[0], "max_tokens": prep.batching[1], "format": None, "device": str(dev),
+        "batch_size": prep.batching[0], "max_tokens": prep.batching[1],
+        "writers": writers(dev, config.writers)["workers"], "format": None, "device": str(dev),
         "compute_dtype": str(dtype).replace("torch.", ""), "compute_path": compute_path(dev, config.amp),
         "store_dtype": config.dtype,
         "torch_threads": torch.get_num_threads(), **prep.timings,
@@ -323,7 +325,7 @@ def format_extract(r: BenchResult) -> str:
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
         f"{r['n_rows']:,} rows, {r['tokens']:,} tokens ({r['padded_tokens']:,} padded), batches of {batches}, "
         f"{r['device']} ({r.get('compute_path', r['compute_dtype'])}), {r['torch_threads']} threads, {r['format']} "
-        f"store ({r['store_dtype']})",
+        f"store ({r['store_dtype']}" + (f", {r['writers']} writer threads" if r.get("writers", 1) > 1 else "") + ")",
         f"extract: task {r['task_s']:.2f} s + model {r['model_s']:.2f} s + pass {r['pass_s']:.2f} s "
         f"= {r['extract_s']:.2f} s",
         f"bare forward {r['bare_forward_s']:.2f} s; Hugging Face forward {r['hf_forward_s']:.2f} s in "

@@ -60,7 +60,7 @@ def bench():
 @storage_option
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_extract(task, data, input_column, label_column, params, backbone, init, layers, fmt, batch_size, max_tokens,
-                  dtype, device, amp, seed, full_seq_layer, truncate, naive_rows, out, store_url, quiet):
+                  writers, dtype, device, amp, seed, full_seq_layer, truncate, naive_rows, out, store_url, quiet):
     """Extraction vs a bare forward of the same model on the same batches, vs HF's forward, vs the naive way."""
     from reservoir.bench import bench_extract as run_bench
     from reservoir.bench import format_extract
@@ -72,7 +72,8 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
     _check_out(out, *task_inputs(task_params))
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
                            task_params=task_params, seed=seed, batch_size=batch_size,
-                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, truncate=truncate,
+                           max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp,
+                           truncate=truncate,
                            full_seq_layer=full_seq_layer)
     if store_url is not None:
         from reservoir.store.remote import StoreURL

@@ -245,9 +245,9 @@ def extract_option(name: str, *decls: str, **changes: Any) -> Any:
 
 
 def forward_options(f: Any) -> Any:
-    """How the forwards of an extraction run: ``--batch-size``, ``--max-tokens``, ``--dtype``, ``--device``,
-    ``--amp``, ``--seed`` (``reservoir extract``, ``bench extract``)."""
-    for name in reversed(("batch_size", "max_tokens", "dtype", "device", "amp", "seed")):
+    """How the forwards of an extraction run and their results are written: ``--batch-size``, ``--max-tokens``,
+    ``--writers``, ``--dtype``, ``--device``, ``--amp``, ``--seed`` (``reservoir extract``, ``bench extract``)."""
+    for name in reversed(("batch_size", "max_tokens", "writers", "dtype", "device", "amp", "seed")):
         f = extract_option(name)(f)
     return f
 

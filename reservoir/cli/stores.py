@@ -38,7 +38,7 @@ from reservoir.errors import ReservoirError
 @storage_option
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(task, data, input_column, label_column, params, backbone, init, layers, pooling, out, fmt, batch_size,
-            max_tokens, dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
+            max_tokens, writers, dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.distributed import is_leader
     from reservoir.extract import ExtractConfig
@@ -53,7 +53,8 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
                            task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
-                           max_tokens=max_tokens, dtype=dtype, device=device, amp=amp, revision=revision, truncate=truncate,
+                           max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp, revision=revision,
+                           truncate=truncate,
                            full_seq_layer=full_seq_layer, pooling=pooling)
     path = run_extract(config, progress=not quiet)
     if not is_leader():

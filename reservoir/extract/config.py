@@ -8,12 +8,14 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.options import check_fields, one_of, optional, setting
+from reservoir.options import check_fields, integer, one_of, optional, setting
 from reservoir.extract.plan import check_batching
 from reservoir.settings import slug
 
 
 DTYPES = options.DTYPES
+#: Most writer threads a pass takes (each holds a window in host memory).
+MAX_WRITERS = 16
 
 
 @dataclass
@@ -42,6 +44,9 @@ class ExtractConfig:
     max_tokens: int | None = setting("Token budget per forward pass (rows x longest length): short sequences travel "
                                      "in large batches (default on CUDA: 2^26 / the model's width; none on the CPU).",
                                      None)
+    writers: int | None = setting("Threads writing finished windows into the store while the next computes "
+                                  "(default: 3 on CUDA, where a GPU outruns one thread's writes; 1 on the CPU).", None,
+                                  optional(integer(1, MAX_WRITERS)))
     dtype: str = setting("Stored feature dtype.", "float16", one_of(*options.DTYPES))
     device: str = options.DEVICE.field()
     amp: str = options.AMP.field()

@@ -105,7 +105,8 @@ def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = Tru
     def write(item: FinishedWindow) -> None:
         write_window(store, item)
 
-    with ChunkWriter(write, **writers(plan.device)) as writer, torch.inference_mode(), plan.context:
+    with ChunkWriter(write, **writers(plan.device, plan.config.writers)) as writer, torch.inference_mode(), \
+            plan.context:
         for w in iter_windows(plan, store, progress, job=job, done=done):
             feats, states = engine.run(w.split.inputs, w.split.lengths, w.window.rows, w.order, w.bounds,
                                        progress=w.bar)
@@ -118,9 +119,12 @@ def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = Tru
 CUDA_WRITERS = 3
 
 
-def writers(device) -> dict[str, int]:
-    """The background writer's ``workers`` and ``depth`` (windows waiting) for a pass on ``device``."""
-    return {"workers": CUDA_WRITERS if device.type == "cuda" else 1, "depth": 2}
+def writers(device, workers: int | None = None) -> dict[str, int]:
+    """The background writer's ``workers`` (given, or the device's default) and ``depth`` (windows waiting) for a
+    pass on ``device``."""
+    if workers is None:
+        workers = CUDA_WRITERS if device.type == "cuda" else 1
+    return {"workers": workers, "depth": 2}
 
 
 def iter_windows(plan: ExtractionPlan, store: FeatureStore, progress: bool = True, every_chunk: bool = False,
