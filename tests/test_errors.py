@@ -164,6 +164,13 @@ def test_deeply_nested_task_parameter_is_one_line():
     one_line_error(invoke("fit-raw", "--task", "digits", "-p", "x=" + "1" * 5000), "--param", "'x'")
 
 
+def test_a_task_parameter_given_twice_is_refused_not_overwritten(tmp_path):
+    for cmd in (("extract", "--backbone", "tiny-gpt2", "--out", tmp_path / "x.zarr"), ("fit-raw",)):
+        one_line_error(invoke(*cmd, "--task", "bit-xor", "-p", "n_train=100", "-p", "n_bits=3", "-p", " n_train=200"),
+                       "--param", "expected each parameter once, found n_train twice ('n_train=100' and ' n_train=200')")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("content, found", [
     (b"[" * 100_000, "nested too deeply"),
     (b"\xff\xfe{}", "not UTF-8"),

@@ -105,21 +105,27 @@ def ci(interval) -> str:
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text."""
+    """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text; each KEY once."""
     params: dict[str, Any] = {}
+    given: dict[str, str] = {}  # key -> the pair that gave it
     for pair in pairs:
         if "=" not in pair:
             raise click.BadParameter(f"expected KEY=VALUE, found {pair!r}", param_hint="--param")
         key, value = pair.split("=", 1)
+        key = key.strip()
+        if key in given:
+            raise click.BadParameter(f"expected each parameter once, found {key} twice ({given[key]!r} and {pair!r})",
+                                     param_hint="--param")
+        given[key] = pair
         try:
-            params[key.strip()] = json.loads(value)
+            params[key] = json.loads(value)
         except json.JSONDecodeError:
-            params[key.strip()] = value
+            params[key] = value
         except (RecursionError, ValueError) as err:  # nested too deeply; an integer of more than 4,300 digits
             from reservoir.io import one_line
 
             found = "JSON nested too deeply to read" if isinstance(err, RecursionError) else one_line(err)
-            raise click.BadParameter(f"expected a JSON value or plain text for {key.strip()!r}, found {found} "
+            raise click.BadParameter(f"expected a JSON value or plain text for {key!r}, found {found} "
                                      f"({len(value):,} characters)", param_hint="--param") from None
     return params
 
