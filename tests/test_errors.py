@@ -164,6 +164,20 @@ def test_deeply_nested_task_parameter_is_one_line():
     one_line_error(invoke("fit-raw", "--task", "digits", "-p", "x=" + "1" * 5000), "--param", "'x'")
 
 
+def test_storage_options_without_a_store_url_are_refused_not_ignored(tmp_path):
+    extract = ("extract", "--task", "bit-xor", "-p", "n_train=50", "--backbone", "tiny-gpt2")
+    for args, found in [
+        ((*extract, "--out", tmp_path / "x.zarr"), f"found --out {tmp_path}/x.zarr, a local path"),
+        (extract, "found none (a local default)"),
+        (("info", tmp_path / "x.zarr"), f"found STORE {tmp_path}/x.zarr, a local path"),
+        (("fit-linear", tmp_path / "x.zarr"), f"found STORE {tmp_path}/x.zarr, a local path"),
+        (("train", "--from-store", tmp_path / "x.zarr"), f"found --from-store {tmp_path}/x.zarr, a local path"),
+    ]:
+        one_line_error(invoke(*args, "--storage-option", "region=eu-west-1"),
+                       "expected a store URL (s3://, gs://, az://) for --storage-option to apply to", found)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_task_parameter_given_twice_is_refused_not_overwritten(tmp_path):
     for cmd in (("extract", "--backbone", "tiny-gpt2", "--out", tmp_path / "x.zarr"), ("fit-raw",)):
         one_line_error(invoke(*cmd, "--task", "bit-xor", "-p", "n_train=100", "-p", "n_bits=3", "-p", " n_train=200"),

@@ -389,7 +389,13 @@ def test_an_aws_profile_gives_the_credentials(bucket, local, tmp_path, monkeypat
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     url = f"s3://{bucket}/profile.zarr"
     assert_ok(invoke(*SMALL, "--out", url, "--storage-option", "profile=lab"))
-    assert_identical(url, local["small"])
+    from reservoir.store.remote import configure
+
+    configure({"profile": "lab"})  # the command's options held while it ran; this process reads with its own
+    try:
+        assert_identical(url, local["small"])
+    finally:
+        configure(None)
     assert_bad_input(r := invoke("info", url, "--storage-option", "profile=nobody"))
     assert "AWS profile 'nobody': " in r.stderr
 

@@ -57,7 +57,7 @@ def bench():
 @click.option("--store-url", default=None, metavar="URL",
               help="Also time the pass into a new store under this object-store prefix (s3://bucket/prefix; removed "
                    "afterwards), beside the one on local disk.")
-@storage_option
+@storage_option(store_url="--store-url")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_extract(task, data, input_column, label_column, params, backbone, init, layers, fmt, batch_size, max_tokens,
                   writers, dtype, device, amp, seed, full_seq_layer, truncate, naive_rows, out, store_url, quiet):
@@ -152,7 +152,7 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
                    "(fit-linear's default: 16384).")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the validation split.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
-@storage_option
+@storage_option(store="STORE")
 def bench_readout(store, layer, penalty, path_rows, seed, out):
     """The logistic readout's all-layer sweep vs scikit-learn's LogisticRegression: wall time, accuracy."""
     from reservoir.bench import readout_vs_sklearn

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -265,23 +266,46 @@ def train_option(name: str, *decls: str, **changes: Any) -> Any:
     return config_option(TrainConfig, name, *decls, **changes)
 
 
-def _configure_storage(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> None:
-    if values:
-        from reservoir.store.remote import configure, parse_options
+def _parse_storage(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    from reservoir.store.remote import parse_options
 
-        try:
-            configure(parse_options(values))
-        except ReservoirError as err:
-            raise click.BadParameter(str(err).removeprefix("--storage-option: "), param_hint="--storage-option")
+    try:
+        return parse_options(values) if values else {}
+    except ReservoirError as err:
+        raise click.BadParameter(str(err).removeprefix("--storage-option: "), param_hint="--storage-option")
 
 
-def storage_option(f: Any) -> Any:
-    """``--storage-option KEY=VALUE`` (repeatable): how store URLs (``s3://...``) are reached, for this command."""
-    return click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-                        expose_value=False, callback=_configure_storage,
-                        help="For a store URL (s3://, gs://, az://): an object-store setting, repeatable (e.g. "
-                             "endpoint=http://127.0.0.1:9000, region=eu-west-1, max_retries=3); credentials also "
-                             "come from the environment (AWS_*, GOOGLE_*, AZURE_*).")(f)
+def storage_option(**targets: str) -> Callable[[Any], Any]:
+    """``--storage-option KEY=VALUE`` (repeatable): how store URLs (``s3://...``) are reached, for this command.
+
+    ``targets`` maps each parameter that may name a store URL to how the
+    command line names it (``out="--out"``, ``store="STORE"``); options given
+    while none of them is a URL would be ignored, so they are refused. The
+    options hold while the command runs.
+    """
+    def decorate(f: Any) -> Any:
+        @functools.wraps(f)
+        def command(*args: Any, storage_options: dict[str, str], **kwargs: Any) -> Any:
+            from reservoir.store.remote import configure, is_url
+
+            if storage_options and not any(is_url(kwargs.get(name)) for name in targets):
+                found = "; ".join(f"{label} {kwargs[name]}" for name, label in targets.items()
+                                  if kwargs.get(name) not in (None, ""))
+                raise click.UsageError("expected a store URL (s3://, gs://, az://) for --storage-option to apply to; "
+                                       f"found {found + ', a local path' if found else 'none (a local default)'}")
+            configure(storage_options)
+            try:
+                return f(*args, **kwargs)
+            finally:
+                configure(None)
+
+        return click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+                            callback=_parse_storage,
+                            help="For a store URL (s3://, gs://, az://): an object-store setting, repeatable (e.g. "
+                                 "endpoint=http://127.0.0.1:9000, region=eu-west-1, max_retries=3); credentials also "
+                                 "come from the environment (AWS_*, GOOGLE_*, AZURE_*).")(command)
+
+    return decorate
 
 
 def step_options(f: Any) -> Any:

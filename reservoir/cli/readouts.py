@@ -70,7 +70,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @setting_option(options.DEVICE, default="cpu",
                 help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge readout runs on the CPU.")
 @click.option("--no-final-norm", is_flag=True, help="Read raw layer features (skip the backbone's final norm).")
-@storage_option
+@storage_option(store="STORE")
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
     from reservoir.readouts.run import fit_linear as run_fit
@@ -128,7 +128,7 @@ def _show_curves(results, readout: str, folder: Path) -> None:
 @click.option("--split", "splits", multiple=True, help="Split(s) to predict; default every split of the store.")
 @click.option("--out", default=None, help="Write the predictions here (.npz, one array per split); default "
                                           "<probe>-<store name>.predictions.npz beside the probe.")
-@storage_option
+@storage_option(store="STORE")
 def predict(probe, store, splits, out):
     """Apply a saved probe (fit-linear --save) to a store of the same backbone and projection."""
 

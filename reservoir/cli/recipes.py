@@ -35,7 +35,7 @@ def recipe_list():
 @click.option("--force", is_flag=True, help="Redo runs whose results already exist.")
 @click.option("--quiet", is_flag=True, help="No progress bar or per-run lines.")
 @click.option("--dry-run", is_flag=True, help="List the runs and the work they ask for; run nothing.")
-@storage_option
+@storage_option(cache_dir="--cache")
 def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
     """Run every cell of a recipe; skip runs whose results exist, reuse matching feature stores."""
     from reservoir.recipes import plan, run_recipe

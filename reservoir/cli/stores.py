@@ -35,7 +35,7 @@ from reservoir.errors import ReservoirError
 @extract_option("truncate")
 @click.option("--download", is_flag=True,
               help="Fetch the dataset files from their usual source first (mnist, fashion-mnist, cifar10, cifar10-lra).")
-@storage_option
+@storage_option(out="--out")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(task, data, input_column, label_column, params, backbone, init, layers, pooling, out, fmt, batch_size,
             max_tokens, writers, dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
@@ -69,7 +69,7 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
 @click.argument("store", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the store's attributes as JSON.")
 @click.option("--verify", is_flag=True, help="Read every written chunk and check it against its checksums.")
-@storage_option
+@storage_option(store="STORE")
 def info(store, as_json, verify):
     """Print a store's provenance, splits, shapes, layers and completeness (--verify: check every chunk)."""
     from reservoir.store import FeatureStore

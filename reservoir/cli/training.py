@@ -32,7 +32,7 @@ from reservoir.cli.common import _Group, _task_from, ci, data_options, step_opti
 @train_option("device")
 @step_options
 @train_option("out")
-@storage_option
+@storage_option(from_store="--from-store")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,
           seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp, cuda_graphs, compiled,

@@ -75,6 +75,8 @@ def parse_options(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ReservoirError(f"--storage-option: expected KEY=VALUE (e.g. region=eu-west-1), found {pair!r}")
+        if key.strip() in out:
+            raise ReservoirError(f"--storage-option: expected each option once, found {key.strip()} twice")
         out[key.strip()] = value.strip()
     return out
 
