@@ -411,7 +411,7 @@ def test_cleared_done_flag_of_a_complete_store_is_damage_and_repaired(tmp_path, 
     assert verify.exit_code == 2 and "chunk 1: marked unwritten in a complete store" in verify.stdout
     result = invoke(*ARGS, "--out", out)
     assert_ok(result)
-    assert "will be written again: train 1" in result.stdout
+    assert "will be written again: train 1" in result.stdout and f"wrote {out} (zarr)" in result.stdout
     assert_identical(out, reference["zarr"])
 
 
@@ -427,6 +427,7 @@ def test_damaged_final_norm_is_refused_and_rewritten(tmp_path, reference, damage
     result = invoke(*ARGS, "--out", out)
     assert_ok(result)
     assert "0 damaged chunk(s) and 1 damaged array(s) will be written again: final_norm/weight" in result.stdout
+    assert f"wrote {out} (zarr)" in result.stdout  # the store was reopened as incomplete, then completed
     assert_identical(out, reference["zarr"])
     assert_ok(invoke("info", out, "--verify"))
 

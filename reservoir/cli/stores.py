@@ -56,13 +56,15 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
                            max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp, revision=revision,
                            truncate=truncate,
                            full_seq_layer=full_seq_layer, pooling=pooling)
-    path = run_extract(config, progress=not quiet)
+    timings: dict[str, float] = {}
+    path = run_extract(config, progress=not quiet, timings=timings)
     if not is_leader():
         return  # a rank of a sharded run (torchrun): rank 0 reports
     with FeatureStore.open(path) as store:
         shapes = ", ".join(f"{s} {tuple(store.features(s).shape)}" for s in store.splits)
         pooled = "" if store.poolings == ["last"] else f"; pooling {','.join(store.poolings)}"
-        click.echo(f"wrote {path} ({store.format}): {shapes}; layers {store.layers}{pooled}")
+        done = "wrote" if "pass_s" in timings else "already complete with these settings, nothing written:"
+        click.echo(f"{done} {path} ({store.format}): {shapes}; layers {store.layers}{pooled}")
 
 
 @click.command()

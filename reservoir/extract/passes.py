@@ -55,21 +55,24 @@ def write_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = Tru
     """Create (or reopen and repair) the store at ``out`` in this process and write every unfinished chunk.
 
     A store this call created is removed again if the pass fails before
-    anything could be kept; ``plan.timings["pass_s"]`` receives the pass's seconds.
+    anything could be kept; ``plan.timings["pass_s"]`` receives the pass's
+    seconds (nothing when the store was complete already: no pass ran).
     """
     fresh = not out.exists()
     store = create_store(plan, out, progress)
     t0 = time.perf_counter()
     with store:  # closed on the way out; an error already in flight is the one reported
+        ran = not store.complete
         try:
-            if not store.complete:
+            if ran:
                 write_splits(plan, store, progress)
                 store.mark_complete()
         except BaseException:
             if fresh:
                 store.discard()  # a store of this run with no chunk written is not left behind
             raise
-    plan.timings["pass_s"] = time.perf_counter() - t0
+    if ran:
+        plan.timings["pass_s"] = time.perf_counter() - t0
 
 
 def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = True) -> FeatureStore:

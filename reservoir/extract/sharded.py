@@ -97,7 +97,7 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
     """Write the store at ``out`` with every rank of ``job`` (the steps in the module docstring)."""
     from reservoir.extract.passes import create_store
 
-    fresh, store, started, total = job.rank == 0 and not out.exists(), None, False, 0
+    fresh, store, started, total, ran = job.rank == 0 and not out.exists(), None, False, 0, False
     t0 = time.perf_counter()
     try:
         store, error = attempt(lambda: create_store(plan, out, progress)) if job.rank == 0 else (None, None)
@@ -110,6 +110,7 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
         total = sum(_rows(store, s, np.flatnonzero(~d)) for s, d in done.items())
         count, started = job.count(total, progress), True
         if not store.complete:
+            ran = True
             error = attempt(lambda: write_splits(plan, store, progress, job, done))[1]
             job.sync("written", error, poll=count.poll if job.rank == 0 else None, after=after("written"))
             count.close()
@@ -133,7 +134,9 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
     store.close()
     with contextlib.suppress(Lost):  # every rank returns after rank 0 let the lock go: the store is open to readers
         job.sync("closed", after=after("closed"))
-    plan.timings["pass_s"] = elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    if ran:  # nothing when the store was complete already
+        plan.timings["pass_s"] = elapsed
     if job.rank == 0 and total:
         log.info("%d processes wrote %d rows in %.1f s (%.0f rows/s)", job.world, total, elapsed, total / elapsed)
 
