@@ -14,6 +14,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, NamedTuple
@@ -22,8 +23,8 @@ from reservoir.errors import ReservoirError
 
 __all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_memory", "check_name",
            "check_regular", "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header", "one_line",
-           "process_alive", "publish", "read_json", "replaceable", "scratch_folder", "size_text", "unwritable",
-           "writable_folder"]
+           "process_alive", "publish", "read_json", "replaceable", "request_stop", "scratch_folder", "size_text",
+           "stop_deferred", "unwritable", "writable_folder"]
 
 
 def one_line(err: Any) -> str:
@@ -202,6 +203,55 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     os.umask(mask)
     os.chmod(tmp, 0o666 & ~mask)
     os.replace(tmp, dest)
+
+
+
+#: A stop request (SIGTERM, SIGHUP: :func:`request_stop`) that arrived inside a :func:`stop_deferred` block of the
+#: main thread, raised when the outermost block ends; and how deep the main thread is in such blocks.
+_STOP: dict[str, Any] = {"depth": 0, "pending": None}
+
+
+@contextlib.contextmanager
+def stop_deferred() -> Iterator[None]:
+    """A block that a stop request waits for: raised at the block's end instead of inside it.
+
+    Some writes are not safe to interrupt at an arbitrary line, such as
+    ``torch.save``, whose zip writer an exception between two of its calls
+    leaves unfinished. A stop request that arrives inside the block (on the
+    main thread, where signal handlers run) is raised when the outermost
+    block ends; Ctrl-C is not deferred.
+
+    Examples
+    --------
+    >>> done = []
+    >>> with stop_deferred():
+    ...     request_stop(KeyboardInterrupt("stop"))
+    ...     done.append("the block's end")
+    Traceback (most recent call last):
+    KeyboardInterrupt: stop
+    >>> done
+    ["the block's end"]
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _STOP["depth"] += 1
+    try:
+        yield
+    finally:
+        _STOP["depth"] -= 1
+        pending = _STOP["pending"] if _STOP["depth"] == 0 else None
+        if pending is not None:
+            _STOP["pending"] = None
+            raise pending
+
+
+def request_stop(stop: BaseException) -> None:
+    """Raise ``stop`` now, or, inside a :func:`stop_deferred` block of the main thread, when the block ends."""
+    if _STOP["depth"] > 0 and threading.current_thread() is threading.main_thread():
+        _STOP["pending"] = _STOP["pending"] or stop
+        return
+    raise stop
 
 
 @contextlib.contextmanager

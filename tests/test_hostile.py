@@ -581,6 +581,29 @@ def test_sigterm_unwinds_like_ctrl_c_and_a_killed_writers_temporaries_are_swept(
         assert not stale.exists()
 
 
+def test_a_stop_request_during_a_checkpoint_write_takes_effect_once_the_checkpoint_is_in_place(tmp_path,
+                                                                                                 monkeypatch):
+    import torch
+
+    from reservoir.cli.common import Terminated
+    from reservoir.io import request_stop
+    from reservoir.training import checkpoint
+
+    real_save = torch.save
+
+    def save_signalled(obj, f):  # SIGTERM arrives while the checkpoint is being written
+        request_stop(Terminated(15))
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save_signalled)
+    with pytest.raises(Terminated):
+        checkpoint.save(tmp_path / "last.pt", {"config": {}, "trainable": {"w": torch.ones(3)}, "step": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert checkpoint.load(tmp_path / "last.pt", ("config", "trainable", "step"))["step"] == 1
+    with pytest.raises(Terminated):  # outside such a write it is raised at once
+        request_stop(Terminated(15))
+
+
 def test_an_interrupt_before_torch_saves_with_block_does_not_abort_when_its_writer_is_collected(tmp_path):
     # torch makes its zip writer, then enters a `with` block that finishes it; a signal between the two leaves the
     # writer unfinished, and its C++ destructor writes the archive's end into the (by then closed) checkpoint file
@@ -600,7 +623,7 @@ except KeyboardInterrupt:
 gc.collect()
 print("collected")
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert (r.returncode, r.stdout.split()) == (0, ["interrupted", "collected"]), r.stderr
     assert list(tmp_path.iterdir()) == []
 

@@ -31,8 +31,8 @@ def _four_chunks(path, attrs, feats, labels, lengths):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_chunk_files_written_directly_are_the_files_zarr_writes(tmp_path, monkeypatch, dtype):
-    import reservoir.store.backends as backends
     import reservoir.store.files
+    from reservoir.store import backends
 
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * np.dtype(dtype).itemsize)
     attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
@@ -57,6 +57,23 @@ def test_chunk_files_written_directly_are_the_files_zarr_writes(tmp_path, monkey
         assert st.verify() == {}
         np.testing.assert_array_equal(st.features("train")[...], feats)
     assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_writes_other_than_whole_chunks_of_the_row_shape_go_through_zarrs_checks(tmp_path, monkeypatch):
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
+                             np.eye(2, 3, dtype=np.float32)) as st:
+        with pytest.raises(ReservoirError, match="could not write chunk 0 of split 'train'"):
+            st.write_chunk("train", 0, np.ones((3, 3), np.float32), np.zeros(3))  # rows of another shape
+        assert not st.done("train").any()
+        st._b.write_rows("train/features", 12, np.ones((3, 2, 1, 3), np.float32))  # past the last row: nothing
+        st._b.write_rows("train/features", 4, np.full((2, 2, 1, 3), 5, np.float32))  # inside a chunk: Zarr's
+        assert sorted(p.name for p in (tmp_path / "s.zarr/train/features/c").iterdir()) == ["1"]
+        np.testing.assert_array_equal(st._b.array("train/features")[3:6, 0, 0, 0], [0, 5, 5])
 
 
 def test_a_chunk_file_linked_from_outside_is_replaced_not_written_through(tmp_path, monkeypatch):

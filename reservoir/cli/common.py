@@ -18,6 +18,7 @@ import click
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.io import request_stop
 
 
 class _Group(click.Group):
@@ -76,7 +77,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: Any) -> None:
-        raise Terminated(signum)
+        request_stop(Terminated(signum))  # at once, or where a write that must not be cut ends (stop_deferred)
 
     caught = (signal.SIGTERM, signal.SIGHUP)  # a closed terminal sends SIGHUP
     before = {s: signal.signal(s, stop) for s in caught}
@@ -291,8 +292,9 @@ def storage_option(**targets: str) -> Callable[[Any], Any]:
             if storage_options and not any(is_url(kwargs.get(name)) for name in targets):
                 found = "; ".join(f"{label} {kwargs[name]}" for name, label in targets.items()
                                   if kwargs.get(name) not in (None, ""))
+                found = f"{found}, a local path" if found else f"no {' or '.join(targets.values())}"
                 raise click.UsageError("expected a store URL (s3://, gs://, az://) for --storage-option to apply to; "
-                                       f"found {found + ', a local path' if found else 'none (a local default)'}")
+                                       f"found {found}")
             configure(storage_options)
             try:
                 return f(*args, **kwargs)

@@ -50,11 +50,14 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
         raise click.BadParameter("expected a store path (.zarr or .h5), or no --out for the default; found an empty "
                                  "path", param_hint="--out")
     if download:
+        if "download" in task_params:
+            raise click.UsageError(f"expected --download or -p download=..., not both; found --download and "
+                                   f"-p download={json.dumps(task_params['download'])}")
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
                            task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
-                           max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp, revision=revision,
-                           truncate=truncate,
+                           max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp,
+                           revision=revision, truncate=truncate,
                            full_seq_layer=full_seq_layer, pooling=pooling)
     timings: dict[str, float] = {}
     path = run_extract(config, progress=not quiet, timings=timings)

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | FeatureStore, *,
             layers: list[int] | int | None = None, pooling: str | list[str] = "last", dtype: str = "float16",
-            batch_size: int | None = None, max_tokens: int | None = None, device: str = "auto", amp: str = "auto",
-            format: str | None = None, full_seq_layer: int | None = None,
+            batch_size: int | None = None, max_tokens: int | None = None, writers: int | None = None,
+            device: str = "auto", amp: str = "auto", format: str | None = None, full_seq_layer: int | None = None,
             truncate: bool = False, progress: bool = True, timings: dict[str, float] | None = None,
             sharded: bool = False) -> FeatureStore:
     """Run a task through a frozen backbone once and write (or resume) a feature store at ``out``.
@@ -54,10 +54,11 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
         the task's last ``n_out_tokens``), ``"first"`` (token 0), ``"mean"``
         (over the real tokens; padding never counts), or several at once
         (``["last", "mean"]`` or ``"last,mean"``), all from one pass.
-    dtype, batch_size, max_tokens, device, amp, full_seq_layer, truncate
+    dtype, batch_size, max_tokens, writers, device, amp, full_seq_layer, truncate
         As the options of ``reservoir extract``.
     timings : dict, optional
-        Receives ``pass_s``, the seconds of the pass with its store writes.
+        Receives ``pass_s``, the seconds of the pass with its store writes
+        (nothing when the store was complete already: no pass ran).
 
     With ``sharded=True``, under ``torchrun`` with several processes, every
     rank calls it with the same arguments and writes its share of one Zarr
@@ -85,7 +86,8 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
     config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(target),
                            format=format, task_params=task.params, seed=info.seed,
                            projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
-                           batch_size=batch_size, max_tokens=max_tokens, dtype=dtype, device=device, amp=amp,
+                           batch_size=batch_size, max_tokens=max_tokens, writers=writers, dtype=dtype,
+                           device=device, amp=amp,
                            revision=info.revision, full_seq_layer=full_seq_layer, truncate=truncate,
                            pooling=check_poolings(pooling))
     where = store_path(target)
@@ -109,7 +111,8 @@ def run(config: ExtractConfig, progress: bool = True, task: TaskData | None = No
     ``complete = False`` that the same command resumes. ``task`` overrides
     building ``config.task``. ``timings``, when given, receives the seconds
     spent on the task (``task_s``), the model (``model_s``) and the pass
-    itself (``pass_s``, store writes included). Under ``torchrun`` with
+    itself (``pass_s``, store writes included; absent when the store was
+    complete already). Under ``torchrun`` with
     several processes, every rank calls it and writes its share of one store
     (:mod:`reservoir.extract.sharded`).
 

@@ -201,8 +201,9 @@ class ZarrBackend(Backend):
         arr = self.array(name)
         rows = self._raw_chunk_rows(name)
         end = start + len(values)
-        if rows is None or start % rows or (end % rows and end != arr.shape[0]):
-            arr[start:end] = values
+        whole = rows is not None and start % rows == 0 and (end % rows == 0 or end == arr.shape[0])
+        if not whole or end > arr.shape[0] or np.shape(values)[1:] != arr.shape[1:]:
+            arr[start:end] = values  # Zarr's own checks and read-modify-write
             return
         values = np.ascontiguousarray(values, dtype=arr.dtype.newbyteorder("<"))
         folder = Path(self.path, name)
@@ -218,6 +219,7 @@ class ZarrBackend(Backend):
         filesystem (chunked along rows only, the bytes codec alone, little-endian); ``None`` otherwise."""
         if isinstance(self.path, StoreURL):
             return None
+        import numpy as np
         from zarr.codecs import BytesCodec
         from zarr.codecs.bytes import Endian
 
@@ -225,7 +227,8 @@ class ZarrBackend(Backend):
         codecs, grid = getattr(meta, "codecs", ()), getattr(meta, "chunk_grid", None)
         shape, chunks = tuple(meta.shape), tuple(getattr(grid, "chunk_shape", ()))
         raw = (len(codecs) == 1 and isinstance(codecs[0], BytesCodec) and codecs[0].endian in (Endian.little, None))
-        if not raw or not shape or len(chunks) != len(shape) or chunks[1:] != shape[1:] or meta.fill_value != 0:
+        positive_zero = meta.fill_value == 0 and not np.signbit(meta.fill_value)  # the padding written below
+        if not raw or not shape or len(chunks) != len(shape) or chunks[1:] != shape[1:] or not positive_zero:
             return None
         return chunks[0]
 

@@ -424,7 +424,8 @@ class FeatureStore:
         chunk after the other. ``features`` is ``{pooling: (r, n_layers, n_out,
         n_dim)}`` for every pooling of the store, or one array for a store of
         one pooling. Each run of consecutive chunks is one write per array (the
-        backend encodes its chunks together), then every chunk's checksums, then
+        backend's: a file per chunk, or its own encoding of them together), then
+        every chunk's checksums, then
         the ``done`` flags: a kill in between leaves chunks written but not done,
         which a rerun writes again.
 

@@ -14,7 +14,7 @@ On CUDA, runs of :data:`GRAPH_STEPS` steps are captured once as a CUDA graph
 and replayed: the rows of all those steps are gathered into the graph's input
 buffers by one ``index_select`` each for features and labels, every step
 writes its picked log-probabilities into a slice of one buffer that the
-graph's last kernel sums into the loss, so a step is ten small kernels (the
+graph's last two kernels add to the loss, so a step is ten small kernels (the
 logits, log-softmax, the pick, the gradient's 1/n, exp and scatter, two
 products, the step count and fused Adam) and no launches from the host.
 
@@ -123,7 +123,7 @@ class CachedHead:
     def _one_hot_values(self, n: int) -> None:
         """Make the ``(n, 1)`` column of -1/n a step of ``n`` label elements scatters (once, outside any capture)."""
         if n not in self._minus_one:
-            self._minus_one[n] = torch.full((n, 1), -1.0 / n, device=self.X.device)
+            self._minus_one[n] = torch.full((n, 1), -1.0 / n, dtype=self.X.dtype, device=self.X.device)
 
     @torch.no_grad()
     def _update(self, xb: torch.Tensor, y: torch.Tensor, picked: torch.Tensor | None = None) -> torch.Tensor:
@@ -201,7 +201,7 @@ class CachedHead:
         x = torch.zeros(rows, self.X.shape[1], dtype=self.X.dtype, device=dev)
         y = torch.zeros(rows, self.Y.shape[1], dtype=self.Y.dtype, device=dev)
         n = batch_size * self.n_out * self.n_heads
-        picked = torch.zeros(GRAPH_STEPS, n, 1, device=dev)  # each step's picked log-probabilities
+        picked = torch.zeros(GRAPH_STEPS, n, 1, dtype=self.X.dtype, device=dev)  # each step's picked log-probabilities
         self._one_hot_values(n)
 
         def steps() -> None:

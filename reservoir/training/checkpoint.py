@@ -5,7 +5,9 @@ tensors, optimizer and RNG state, the loop state); ``best.pt`` the settings,
 the trained tensors and the step they are from. A file that would run code
 when unpickled, or any other file that is not such a checkpoint, is refused in
 one line naming it, never executed. Checkpoints are written to a temporary
-file beside their path and renamed into place.
+file beside their path and renamed into place; a SIGTERM or SIGHUP that
+arrives meanwhile takes effect once the checkpoint is in place
+(:func:`reservoir.io.stop_deferred`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import nn
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, first_sentence, one_line
+from reservoir.io import atomic_write, first_sentence, one_line, stop_deferred
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.training import TrainConfig
@@ -35,9 +37,9 @@ class _Writes:
     says why (``unexpected pos``).
 
     Once a write has failed, or the file is closed, writes are dropped: an
-    interrupt between torch's zip writer being made and its ``with`` block
-    leaves the writer unfinished, and its destructor writes the end of the
-    archive whenever it is collected. A write that raised there, in C++,
+    interrupt (Ctrl-C, which is not deferred) between torch's zip writer
+    being made and its ``with`` block leaves the writer unfinished, and its
+    destructor writes the end of the archive whenever it is collected. A write that raised there, in C++,
     would abort the process; the temporary it writes to is discarded anyway.
     """
 
@@ -62,7 +64,7 @@ def save(path: Path, payload: dict[str, Any]) -> None:
     """Write a checkpoint to a fresh temporary file beside ``path``, then rename it into place; a failed write (a full
     disk) is one line, and the checkpoint already at ``path`` stays as it was."""
     note = "the previous one is kept, rerun the same command to resume" if path.exists() else "none was written"
-    with atomic_write(path, "the checkpoint", note=note) as f:
+    with stop_deferred(), atomic_write(path, "the checkpoint", note=note) as f:  # a SIGTERM waits for the rename
         out = _Writes(f)
         try:
             torch.save(payload, out)
