@@ -205,7 +205,6 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     os.replace(tmp, dest)
 
 
-
 #: A stop request (SIGTERM, SIGHUP: :func:`request_stop`) that arrived inside a :func:`stop_deferred` block of the
 #: main thread, raised when the outermost block ends; and how deep the main thread is in such blocks.
 _STOP: dict[str, Any] = {"depth": 0, "pending": None}
@@ -225,10 +224,10 @@ def stop_deferred() -> Iterator[None]:
     --------
     >>> done = []
     >>> with stop_deferred():
-    ...     request_stop(KeyboardInterrupt("stop"))
+    ...     request_stop(RuntimeError("stop"))  # the CLI's signal handler passes its Terminated
     ...     done.append("the block's end")
     Traceback (most recent call last):
-    KeyboardInterrupt: stop
+    RuntimeError: stop
     >>> done
     ["the block's end"]
     """

@@ -182,7 +182,8 @@ def test_storage_options_without_a_store_url_are_refused_not_ignored(tmp_path):
 def test_a_task_parameter_given_twice_is_refused_not_overwritten(tmp_path):
     for cmd in (("extract", "--backbone", "tiny-gpt2", "--out", tmp_path / "x.zarr"), ("fit-raw",)):
         one_line_error(invoke(*cmd, "--task", "bit-xor", "-p", "n_train=100", "-p", "n_bits=3", "-p", " n_train=200"),
-                       "--param", "expected each parameter once, found n_train twice ('n_train=100' and ' n_train=200')")
+                       "--param",
+                       "expected each parameter once, found n_train twice ('n_train=100' and ' n_train=200')")
     one_line_error(invoke("extract", "--task", "mnist", "--download", "-p", "download=false", "--out",
                           tmp_path / "m.zarr"),
                    "expected --download or -p download=..., not both; found --download and -p download=false")

@@ -862,9 +862,11 @@ def test_a_probe_is_refused_on_a_store_with_another_number_of_label_heads(tmp_pa
                       "--quiet", "--out", tmp_path / f"{name}.zarr").exit_code == 0
         assert invoke("fit-linear", tmp_path / f"{name}.zarr", "--layer", 1, "--save", "--results",
                       tmp_path / "r").exit_code == 0
-    line = assert_bad_input(invoke("predict", tmp_path / "r/multi/logistic-layer1.probe.json", tmp_path / "single.zarr"))
+    line = assert_bad_input(invoke("predict", tmp_path / "r/multi/logistic-layer1.probe.json",
+                                   tmp_path / "single.zarr"))
     assert "expected labels of the probe's 3 label heads; found one label per row" in line
-    line = assert_bad_input(invoke("predict", tmp_path / "r/single/logistic-layer1.probe.json", tmp_path / "multi.zarr"))
+    line = assert_bad_input(invoke("predict", tmp_path / "r/single/logistic-layer1.probe.json",
+                                   tmp_path / "multi.zarr"))
     assert "expected labels of the probe's one label per row; found 3 label heads" in line
 
 

@@ -70,8 +70,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Terminated` while a command runs. Not under ``torchrun`` (its agent stops workers
-    with SIGTERM and expects them gone) nor outside the main thread (where no handler can be set)."""
+    """SIGTERM and SIGHUP raise :class:`Terminated` while a command runs. Not under ``torchrun`` (its agent stops
+    workers with SIGTERM and expects them gone) nor outside the main thread (where no handler can be set)."""
     if "TORCHELASTIC_RUN_ID" in os.environ or threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -57,8 +57,7 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
                            task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
                            max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp,
-                           revision=revision, truncate=truncate,
-                           full_seq_layer=full_seq_layer, pooling=pooling)
+                           revision=revision, truncate=truncate, full_seq_layer=full_seq_layer, pooling=pooling)
     timings: dict[str, float] = {}
     path = run_extract(config, progress=not quiet, timings=timings)
     if not is_leader():

@@ -87,8 +87,8 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
                            format=format, task_params=task.params, seed=info.seed,
                            projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
                            batch_size=batch_size, max_tokens=max_tokens, writers=writers, dtype=dtype,
-                           device=device, amp=amp,
-                           revision=info.revision, full_seq_layer=full_seq_layer, truncate=truncate,
+                           device=device, amp=amp, revision=info.revision, full_seq_layer=full_seq_layer,
+                           truncate=truncate,
                            pooling=check_poolings(pooling))
     where = store_path(target)
     with open_job(where, format, device, sharded) as job:
@@ -112,8 +112,8 @@ def run(config: ExtractConfig, progress: bool = True, task: TaskData | None = No
     building ``config.task``. ``timings``, when given, receives the seconds
     spent on the task (``task_s``), the model (``model_s``) and the pass
     itself (``pass_s``, store writes included; absent when the store was
-    complete already). Under ``torchrun`` with
-    several processes, every rank calls it and writes its share of one store
+    complete already). Under ``torchrun`` with several processes, every rank
+    calls it and writes its share of one store
     (:mod:`reservoir.extract.sharded`).
 
     Examples

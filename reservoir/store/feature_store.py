@@ -425,9 +425,8 @@ class FeatureStore:
         n_dim)}`` for every pooling of the store, or one array for a store of
         one pooling. Each run of consecutive chunks is one write per array (the
         backend's: a file per chunk, or its own encoding of them together), then
-        every chunk's checksums, then
-        the ``done`` flags: a kill in between leaves chunks written but not done,
-        which a rerun writes again.
+        every chunk's checksums, then the ``done`` flags: a kill in between
+        leaves chunks written but not done, which a rerun writes again.
 
         Refuses non-finite features or states (nothing is written); a failed
         write raises one line and leaves the chunks not done.

@@ -39,8 +39,9 @@ class _Writes:
     Once a write has failed, or the file is closed, writes are dropped: an
     interrupt (Ctrl-C, which is not deferred) between torch's zip writer
     being made and its ``with`` block leaves the writer unfinished, and its
-    destructor writes the end of the archive whenever it is collected. A write that raised there, in C++,
-    would abort the process; the temporary it writes to is discarded anyway.
+    destructor writes the end of the archive whenever it is collected. A
+    write that raised there, in C++, would abort the process; the temporary
+    it writes to is discarded anyway.
     """
 
     def __init__(self, f: Any):
