@@ -232,6 +232,10 @@ def test_bench_extract_cli(tmp_path):
     assert b["tokens"] < b["padded_tokens"] < b["n_rows"] * b["max_length"]  # buckets pad less than the naive way
     assert b["peak_rss_mb"] >= b["peak_rss_mb_extract"] > 100
     assert f"{b['pass_over_bare']:.3f}" in r.stdout
+    # the writer's account: every row's float16 features once, within the pass
+    assert b["write_mb"] == pytest.approx(190 * len(b["layers"]) * b["backbone"]["n_dim"] * 2 / 1e6)
+    assert 0 < b["write_s"] and 0 <= b["tail_s"] < b["pass_s"] and b["copy_wait_s"] >= 0
+    assert f"writer: {b['write_mb']:,.0f} MB of features in {b['write_s']:.2f} s summed over 1 thread (" in r.stdout
     read = BenchResult.read(tmp_path / "b.json")  # the file is the typed result, round trip exact
     assert read.kind == "bench-extract" and read["n_rows"] == 190
     assert sorted(read.extra) == ["environment", "written"] and read.to_dict() == b

@@ -40,12 +40,14 @@ def test_chunk_files_written_directly_are_the_files_zarr_writes(tmp_path, monkey
     feats = np.random.default_rng(0).standard_normal((10, 2, 1, 3)).astype(dtype)
     labels, lengths = np.arange(10) % 4, np.arange(10) + 1
     put, direct = backends._put, []
-    monkeypatch.setattr(backends, "_put", lambda path, data: (direct.append(path.name), put(path, data)))
+    monkeypatch.setattr(backends, "_put", lambda path, data: (direct.append(path), put(path, data)))
     _four_chunks(tmp_path / "direct.zarr", attrs, feats, labels, lengths)
-    assert len(direct) == 4  # every feature chunk, none of the compressed integer arrays
+    arrays = sorted(str(p.relative_to(tmp_path / "direct.zarr")).split("/c/")[0] for p in direct)
+    # every chunk of every row array and flag: four chunks, each written once
+    assert arrays == sorted(4 * [f"train/{a}" for a in ("features", "labels", "lengths", "checksums", "done")])
     monkeypatch.setattr(backends.ZarrBackend, "_raw_chunk_rows", lambda self, name: None)
     _four_chunks(tmp_path / "zarr.zarr", attrs, feats, labels, lengths)
-    assert len(direct) == 4
+    assert len(direct) == 20
 
     def chunk_files(root):
         return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("c/**/*")) if p.is_file()}
@@ -57,6 +59,47 @@ def test_chunk_files_written_directly_are_the_files_zarr_writes(tmp_path, monkey
         assert st.verify() == {}
         np.testing.assert_array_equal(st.features("train")[...], feats)
     assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_a_store_whose_small_arrays_are_compressed_resumes_through_zarr(tmp_path, monkeypatch):
+    """Stores written before every array was raw keep zstd on labels, lengths, checksums and flags: resuming one
+    writes those through Zarr (a raw write would corrupt them), the features directly."""
+    import zarr
+
+    import reservoir.store.files
+    from reservoir.store import backends
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 2)
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float16", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    feats = np.random.default_rng(1).standard_normal((10, 2, 1, 3)).astype(np.float16)
+    labels, lengths = np.arange(10) % 4, np.arange(10) + 1
+    raw_create = backends.ZarrBackend.create
+
+    def create_as_before(self, name, shape, dtype, chunk_rows):  # Zarr's default codecs for all but floats
+        if np.dtype(dtype).kind == "f":
+            return raw_create(self, name, shape, dtype, chunk_rows)
+        return self.root.create_array(name, shape=shape, chunks=(chunk_rows, *shape[1:]), dtype=dtype, fill_value=0)
+
+    path, rows = tmp_path / "old.zarr", np.r_[0:3, 6:10]
+    monkeypatch.setattr(backends.ZarrBackend, "create", create_as_before)
+    with FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+        st.write_chunks("train", [0, 2, 3], feats[rows], labels[rows], lengths=lengths[rows])
+    monkeypatch.setattr(backends.ZarrBackend, "create", raw_create)
+    put, direct = backends._put, []
+    monkeypatch.setattr(backends, "_put", lambda p, data: (direct.append(p.relative_to(path).parts[:2]), put(p, data)))
+    with FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+        assert st.done("train").tolist() == [True, False, True, True]
+        st.write_chunk("train", 1, feats[3:6], labels[3:6], lengths=lengths[3:6])
+        st.mark_complete()
+    assert direct == [("train", "features")]  # the compressed arrays went through Zarr
+    for name in ("labels", "lengths", "checksums", "done"):
+        assert len(zarr.open_array(path / "train" / name, mode="r").compressors) == 1
+    with FeatureStore.open(path) as st:
+        assert st.verify() == {}
+        np.testing.assert_array_equal(st.features("train")[...], feats)
+        np.testing.assert_array_equal(st.labels("train"), labels)
+        np.testing.assert_array_equal(st.lengths("train"), lengths)
 
 
 def test_writes_other_than_whole_chunks_of_the_row_shape_go_through_zarrs_checks(tmp_path, monkeypatch):

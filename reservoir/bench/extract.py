@@ -150,8 +150,9 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
 def time_pass(prep, path: Path | StoreURL, fmt: str, progress: bool = False, bare: bool = True) -> dict[str, Any]:
     """Time the extraction pass into a new store at ``path`` and (``bare``) the bare forward on the same plan.
 
-    Returns ``pass_s``, ``bare_forward_s``, ``format``, ``path``, the peak
-    memory during the pass and the plan (``(split, rows, order, bounds)`` per window).
+    Returns ``pass_s``, ``bare_forward_s``, ``format``, ``path``, the writer's
+    account (:data:`WRITER_ACCOUNT`), the peak memory during the pass and the
+    plan (``(split, rows, order, bounds)`` per window).
     """
     from dataclasses import replace
 
@@ -167,6 +168,7 @@ def time_pass(prep, path: Path | StoreURL, fmt: str, progress: bool = False, bar
         store.mark_complete()
         _sync(prep.device)
         r["pass_s"] = time.perf_counter() - t0
+        r.update({k: prep.timings.pop(k) for k in WRITER_ACCOUNT})
         r["peak_rss_mb_extract"] = _peak_rss_mb()
         r["peak_device_mb_extract"] = peak_device_mb(prep.device)
         r["plan"] = [(w.split, w.window.rows, w.order, w.bounds)
@@ -174,6 +176,12 @@ def time_pass(prep, path: Path | StoreURL, fmt: str, progress: bool = False, bar
     if bare:
         r["bare_forward_s"] = _time_bare(prep, r["plan"])
     return r
+
+
+#: What ``write_splits`` adds to the plan's timings: the writer threads' seconds waiting for each window's copy to
+#: the host and writing it (summed over threads), the megabytes of features and states written, and the pass's tail
+#: (from the last window queued to every write done).
+WRITER_ACCOUNT = ("copy_wait_s", "write_s", "write_mb", "tail_s")
 
 
 def _time_url(prep, prefix: str, progress: bool) -> dict[str, Any]:
@@ -321,7 +329,7 @@ def format_extract(r: BenchResult) -> str:
     if r["max_tokens"] and r["batch_size"]:
         batches += f" / {r['batch_size']} rows"
     dev_mem = "" if r["peak_device_mb"] is None else f"; device {r['peak_device_mb']:,.0f} MB"
-    return "\n".join([
+    return "\n".join(line for line in [
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
         f"{r['n_rows']:,} rows, {r['tokens']:,} tokens ({r['padded_tokens']:,} padded), batches of {batches}, "
         f"{r['device']} ({r.get('compute_path', r['compute_dtype'])}), {r['torch_threads']} threads, {r['format']} "
@@ -334,6 +342,10 @@ def format_extract(r: BenchResult) -> str:
         + " (same batches)",
         f"naive (full model, all hidden states, padded to {r['naive_padded_length']}, float32, batch 32): "
         f"{r['naive_timed_s']:.2f} s for {r['naive_rows']} rows, {r['naive_s']:.2f} s scaled to {r['n_rows']:,}",
+        f"writer: {r['write_mb']:,.0f} MB of features in {r['write_s']:.2f} s summed over {r['writers']} "
+        f"thread{'s' if r['writers'] > 1 else ''} ({r['write_mb'] / 1e3 / max(r['write_s'], 1e-9):.2f} GB/s a "
+        f"thread), {r['copy_wait_s']:.2f} s waiting for windows to reach the host; the pass's tail after the last "
+        f"window was queued {r['tail_s']:.2f} s" if "write_s" in r else "",
         f"pass / bare forward = {r['pass_over_bare']:.3f}" + (
             f" (local disk); {r['url_pass_over_bare']:.3f} to {r['url']} (object store / local = "
             f"{r['url_over_local']:.3f})" if r.measurements.get("url") else ""),
@@ -344,7 +356,7 @@ def format_extract(r: BenchResult) -> str:
         f"tokens per second (pass): {r['tokens_per_s']:,.0f}",
         f"peak memory: host {r['peak_rss_mb_extract']:,.0f} MB during extraction, {r['peak_rss_mb']:,.0f} MB "
         f"whole benchmark{dev_mem}",
-    ])
+    ] if line)
 
 
 __all__ = ["bench_extract", "format_extract"]

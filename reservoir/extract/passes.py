@@ -101,19 +101,36 @@ def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = Tru
     ``job`` and ``done``: a rank of a sharded job writes its share of the
     chunks that the ``done`` flags rank 0 read leave unfinished.
     """
+    import threading
+
     import torch
 
     engine = plan.engine()
+    lock, spent = threading.Lock(), {"copy_wait_s": 0.0, "write_s": 0.0, "write_mb": 0.0}
 
     def write(item: FinishedWindow) -> None:
+        t0 = time.perf_counter()
+        if item.ready is not None:
+            item.ready.synchronize()  # the window's copy to the host has landed
+        t1 = time.perf_counter()
         write_window(store, item)
+        t2 = time.perf_counter()
+        mb = sum(0 if t is None else t.numel() * t.element_size() for t in (item.feats, item.states)) / 1e6
+        with lock:
+            spent["copy_wait_s"] += t1 - t0
+            spent["write_s"] += t2 - t1
+            spent["write_mb"] += mb
 
+    queued = None
     with ChunkWriter(write, **writers(plan.device, plan.config.writers)) as writer, torch.inference_mode(), \
             plan.context:
         for w in iter_windows(plan, store, progress, job=job, done=done):
             feats, states = engine.run(w.split.inputs, w.split.lengths, w.window.rows, w.order, w.bounds,
                                        progress=w.bar)
             writer.submit(FinishedWindow(w.name, w.split, w.window, *to_host(feats, states)))
+        queued = time.perf_counter()
+    if queued is not None:  # the writer's account: seconds summed over its threads, and the pass's tail
+        plan.timings.update(spent, tail_s=time.perf_counter() - queued)
 
 
 #: Threads writing windows side by side on CUDA, where a GPU computes rows faster than one thread stores them (GPT-2

@@ -44,7 +44,7 @@ class ExtractionPlan:
     projection_weight: np.ndarray  # (d_in, n_dim) float32, saved before the cast
     final_norm: dict[str, np.ndarray] | None  # the final norm's float32 arrays, or None (identity)
     context: contextlib.AbstractContextManager  # what forwards run in (autocast for the LSTM baseline, else nothing)
-    timings: dict[str, float]  # task_s, model_s, then pass_s
+    timings: dict[str, float]  # task_s, model_s, then pass_s and the writer's account (passes.write_splits)
     batching: tuple[int | None, int | None]  # (batch_size, max_tokens) the pass runs with (resolve_batching)
 
     def engine(self, out_dtype: torch.dtype | None = None) -> Engine:

@@ -171,6 +171,7 @@ class ZarrBackend(Backend):
         where = path.zarr_store(read_only=mode == "r") if isinstance(path, StoreURL) else str(path)
         self.root = zarr.open_group(where, mode=mode, zarr_format=3)
         self._arrays: dict[str, Any] = {}
+        self._raw: dict[str, int | None] = {}  # _raw_chunk_rows, per array
 
     def read_attrs(self):
         return dict(self.root.attrs)
@@ -217,6 +218,11 @@ class ZarrBackend(Backend):
     def _raw_chunk_rows(self, name):
         """Rows per chunk of ``name`` when its chunk files are the raw bytes of whole row blocks on a local
         filesystem (chunked along rows only, the bytes codec alone, little-endian); ``None`` otherwise."""
+        if name not in self._raw:
+            self._raw[name] = self._find_raw_chunk_rows(name)
+        return self._raw[name]
+
+    def _find_raw_chunk_rows(self, name):
         if isinstance(self.path, StoreURL):
             return None
         import numpy as np
@@ -245,16 +251,18 @@ class ZarrBackend(Backend):
 
         chunks = (chunk_rows, *shape[1:]) if shape else ()
         self._arrays.pop(name, None)
-        # Floats (features, states) are stored raw: zstd saves about 8% of a float16 feature chunk and costs more
-        # CPU per megabyte than writing it. Integer and boolean arrays keep Zarr's default compressor.
-        raw = np.dtype(dtype).kind == "f"
-        return self.root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=0,
-                                      **({"compressors": None} if raw else {}))
+        self._raw.pop(name, None)
+        # Stored raw, every array: zstd saves about 8% of a float16 feature chunk and costs more CPU per megabyte
+        # than writing it, and a chunk of labels, lengths, checksums or one done flag is too small to be worth a
+        # codec (a raw chunk is also one that write_rows writes without Zarr's event loop).
+        return self.root.create_array(name, shape=shape, chunks=chunks, dtype=np.dtype(dtype), fill_value=0,
+                                      compressors=None)
 
     def flush(self):
         pass
 
     def close(self):
+        self._raw.clear()
         self._arrays.clear()  # on object storage: no client kept alive past the store's use
 
 

@@ -463,10 +463,10 @@ class FeatureStore:
                     self._b.write_rows(f"{split}/{name}", spans[i][0], values[at[i] : at[j]])
             with self._flags_lock:
                 for i, j in runs:
-                    self._b.array(f"{split}/checksums")[chunks[i] : chunks[j - 1] + 1] = sums[i:j]
+                    self._b.write_rows(f"{split}/checksums", chunks[i], sums[i:j])
                 self._b.flush()
                 for i, j in runs:
-                    self._b.array(f"{split}/done")[chunks[i] : chunks[j - 1] + 1] = True
+                    self._b.write_rows(f"{split}/done", chunks[i], np.ones(j - i, bool))
                 self._b.flush()
                 self._sums.pop(split, None)
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
