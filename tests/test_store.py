@@ -102,6 +102,55 @@ def test_a_store_whose_small_arrays_are_compressed_resumes_through_zarr(tmp_path
         np.testing.assert_array_equal(st.lengths("train"), lengths)
 
 
+def test_reopening_a_store_removes_the_temporaries_of_a_killed_write(tmp_path, monkeypatch):
+    """A run killed inside a chunk's write leaves its temporary beside the chunk; the run that resumes the store
+    removes it (and only it: a chunk file, a look-alike name and a link outside are kept)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    path, feats = tmp_path / "s.zarr", np.ones((10, 2, 1, 3), np.float32)
+
+    def reopen():
+        return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
+
+    with reopen() as st:
+        st.write_chunk("train", 0, feats[:3], np.zeros(3))
+    # a real kill inside _put: the process dies between writing the temporary and renaming it into place
+    script = textwrap.dedent(f"""
+        import os, signal, numpy as np
+        import reservoir.store.files
+        from reservoir.store import FeatureStore, backends
+        reservoir.store.files.MIN_CHUNK_BYTES = {3 * 2 * 3 * 4}
+        backends.os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
+        st = FeatureStore.create({str(path)!r}, {attrs!r}, {{"train": (10, ())}}, (2, 1, 3),
+                                 np.eye(2, 3, dtype=np.float32))
+        st.write_chunk("train", 1, np.ones((3, 2, 1, 3), np.float32), np.zeros(3))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = sorted(p.relative_to(path).as_posix() for p in path.rglob("*.partial"))
+    assert len(left) == 1 and left[0].startswith("train/features/c/1/0/0/0.")
+    look_alike = path / "train/features/c/notes.partial"
+    look_alike.write_text("not a chunk temporary")
+    outside = tmp_path / "outside.partial"
+    outside.write_text("x")
+    with reopen() as st:  # resumed: the killed write's temporary is gone
+        assert not st.done("train")[1]
+        st.write_chunk("train", 1, feats[3:6], np.zeros(3))
+    assert sorted(p.name for p in path.rglob("*.partial")) == ["notes.partial"] and outside.exists()
+    assert sorted(os.listdir(path / "train/features/c")) == ["0", "1", "notes.partial"]
+    with FeatureStore.open(path, allow_incomplete=True) as st:
+        assert st.done("train").tolist() == [True, True, False, False]
+
+
 def test_writes_other_than_whole_chunks_of_the_row_shape_go_through_zarrs_checks(tmp_path, monkeypatch):
     import reservoir.store.files
 

@@ -143,13 +143,17 @@ class Backend:
         raise NotImplementedError
 
 
+#: A chunk file's temporary while it is written (:func:`_put`): the chunk's name, 32 hex digits, this suffix.
+PARTIAL = ".partial"
+
+
 def _put(path: Path, data: Any) -> None:
     """``data``'s bytes as the file ``path``: written to a fresh temporary beside it (never through a link), then
     renamed into place, so a file linked from elsewhere is replaced, never written through."""
     import uuid
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
         with open(fd, "wb", buffering=0) as f:
@@ -161,6 +165,22 @@ def _put(path: Path, data: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def remove_partial_chunks(folder: str | os.PathLike[str]) -> int:
+    """Remove the chunk temporaries (:func:`_put`) that writes killed part-way left inside the store ``folder``
+    (called with the store's write lock held, before anything is written); links are neither followed nor removed.
+    Returns how many were removed."""
+    import re
+
+    pattern, removed = re.compile(r".+\.[0-9a-f]{32}" + re.escape(PARTIAL)), 0
+    for root, _, files in os.walk(os.fspath(folder), followlinks=False):
+        for name in files:
+            where = os.path.join(root, name)
+            if pattern.fullmatch(name) and stat.S_ISREG(os.lstat(where).st_mode):
+                os.unlink(where)
+                removed += 1
+    return removed
 
 
 class ZarrBackend(Backend):

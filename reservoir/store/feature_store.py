@@ -55,7 +55,7 @@ from reservoir.options import shown
 from reservoir.store import checks
 from reservoir.store import layout as lay
 from reservoir.store import lock as locks
-from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format
+from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format, remove_partial_chunks
 from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries, store_path
 from reservoir.store.remote import StoreURL
 
@@ -206,6 +206,13 @@ class FeatureStore:
         except BaseException:
             lock.release()
             raise
+        try:
+            if isinstance(p, Path) and store.format == "zarr":
+                remove_partial_chunks(p)  # what a killed run was writing; none of it was marked done
+        except OSError as err:
+            store.close()
+            raise ReservoirError(f"{p}: could not remove the temporaries of an interrupted write ({cause(err)})") \
+                from err
         try:
             diff = first_difference(store.attrs, key)
             if diff is not None:
