@@ -271,6 +271,16 @@ def test_extract_bad_input(extra, expect, tmp_path, offline):
     assert elapsed < 20, f"bad input took {elapsed:.1f} s (hub retries?)"
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is there")
+def test_extract_on_a_missing_cuda_device_is_refused_before_the_task_loads(tmp_path, monkeypatch):
+    import reservoir.tasks
+
+    monkeypatch.setattr(reservoir.tasks, "load_task", lambda *a, **k: pytest.fail("the task was loaded"))
+    result = invoke("extract", *XOR, *TINY, "--device", "cuda", "--out", tmp_path / "out.zarr")
+    assert assert_bad_input(result) == "Error: device 'cuda' asked for, found no CUDA device (use --device cpu)"
+    assert not (tmp_path / "out.zarr").exists()
+
+
 @pytest.mark.parametrize("where", ["under /proc", "under a regular file"])
 def test_extract_unwritable_out(where, tmp_path):
     if where == "under /proc":

@@ -69,11 +69,11 @@ def prepare(config: ExtractConfig, task: TaskData | None = None) -> ExtractionPl
     from reservoir.backbones import load_backbone
     from reservoir.tasks import load_task
 
+    resolve_device(config.device)  # a bad device is refused before any work
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     task = task if task is not None else load_task(config.task, config.task_params)
     timings["task_s"] = time.perf_counter() - t0
-    resolve_device(config.device)  # a bad device is refused before the model loads
     requested_depth = None
     if config.layers is not None:
         requested_depth = config.layers if isinstance(config.layers, int) else max(config.layers)
