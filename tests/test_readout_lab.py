@@ -254,6 +254,7 @@ def test_cli_prints_intervals_timing_and_learning_curve(stores, tmp_path):
     assert lines[0].split()[:4] == ["layer", "train", "val", "[95%"]
     assert "fits: " in res.output and "for 3 layer(s), 8 L2 strength(s) each; store read" in res.output
     assert "learning curve: test accuracy [95% CI] by training rows" in res.output
+    assert not [line for line in lines if line != line.rstrip()]  # no trailing blanks (the curve's header had)
     assert (tmp_path / "a" / "logistic-learning-curve.png").stat().st_size > 1000
     bad = CliRunner().invoke(main, ["fit-linear", str(stores["a"]), "--train-sizes", "100,ten"])
     assert bad.exit_code == 2 and "expected row counts like 100,1000,all; found 'ten'" in bad.output

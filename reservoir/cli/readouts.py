@@ -113,7 +113,7 @@ def _show_curves(results, readout: str, folder: Path) -> None:
 
     sizes = [p["n_train"] for p in results[0].metrics["learning_curve"]]
     click.echo("learning curve: test accuracy [95% CI] by training rows")
-    click.echo(f"{'layer':>5}  " + "  ".join(f"{f'{s:,} rows':<22}" for s in sizes))
+    click.echo((f"{'layer':>5}  " + "  ".join(f"{f'{s:,} rows':<22}" for s in sizes)).rstrip())
     for r in results:
         cells = [f"{_pct(p['test_accuracy'])} {ci(p['test_interval'])}" for p in r.metrics["learning_curve"]]
         click.echo(f"{r.config['layer']:>5}  " + "  ".join(cells))
