@@ -164,7 +164,7 @@ def bench_readout(store, layer, penalty, path_rows, seed, out):
     click.echo(f"{len(r.layers)} layer(s), {r.n_train:,} train rows x {r.n_features} features, "
                f"{r.torch_threads} threads; the same validation rows and L2 grid on both sides; readout: "
                f"{r.penalty} penalty, path on {'every fit row' if rows is None else f'{rows:,} rows'}")
-    click.echo(f"{'layer':>5}  {'reservoir s':>11}  {'test [95% CI]':<22}  {'sklearn s':>9}  {'test [95% CI]':<22}")
+    click.echo(f"{'layer':>5}  {'reservoir s':>11}  {'test [95% CI]':<22}  {'sklearn s':>9}  test [95% CI]")
     for p in r.per_layer:
         ours, sk = p["reservoir"], p["sklearn"]
         click.echo(f"{p['layer']:>5}  {ours['fit_s']:11.2f}  {_acc(ours)}  {sk['fit_s']:9.2f}  {_acc(sk)}")
