@@ -113,13 +113,12 @@ def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = Tru
         if item.ready is not None:
             item.ready.synchronize()  # the window's copy to the host has landed
         t1 = time.perf_counter()
-        write_window(store, item)
+        written = write_window(store, item)
         t2 = time.perf_counter()
-        mb = sum(0 if t is None else t.numel() * t.element_size() for t in (item.feats, item.states)) / 1e6
         with lock:
             spent["copy_wait_s"] += t1 - t0
             spent["write_s"] += t2 - t1
-            spent["write_mb"] += mb
+            spent["write_mb"] += written / 1e6
 
     queued = None
     with ChunkWriter(write, **writers(plan.device, plan.config.writers)) as writer, torch.inference_mode(), \

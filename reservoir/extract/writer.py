@@ -121,8 +121,9 @@ class FinishedWindow:
     ready: Any  # the CUDA event that marks the copy to the host done; None on the CPU
 
 
-def write_window(store: FeatureStore, item: FinishedWindow) -> None:
-    """Write a finished window's unfinished chunks (features per pooling, labels, lengths, states) and their flags."""
+def write_window(store: FeatureStore, item: FinishedWindow) -> int:
+    """Write a finished window's unfinished chunks (features per pooling, labels, lengths, states) and their flags;
+    return the bytes of features and states written."""
     name, split, window = item.split_name, item.split, item.window
     if item.ready is not None:
         item.ready.synchronize()  # the window's device-to-host copy has landed
@@ -135,3 +136,4 @@ def write_window(store: FeatureStore, item: FinishedWindow) -> None:
         rows, feats, states = rows[keep], feats[keep], None if states is None else states[keep]
     store.write_chunks(name, todo, {p: feats[:, i] for i, p in enumerate(store.poolings)}, split.labels[rows],
                        lengths=split.lengths[rows], states=states)
+    return feats.nbytes + (0 if states is None else states.nbytes)

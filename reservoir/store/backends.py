@@ -167,20 +167,17 @@ def _put(path: Path, data: Any) -> None:
         raise
 
 
-def remove_partial_chunks(folder: str | os.PathLike[str]) -> int:
+def remove_partial_chunks(folder: str | os.PathLike[str]) -> None:
     """Remove the chunk temporaries (:func:`_put`) that writes killed part-way left inside the store ``folder``
-    (called with the store's write lock held, before anything is written); links are neither followed nor removed.
-    Returns how many were removed."""
+    (called with the store's write lock held, before anything is written); links are neither followed nor removed."""
     import re
 
-    pattern, removed = re.compile(r".+\.[0-9a-f]{32}" + re.escape(PARTIAL)), 0
+    pattern = re.compile(r".+\.[0-9a-f]{32}" + re.escape(PARTIAL))
     for root, _, files in os.walk(os.fspath(folder), followlinks=False):
         for name in files:
             where = os.path.join(root, name)
             if pattern.fullmatch(name) and stat.S_ISREG(os.lstat(where).st_mode):
                 os.unlink(where)
-                removed += 1
-    return removed
 
 
 class ZarrBackend(Backend):
