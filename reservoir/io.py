@@ -253,6 +253,15 @@ def request_stop(stop: BaseException) -> None:
     raise stop
 
 
+def save_png(fig: Any, path: str | os.PathLike, dpi: int = 110) -> Path:
+    """A matplotlib figure written as PNG at ``path`` through :func:`atomic_write`: a full disk is one line and no
+    half-written PNG is left. The format is PNG whatever the suffix says."""
+    path = Path(path)
+    with atomic_write(path, "the figure") as f:
+        fig.savefig(f, format="png", dpi=dpi)
+    return path
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, what: str, *, text: bool = False, note: str = "") -> Iterator[IO[Any]]:
     """A file to write ``path`` through: a temporary beside it, flushed to disk and renamed into place when the block

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside, read_json
+from reservoir.io import atomic_write, check_inside, read_json, save_png
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
@@ -211,7 +211,7 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
 def _keep_rows(row: Row, res, path: Path) -> None:
     """A result's 95% interval and per-row results (files written before intervals existed have neither)."""
     interval = res.metrics.get("test_interval")
-    if interval is not None:
+    if interval is not None and None not in interval:  # null: no interval (no test rows)
         row.intervals.append(_numbers(interval, path, "metrics.test_interval"))
     record = (res.rows or {}).get("test") if isinstance(res.rows, dict) else None
     task = res.task if res.task else (res.store or {}).get("task")
@@ -341,8 +341,7 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
 
 def _save(fig: Any, path: Path) -> None:
     """A figure written as PNG through a temporary file: a full disk is one line, and no half-written PNG is left."""
-    with atomic_write(path, "the figure") as f:
-        fig.savefig(f, format="png", dpi=110)
+    save_png(fig, path)
 
 
 def _varying(labels: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:

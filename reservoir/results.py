@@ -52,9 +52,23 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     except OSError as err:
         raise unwritable(p.parent, err) from None
     with atomic_write(p, "the results", text=True) as f:
-        json.dump(payload, f, indent=2, sort_keys=False, default=float)
+        json.dump(_strict(payload), f, indent=2, sort_keys=False, allow_nan=False)
         f.write("\n")
     return p
+
+
+def _strict(value: Any) -> Any:
+    """``value`` as strict JSON holds it: a non-finite number (no validation accuracy, say) is ``null``,
+    numpy scalars and arrays are Python numbers and lists."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # a numpy scalar or array
+        return _strict(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return value
 
 
 R = TypeVar("R", bound="Result")
@@ -62,7 +76,8 @@ R = TypeVar("R", bound="Result")
 
 def check_accuracies(data: Any, where: str = "") -> None:
     """Refuse (one line) a result whose accuracies are not what an accuracy can be: every value under a key naming
-    an accuracy is a number in [0, 1] (or ``None``), every interval two such numbers (``NaN``: none), at any depth.
+    an accuracy is a number in [0, 1] (or ``None``: none), every interval two such numbers (``NaN`` too), at any
+    depth. (Earlier versions wrote a missing validation accuracy as ``NaN``: such a run is done again.)
 
     Examples
     --------

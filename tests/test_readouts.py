@@ -52,8 +52,28 @@ def test_validation_data_replaces_carved_split():
     X, y = rng.normal(size=(200, 5)), rng.integers(0, 2, 200)
     est = LogisticReadout(alphas=[1.0, 1e-3]).fit(X, y, validation_data=(X[:50], y[:50]))
     assert set(est.val_scores_) == {1.0, 1e-3}
-    with pytest.raises(ValueError, match="among the training classes"):
-        LogisticReadout(alphas=[1.0, 1e-3]).fit(X, y, validation_data=(X[:5], np.full(5, 7)))
+
+
+@pytest.mark.parametrize("how", ["arrays", "chunks", "ridge"])
+def test_validation_rows_of_a_class_train_lacks_count_as_wrong(how):
+    """A validation split can hold a class the training rows lack (many classes, few rows): its rows are
+    scored wrong, as on the test split, not refused."""
+    from reservoir.readouts.ridge import RidgeReadout
+
+    rng = np.random.default_rng(2)
+    X, y = rng.normal(size=(200, 5)), (rng.normal(size=200) > 0).astype(int)
+    X[:, 0] += 3 * y
+    yv = y[:50].copy()
+    yv[:10] = 7  # a class no training row has
+    est = RidgeReadout(alphas=[1.0, 1e-3]) if how == "ridge" else LogisticReadout(alphas=[1.0, 1e-3])
+    if how == "arrays":
+        est.fit(X, y, validation_data=(X[:50], yv))
+    else:
+        est.fit_chunks([(X, y)], [(X[:50], yv)])
+    assert est.val_correct_.shape == (50,) and not est.val_correct_[:10].any()
+    best = est.val_scores_[est.alpha_]
+    assert best == pytest.approx(est.val_correct_.sum() / 50) and 0 < best <= 40 / 50
+    assert np.array_equal(est.val_correct_[10:], est.predict(X[10:50]) == yv[10:])
 
 
 def test_layer_norm_matches_torch():
@@ -80,7 +100,7 @@ def test_fit_linear_from_store_applies_final_norm(tmp_path):
         np.testing.assert_allclose(X.mean(1), store.final_norm()["bias"].mean(), atol=1e-3)  # LN output mean = mean(b) when w=1
         assert not np.allclose(X, raw)
         Xt, yt = load_layer(store, "test", 2)
-        refit = LogisticReadout().fit(X, y)
+        refit = LogisticReadout(group_rows=10).fit(X, y)  # an example's 10 output tokens held out together
     results = fit_linear(out, layers=[1, 2], results_dir=tmp_path / "res")
     assert [r.config["layer"] for r in results] == [1, 2]
     saved = json.loads((tmp_path / "res" / "m" / "logistic-layer2.json").read_text())
@@ -285,12 +305,41 @@ def test_val_fraction_near_one_still_leaves_rows_to_fit():
     assert set(est.val_scores_) == {1.0, 1e-2}
 
 
-def test_moments_of_different_shifts_do_not_add():
+def test_moments_of_different_shifts_do_not_subtract():
     a, b = Moments(np.zeros(2)), Moments(np.ones(2))
-    a.update(np.ones((3, 2)))
-    b.update(np.ones((3, 2)))
+    a.update(np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [4.0, 4.0]]))
+    b.update(np.full((1, 2), 4.0))
     with pytest.raises(ValueError, match="same shift"):
-        a + b
+        a - b
     c = Moments(a.shift)
     c.update(np.full((1, 2), 4.0))
-    assert (a + c).n == 4 and np.allclose((a + c).mean, [1.75, 1.75])
+    assert (a - c).n == 3 and np.allclose((a - c).mean, [1.0, 1.0])
+
+
+@pytest.mark.parametrize("how", ["logistic", "logistic-chunks", "ridge"])
+def test_an_examples_output_tokens_are_held_out_together(how):
+    """With ``group_rows`` (a bit-memory store's output tokens per example), the validation split takes whole
+    examples, and ``val_correct_`` counts the correct heads of each."""
+    from reservoir.readouts.ridge import RidgeReadout
+
+    fit_rows, val_rows = carve_rows(60, 0.2, 0, group=3)
+    assert len(val_rows) == 12 and sorted([*fit_rows, *val_rows]) == list(range(60))
+    assert all(set(val_rows[i: i + 3]) == {val_rows[i] // 3 * 3 + j for j in range(3)} for i in range(0, 12, 3))
+    mask = holdout_mask(0, 3000, 0.1, 7, group=5).reshape(600, 5)
+    assert (mask.all(1) | ~mask.any(1)).all() and 30 < mask[:, 0].sum() < 90
+    assert np.array_equal(np.concatenate([holdout_mask(s, 250, 0.1, 7, group=5) for s in range(0, 3000, 250)]),
+                          mask.ravel())  # the same however the rows are chunked
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(1200, 6)), rng.integers(0, 2, size=(1200, 2))  # 300 examples x 4 tokens, 2 heads
+    X[:, :2] += 2 * y
+    if how == "ridge":
+        est = RidgeReadout(alphas=[1.0, 10.0], group_rows=4).fit(X, y)
+    elif how == "logistic":
+        est = LogisticReadout(alphas=[1.0, 1e-3], group_rows=4).fit(X, y)
+    else:
+        est = LogisticReadout(alphas=[1.0, 1e-3], group_rows=4).fit_chunks([(X[:500], y[:500]), (X[500:], y[500:])])
+    n_val = len(est.val_correct_)
+    assert 10 <= n_val <= 60 and est.val_correct_.max() <= 8  # examples of 4 tokens x 2 heads
+    assert est.val_scores_[est.alpha_] == pytest.approx(est.val_correct_.sum() / (8 * n_val))
+    with pytest.raises(ValueError, match="whole groups of group_rows=4"):
+        LogisticReadout(alphas=[1.0, 1e-3], group_rows=4).fit(X[:1001], y[:1001])

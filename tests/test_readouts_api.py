@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -134,12 +135,16 @@ def test_bench_readout_result(tmp_path, monkeypatch):
                                   task_params={"patch": 4}), progress=False)
     with FeatureStore.open(store) as st:
         r = readout_vs_sklearn(st, max_iter=100)  # every layer: 0 and 1
+        (cut,) = readout_vs_sklearn(st, 1, max_iter=1).per_layer  # every scikit-learn fit stops at max_iter
+    assert cut["sklearn"]["unconverged"] == len(DEFAULT_ALPHAS) + 1
     assert isinstance(r, ReadoutBenchResult) and (r.n_train, r.n_features, r.layers) == (1437, 32, [0, 1])
     assert (r.penalty, r.path_rows) == ("standardized", "all")  # scikit-learn's model, on scikit-learn's rows
     for p in r.per_layer:
         assert p["reservoir"]["alpha"] in DEFAULT_ALPHAS
-        # C = 1 / (alpha * n_fit) over the readout's grid, fitted on the readout's 1437 - 144 rows
-        assert any(p["sklearn"]["C"] == pytest.approx(1 / (a * 1293)) for a in DEFAULT_ALPHAS)
+        # C = 1 / (alpha * n) over the readout's grid, selected on the readout's 1437 - 144 rows, and the chosen
+        # alpha's C refitted on all 1437 (as the readout's final fit)
+        assert p["sklearn"]["alpha"] in DEFAULT_ALPHAS
+        assert p["sklearn"]["C"] == pytest.approx(1 / (p["sklearn"]["alpha"] * 1437))
     for side in (r.per_layer[1]["reservoir"], r.per_layer[1]["sklearn"]):  # ten digit classes: chance is about 0.1
         assert side["test_interval"][0] <= side["test_accuracy"] > 0.5
     assert r.time_ratio == pytest.approx(r.sklearn_s / r.reservoir_s)
@@ -156,3 +161,42 @@ def test_bench_readout_result(tmp_path, monkeypatch):
                          "written"]
     assert raw["kind"] == "bench-readout" and ReadoutBenchResult.read(out).to_dict() == raw
     assert f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x" in cli.output
+
+
+def test_a_result_without_validation_is_strict_json_and_reads_back(tmp_path):
+    """Too few rows to hold out validation: the file says null (strict JSON), and reads, reports and skips."""
+    from reservoir.recipes.runner import finished
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "tiny.npz"
+    np.savez(data, train_inputs=rng.normal(size=(8, 4, 3)).astype(np.float32), train_labels=np.arange(8) % 2,
+             test_inputs=rng.normal(size=(20, 4, 3)).astype(np.float32), test_labels=np.arange(20) % 2)
+    out = tmp_path / "tiny.json"
+    r = CliRunner().invoke(main, ["fit-raw", "--data", str(data), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    raw = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert raw["metrics"]["val_accuracy"] is None and raw["metrics"]["val_interval"] == [None, None]
+    assert FitResult.read(out).metrics["val_accuracy"] is None and finished(out)
+
+
+def test_stores_of_one_name_do_not_mix_their_results(xor_store, tmp_path):
+    """Results go to a folder named after the store (less its format's suffix only); a second store of the same
+    name is refused before any fit instead of replacing the first one's results."""
+    import shutil
+    from pathlib import Path
+
+    from reservoir.readouts.run import store_stem
+
+    assert [store_stem(p) for p in ("c/xor.zarr", "xor.digits.zarr", "s3://b/k/xor.zarr/", "x.H5", "plain")] == \
+        ["xor", "xor.digits", "xor", "x", "plain"]
+    results = tmp_path / "r"
+    fit_linear(xor_store, layers=[2], results_dir=results)
+    fit_linear(str(xor_store), layers=[2], results_dir=results)  # the same store again: replaced
+    twin = tmp_path / "elsewhere" / Path(xor_store).name
+    twin.parent.mkdir()
+    shutil.copy(xor_store, twin)
+    with pytest.raises(ReservoirError, match="another store of the same name") as err:
+        fit_linear(twin, layers=[2], results_dir=results)
+    assert str(twin) in str(err.value) and "\n" not in str(err.value)
+    assert FitResult.read(results / "s" / "logistic-layer2.json").config["store"] == str(xor_store)
+    fit_linear(twin, layers=[2], results_dir=tmp_path / "r2")  # another folder: fine

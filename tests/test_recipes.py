@@ -425,6 +425,12 @@ def test_dry_run_lists_work_and_runs_nothing(tiny_run, tmp_path, monkeypatch):
     assert "todo  train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0  [20 steps, 160 sequences]" in r.output
     assert "5 run(s), 5 to do: 20 optimizer steps (160 training sequences), 3 extraction(s)" in r.output
     assert not (tmp_path / "fresh").exists()  # nothing written
+    shutil.copytree(root / "results", tmp_path / "cut")
+    result = next((tmp_path / "cut").glob("fit-linear__*/logistic-layer*.json"))
+    result.write_text(result.read_text()[:100])  # a truncated results file: the run is to do, as run_recipe sees it
+    r = invoke("recipe", "run", root / "tiny.yaml", "--out", tmp_path / "cut", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert f"todo  {result.parent.name}" in r.output and r.output.count("done  ") == len(first["ran"]) - 1
 
 
 def test_plan_counts_sweep_trainings():

@@ -73,7 +73,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @storage_option(store="STORE")
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
-    from reservoir.readouts.run import fit_linear as run_fit
+    from reservoir.readouts.run import fit_linear as run_fit, results_folder
 
     layers = "all" if layer == "all" else _parse_layers(layer)
     if isinstance(layers, list):
@@ -98,7 +98,7 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     strengths = len(results[-1].metrics["val_scores"]) or 1
     click.echo(f"fits: {fit_s:.1f} s for {len(results)} layer(s), {strengths} L2 strength(s) each; "
                f"store read {load_s:.1f} s")
-    folder = Path(results_dir) / Path(results[0].config["store"]).name.split(".")[0]
+    folder = results_folder(results_dir, results[0].config["store"])
     stem = readout if results[0].config["pooling"] == "last" else f"{readout}-{results[0].config['pooling']}"
     if sizes:
         _show_curves(results, stem, folder)
@@ -133,9 +133,10 @@ def predict(probe, store, splits, out):
     """Apply a saved probe (fit-linear --save) to a store of the same backbone and projection."""
 
     from reservoir.readouts.probes import predict_store
+    from reservoir.readouts.run import store_stem
 
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
-    target = Path(out) if out else Path(f"{base}-{Path(store).name.split('.')[0]}.predictions.npz")
+    target = Path(out) if out else Path(f"{base}-{store_stem(store)}.predictions.npz")
     _check_out(str(target), store, f"{base}.probe.json", f"{base}.safetensors")
     found = predict_store(base, store, list(splits) or None)
     for split, res in found.items():

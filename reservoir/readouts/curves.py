@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reservoir.io import save_png
+
 if TYPE_CHECKING:
     from reservoir.readouts.run import FitResult
 
@@ -39,6 +41,4 @@ def plot_learning_curves(results: list[FitResult], path: str | os.PathLike, titl
     ax.set(xlabel="training rows", ylabel="test accuracy (%)", title=title or "learning curve (95% intervals)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", ncol=2)
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_png(fig, path)

@@ -64,6 +64,7 @@ from reservoir.readouts.stats import (
     encode_labels,
     held_out,
     holdout_mask,
+    per_group,
     split_seed,
 )
 from reservoir.runtime import resolve_device
@@ -111,6 +112,10 @@ class LogisticReadout(base.LinearReadout):
         subsample of them (strengths scaled to keep ``alpha * n``), and the
         chosen strength is then refitted on all rows; ``None`` fits the path
         on every row.
+    group_rows : int
+        Consecutive rows that make one example (``>= 1``): a bit-memory
+        store's output tokens. The validation split holds out whole examples,
+        and ``val_correct_`` counts per example.
     random_state : int or None
         Seed of the validation split and of the path's subsample.
     device : str
@@ -131,9 +136,9 @@ class LogisticReadout(base.LinearReadout):
     val_scores_ : dict of float to float
         Validation accuracy of each candidate.
     val_correct_ : ndarray of shape (n_val,) or None
-        Correct heads of each validation row at the chosen strength (what
-        an interval of the validation accuracy resamples); None without
-        validation.
+        Correct heads of each validation row (each example of
+        ``group_rows`` rows) at the chosen strength (what an interval of the
+        validation accuracy resamples); None without validation.
     n_features_in_ : int
     n_iter_ : int
         L-BFGS iterations of the final fit.
@@ -154,11 +159,11 @@ class LogisticReadout(base.LinearReadout):
         "alphas": options.grid(options.number(0)), "val_fraction": base.VAL_FRACTION, "whiten": options.FLAG,
         "penalty": options.one_of("whitened", "standardized"), "max_iter": options.integer(1),
         "tol": options.number(0), "path_rows": options.optional(options.integer(2)),
-        "random_state": options.RANDOM_STATE,
+        "group_rows": options.integer(1), "random_state": options.RANDOM_STATE,
     }
 
     def __init__(self, alphas=None, val_fraction=0.1, whiten=True, penalty="whitened", max_iter=500, tol=1e-7,
-                 path_rows=PATH_ROWS, random_state=0, device="cpu"):
+                 path_rows=PATH_ROWS, group_rows=1, random_state=0, device="cpu"):
         self.alphas = alphas
         self.penalty = penalty
         self.val_fraction = val_fraction
@@ -166,6 +171,7 @@ class LogisticReadout(base.LinearReadout):
         self.max_iter = max_iter
         self.tol = tol
         self.path_rows = path_rows
+        self.group_rows = group_rows
         self.random_state = random_state
         self.device = device
 
@@ -181,6 +187,8 @@ class LogisticReadout(base.LinearReadout):
         alphas = self._start_fit()
         X, y = validate_data(self, X, y, multi_output=True, dtype=np.float32, y_numeric=False)
         check_classification_targets(y)
+        if len(X) % self.group_rows:
+            raise ValueError(f"expected rows in whole groups of group_rows={self.group_rows}; found {len(X)} rows")
         self.classes_ = np.unique(y)
         Y = np.searchsorted(self.classes_, y).reshape(len(y), -1)  # (n, n_heads)
         moments = Moments(full=self.whiten)
@@ -192,14 +200,14 @@ class LogisticReadout(base.LinearReadout):
         val = fit_rows = None
         if validation_data is not None:
             Xv = validate_data(self, validation_data[0], reset=False, dtype=np.float32)
-            Yv = encode_labels(self.classes_, validation_data[1]).reshape(len(Xv), -1)
+            Yv = encode_labels(self.classes_, validation_data[1], unseen=True).reshape(len(Xv), -1)
             if Yv.shape[1] != Y.shape[1]:
                 raise ValueError(f"validation y must have {Y.shape[1]} head(s) like the training y; got shape "
                                  f"{np.shape(validation_data[1])}")
             Xvc = torch.as_tensor(Xv, device=dev) - torch.as_tensor(self.mean_, device=dev)
             val, fit_rows = (Xvc, torch.as_tensor(Yv, device=dev)), np.arange(len(X))
         elif len(alphas) > 1 and len(X) >= MIN_CARVE_ROWS:
-            fit_rows, val_rows = carve_rows(len(X), self.val_fraction, self.random_state)
+            fit_rows, val_rows = carve_rows(len(X), self.val_fraction, self.random_state, self.group_rows)
             v = torch.as_tensor(val_rows, device=dev)
             val = (Xc[v], Yt[v])
         path = None
@@ -224,7 +232,7 @@ class LogisticReadout(base.LinearReadout):
         moments, classes, y_shape, n_val = Moments(full=self.whiten), [], (), 0
         for X, y in checked_chunks(self, train_chunks, first=True):  # pass 1: statistics, classes
             if carve:
-                n_val += int(holdout_mask(moments.n, len(X), self.val_fraction, seed).sum())
+                n_val += int(holdout_mask(moments.n, len(X), self.val_fraction, seed, self.group_rows).sum())
             moments.update(X)
             classes.append(np.unique(y))
             y_shape = y.shape[1:]
@@ -240,7 +248,7 @@ class LogisticReadout(base.LinearReadout):
             def blocks():
                 for X, y in source():
                     X = validate_data(self, X, reset=False, dtype=np.float32) if val else np.asarray(X, np.float32)
-                    Y = encode_labels(self.classes_, y, "validation labels" if val else "labels")
+                    Y = encode_labels(self.classes_, y, unseen=val)
                     Y = Y.reshape(len(X), -1)
                     if Y.shape[1] != n_heads:
                         raise ValueError(f"validation y must have {n_heads} head(s) like the training y; got shape "
@@ -254,8 +262,10 @@ class LogisticReadout(base.LinearReadout):
         if val_chunks is not None:
             val = stream(chunk_source(val_chunks, "val_chunks"), val=True)
         elif carve and can_carve(moments.n, n_val):
-            val = stream(held_out(train_chunks, self.val_fraction, seed))
-            fit_source, n_fit = held_out(train_chunks, self.val_fraction, seed, keep=False), moments.n - n_val
+            g = self.group_rows
+            val = stream(held_out(train_chunks, self.val_fraction, seed, group=g))
+            fit_source = held_out(train_chunks, self.val_fraction, seed, keep=False, group=g)
+            n_fit = moments.n - n_val
         path = None
         if val is not None:  # pass 2: the path's rows, a seeded share of the rows to fit, held in memory
             share = 1.0 if self.path_rows is None else min(1.0, self.path_rows / n_fit)
@@ -294,7 +304,8 @@ class LogisticReadout(base.LinearReadout):
             accs = (per_row.sum(1) / max(per_row.shape[1] * n_heads, 1)).tolist()
             self.val_scores_ = {float(a): acc for a, acc in zip(alphas, accs)}
             best = int(np.argmax(accs))  # the first maximum: the strongest of ties
-            self.alpha_, self.path_rows_, self.val_correct_ = float(alphas[best]), m, per_row[best]
+            self.alpha_, self.path_rows_ = float(alphas[best]), m
+            self.val_correct_ = per_group(per_row[best], self.group_rows)
             start = solved[best: best + 1]
         else:
             self.alpha_ = float(alphas[-1])

@@ -39,6 +39,7 @@ from reservoir.readouts.stats import (
     encode_labels,
     held_out,
     holdout_mask,
+    per_group,
     split_seed,
 )
 
@@ -77,15 +78,6 @@ class _Stats:
             out.by_class[c] = (mine[0] - s, mine[1] - k)
         return out
 
-    def __add__(self, other: _Stats) -> _Stats:
-        out = _Stats(self.shift, self.x.dtype)
-        out.x = self.x + other.x
-        out.by_class = dict(self.by_class)
-        for c, (s, k) in other.by_class.items():
-            old = out.by_class.get(c)
-            out.by_class[c] = (s, k) if old is None else (old[0] + s, old[1] + k)
-        return out
-
     def centred(self, classes: np.ndarray, n_heads: int):
         """``mean_x (d,)``, ``XcᵀXc (d, d)``, ``XcᵀYc (d, H*C)`` and ``mean_y (H*C,)`` for ``±1`` targets."""
         n, d = max(self.x.n, 1), len(self.shift)
@@ -121,6 +113,10 @@ class RidgeReadout(base.LinearReadout):
         1e-4 and the features are float32, each block's products are taken in
         float32 (twice as fast, rounding near 1e-7 of the sums); otherwise in
         float64.
+    group_rows : int
+        Consecutive rows that make one example (``>= 1``): a bit-memory
+        store's output tokens. The validation split holds out whole examples,
+        and ``val_correct_`` counts per example.
     random_state : int or None
         Seed of the validation split.
 
@@ -136,7 +132,8 @@ class RidgeReadout(base.LinearReadout):
     val_scores_ : dict of float to float
         Validation accuracy of each candidate alpha (empty without validation).
     val_correct_ : ndarray of shape (n_val,) or None
-        Correct heads of each validation row at the chosen alpha.
+        Correct heads of each validation row (each example of ``group_rows``
+        rows) at the chosen alpha.
     n_features_in_ : int
 
     Examples
@@ -150,13 +147,15 @@ class RidgeReadout(base.LinearReadout):
     _parameter_checks: ClassVar[dict[str, options.Constraint]] = {
         "alphas": options.grid(options.number(0, open_low=True)), "val_fraction": base.VAL_FRACTION,
         "random_state": options.RANDOM_STATE, "precision": options.optional(options.number(0, 1)),
+        "group_rows": options.integer(1),
     }
     _dtype = (np.float64, np.float32)
 
-    def __init__(self, alphas=None, val_fraction=0.1, precision=None, random_state=0):
+    def __init__(self, alphas=None, val_fraction=0.1, precision=None, group_rows=1, random_state=0):
         self.alphas = alphas
         self.val_fraction = val_fraction
         self.precision = precision
+        self.group_rows = group_rows
         self.random_state = random_state
 
     # -- fitting -------------------------------------------------------------
@@ -194,7 +193,8 @@ class RidgeReadout(base.LinearReadout):
         self.val_scores_, self.val_correct_ = {}, None
         solution = (mean_x, V, lam, Q, mean_y)
         if carve:
-            self._select_alpha(grid, solution, held_out(train_chunks, self.val_fraction, seed), H, validated=True)
+            held = held_out(train_chunks, self.val_fraction, seed, group=self.group_rows)
+            self._select_alpha(grid, solution, held, H, validated=True)
         elif val_chunks is not None:
             self._select_alpha(grid, solution, chunk_source(val_chunks, "val_chunks"), H, validated=False)
         else:
@@ -232,7 +232,7 @@ class RidgeReadout(base.LinearReadout):
                 every, held = _Stats(shift, dtype), _Stats(shift, dtype)
             every.update(X, Y)  # every row, then the held-out ones again (a tenth): no copy of the rows to fit
             if seed is not None:
-                m = holdout_mask(start, len(X), self.val_fraction, seed)
+                m = holdout_mask(start, len(X), self.val_fraction, seed, self.group_rows)
                 held.update(X[m], Y[m])
             start, y_shape = start + len(X), y.shape[1:]
         if start == 0 or every is None or held is None:
@@ -252,7 +252,7 @@ class RidgeReadout(base.LinearReadout):
         for X, y in val_rows():
             if not validated:
                 X = validate_data(self, X, reset=False, dtype=self._dtype)
-            Yv = encode_labels(self.classes_, y, "labels" if validated else "validation labels")
+            Yv = encode_labels(self.classes_, y, unseen=not validated)
             Yv = Yv.reshape(len(X), -1)  # (m, H)
             if Yv.shape[1] != n_heads:
                 raise ValueError(f"validation y must have {n_heads} head(s) like the training y; "
@@ -264,7 +264,7 @@ class RidgeReadout(base.LinearReadout):
         accs = per_row.sum(0) / max(per_row.size // len(grid) * n_heads, 1)
         self.val_scores_ = {float(a): float(acc) for a, acc in zip(grid, accs)}
         best = int(np.argmax(accs))  # first maximum: the strongest of ties
-        self.alpha_, self.val_correct_ = float(grid[best]), per_row[:, best]
+        self.alpha_, self.val_correct_ = float(grid[best]), per_group(per_row[:, best], self.group_rows)
 
     # -- predicting ----------------------------------------------------------
     def _class_scores(self, X):

@@ -57,13 +57,16 @@ class FitResult(Result):
     task : dict or None
         fit-raw: the task's ``name`` and ``fingerprint``.
     metrics : dict
-        ``train_accuracy``, ``test_accuracy`` (full test split; each bit
-        counts once) and ``test_interval`` (its 95% interval over the test
-        rows, ``[low, high]``), ``alpha``, ``n_train``, ``n_test``; fit-linear
-        adds ``val_accuracy`` and ``val_interval``, ``val_scores``, ``chance``
-        (majority-class test accuracy) and, with ``train_sizes``,
-        ``learning_curve`` (a list of ``{n_train, test_accuracy,
-        test_interval, alpha, fit_s}``); fit-raw adds ``n_features``.
+        ``train_accuracy``, ``val_accuracy`` and ``val_interval`` (the
+        chosen strength's; ``None`` without validation rows),
+        ``test_accuracy`` (full test split; each bit counts once) and
+        ``test_interval`` (its 95% interval over the test rows, ``[low,
+        high]``), ``alpha``, ``n_train``, ``n_test`` (rows the readout saw: a
+        bit-memory store row's output tokens count one each); fit-linear adds
+        ``val_scores``, ``chance`` (majority-class test accuracy) and, with
+        ``train_sizes``, ``learning_curve`` (a list of ``{n_train,
+        test_accuracy, test_interval, alpha, fit_s}``, ``n_train`` in store
+        rows); fit-raw adds ``n_features``.
     timings : dict
         Seconds: ``fit_s``, and fit-linear's ``load_s`` (its share of the
         store read).
@@ -221,19 +224,20 @@ def fit_linear(
         if sizes and None in sizes and st.n_rows("train") in sizes:
             raise ReservoirError(f"{st.path}: expected distinct train sizes; found {st.n_rows('train'):,} and 'all', "
                                  f"which are both the store's {st.n_rows('train'):,} training rows")
-        folder = None if results_dir is None else Path(results_dir) / st.path.name.split(".")[0]
+        source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
+        stem = readout if pooled == "last" else f"{readout}-{pooled}"  # results of each pooling side by side
+        folder = None if results_dir is None else results_folder(results_dir, st.path)
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)
+            _check_owner(folder, stem, source)
         if on_result is not None:
             on_result(None)
         streamed = stream is True or (stream == "auto" and layer_bytes(st, "train") > STREAM_AUTO_BYTES)
         if streamed and sizes:
             raise ReservoirError(f"{st.path}: a layer's train features exceed {STREAM_AUTO_BYTES / 1024**3:.0f} GiB, "
                                  "so they are streamed; a learning curve (train_sizes) needs them in memory")
-        source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         has_val = "val" in st.splits
         results = []
-        stem = readout if pooled == "last" else f"{readout}-{pooled}"  # results of each pooling side by side
         for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
                          train_sizes=sizes, pooling=pooled):
             est = fit.estimator
@@ -259,6 +263,44 @@ def fit_linear(
             if on_result is not None:
                 on_result(result)
         return results
+
+
+def store_stem(store: object) -> str:
+    """The name a store's results go by: its file name less the format's suffix (``cache/xor.zarr`` -> ``xor``).
+
+    Only that suffix goes: ``xor.digits.zarr`` is ``xor.digits``. Two stores of
+    one name (``xor.zarr`` and ``xor.h5``, or in two folders) share it, and
+    :func:`fit_linear` refuses to mix their results in one folder.
+    """
+    name = Path(str(store).rstrip("/")).name  # a path, or an object store's URL
+    for suffix in (".zarr", ".h5", ".hdf5", ".hdf"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
+    """The folder of ``results_dir`` that :func:`fit_linear` writes a store's results in."""
+    return Path(results_dir) / store_stem(store)
+
+
+def _same_store(a: str, b: str) -> bool:
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _check_owner(folder: Path, stem: str, source: str) -> None:
+    """Refuse, before any fit, a folder whose results of this readout came from another store (two stores of one
+    name in different folders): writing would replace them without a word."""
+    for old in sorted(folder.glob(f"{stem}-layer*.json")):
+        try:
+            other = FitResult.read(old).config.get("store")
+        except ReservoirError:
+            continue  # unreadable: replaced like any damaged result
+        if isinstance(other, str) and not _same_store(other, source):
+            raise ReservoirError(f"{folder}: expected results of {source} or none; found {old.name} from {other} "
+                                 "(another store of the same name); pass another results folder or remove them")
 
 
 def _check_sizes(sizes) -> list[int | None] | None:

@@ -49,22 +49,32 @@ def checked_chunks(est, chunks: Chunks, first: bool = False, dtype=np.float32):
         yield X, y
 
 
-def encode_labels(classes: np.ndarray, y, what: str = "validation labels") -> np.ndarray:
-    """Class indices of ``y`` in ``classes``; a ``ValueError`` for labels outside them."""
+def encode_labels(classes: np.ndarray, y, what: str = "labels", unseen: bool = False) -> np.ndarray:
+    """Class indices of ``y`` in ``classes``; a ``ValueError`` for labels outside them.
+
+    ``unseen=True`` (validation labels) encodes a label outside ``classes`` as
+    -1 instead, which no prediction equals: a row of a class the training rows
+    lack counts as wrong, as it does on the test split.
+    """
     y = np.asarray(y)
     idx = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
-    if not np.all(classes[idx] == y):
+    known = classes[idx] == y
+    if unseen:
+        return np.where(known, idx, -1)
+    if not np.all(known):
         raise ValueError(f"{what} must be among the training classes {classes.tolist()}")
     return idx
 
 
 # -- the validation split carved from train ------------------------------------
-def carve_rows(n: int, fraction: float, random_state) -> tuple[np.ndarray, np.ndarray]:
+def carve_rows(n: int, fraction: float, random_state, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``(fit_rows, val_rows)`` of ``n`` in-memory rows: a seeded permutation, ``fraction`` of it held out.
 
     At least one row lands on each side. What :meth:`LogisticReadout.fit
     <reservoir.readouts.logistic.LogisticReadout.fit>` holds out, so a
-    comparison can select on the same rows.
+    comparison can select on the same rows. With ``group > 1`` each run of
+    ``group`` consecutive rows (one example's output tokens) is permuted and
+    held out whole, its rows kept in order.
 
     Examples
     --------
@@ -72,6 +82,10 @@ def carve_rows(n: int, fraction: float, random_state) -> tuple[np.ndarray, np.nd
     >>> len(fit_rows), len(val_rows), sorted([*fit_rows, *val_rows]) == list(range(20))
     (18, 2, True)
     """
+    if group > 1:
+        fit_groups, val_groups = carve_rows(n // group, fraction, random_state)
+        rows = np.arange(group)
+        return (fit_groups[:, None] * group + rows).ravel(), (val_groups[:, None] * group + rows).ravel()
     perm = np.random.default_rng(random_state).permutation(n)
     n_val = min(n - 1, max(1, round(fraction * n)))
     return perm[n_val:], perm[:n_val]
@@ -89,18 +103,20 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def holdout_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
+def holdout_mask(start: int, n: int, fraction: float, seed: int, group: int = 1) -> np.ndarray:
     """Which of the global rows ``start..start+n-1`` are held out for validation.
 
     A seeded hash of the row index (splitmix64), so the split is the same
     however the rows are chunked; about ``fraction`` of the rows are held out.
+    With ``group > 1``, of the index of the run of ``group`` consecutive rows
+    a row is in: an example's output tokens are held out together.
     """
     key = _splitmix64(np.array([seed % 2**64], dtype=np.uint64))
-    z = _splitmix64(np.arange(start, start + n, dtype=np.uint64) ^ key)
+    z = _splitmix64(np.arange(start, start + n, dtype=np.uint64) // np.uint64(group) ^ key)
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53 < fraction  # (n,) bool
 
 
-def held_out(chunks: Chunks, fraction: float, seed: int, keep: bool = True) -> Chunks:
+def held_out(chunks: Chunks, fraction: float, seed: int, keep: bool = True, group: int = 1) -> Chunks:
     """The chunk source of the rows :func:`holdout_mask` holds out (``keep=True``) or leaves to fit (``False``).
 
     Empty chunks are skipped; rows keep their order.
@@ -109,11 +125,20 @@ def held_out(chunks: Chunks, fraction: float, seed: int, keep: bool = True) -> C
         start = 0
         for X, y in chunks():
             X, y = np.asarray(X), np.asarray(y)
-            m = holdout_mask(start, len(X), fraction, seed) == keep  # (m,) bool
+            m = holdout_mask(start, len(X), fraction, seed, group) == keep  # (m,) bool
             start += len(X)
             if m.any():
                 yield X[m], y[m]
     return source
+
+
+def per_group(correct: np.ndarray, group: int, what: str = "validation rows") -> np.ndarray:
+    """Correct heads per example ``(m,)`` from those per row ``(m * group,)`` (rows of one example consecutive)."""
+    if group == 1:
+        return correct
+    if len(correct) % group:
+        raise ValueError(f"expected {what} in whole groups of {group} (group_rows); found {len(correct)} rows")
+    return correct.reshape(-1, group).sum(1)
 
 
 def can_carve(n: int, n_val: int) -> bool:
@@ -175,18 +200,6 @@ class Moments:
             self.s1, self.sxx = self.s1 + s1, self.sxx + sxx
         self.n += len(X)
         return xt
-
-    def __add__(self, other: Moments) -> Moments:
-        """The moments of both row sets; both must be shifted alike (else the sums would not add up)."""
-        if other.full != self.full or not _same(other.shift, self.shift):
-            raise ValueError("expected Moments with the same shift and kind to add up; found different ones")
-        if other.s1 is None:
-            return self
-        if self.s1 is None:
-            return other
-        out = Moments(self.shift, self.full, self.dtype)
-        out.n, out.s1, out.sxx = self.n + other.n, self.s1 + other.s1, _sum(self.sxx) + _sum(other.sxx)
-        return out
 
     def __sub__(self, other: Moments) -> Moments:
         """The moments of the rows of ``self`` not in ``other`` (a subset of them, shifted alike)."""

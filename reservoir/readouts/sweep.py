@@ -46,11 +46,14 @@ def make_readout(kind: str, seed: int, device: str, **kwargs) -> LogisticReadout
 
 
 def store_readout(store: FeatureStore, kind: str, seed: int, device: str) -> LogisticReadout | RidgeReadout:
-    """The readout for a store's features; the ridge one is told the stored dtype's precision, so it takes its
-    statistics in float32 where float16 rounding dwarfs float32's."""
+    """The readout for a store's features: a row's output tokens are one example to its validation split
+    (``group_rows``); the ridge one is told the stored dtype's precision, so it takes its statistics in float32
+    where float16 rounding dwarfs float32's."""
+    group = store.n_out_tokens
     if kind == "logistic":
-        return make_readout(kind, seed, device)
-    return RidgeReadout(random_state=seed, precision=float(np.finfo(np.dtype(store.attrs["dtype"])).eps))
+        return make_readout(kind, seed, device, group_rows=group)
+    return RidgeReadout(random_state=seed, precision=float(np.finfo(np.dtype(store.attrs["dtype"])).eps),
+                        group_rows=group)
 
 
 @dataclass
@@ -89,7 +92,7 @@ def validation_metrics(est, seed: int) -> dict[str, Any]:
     """The chosen strength's validation accuracy and interval (from the estimator's per-row record)."""
     if getattr(est, "val_correct_", None) is None:
         return {"val_accuracy": float("nan"), "val_interval": [float("nan"), float("nan")]}
-    heads = est.n_heads_ or 1
+    heads = (est.n_heads_ or 1) * est.group_rows  # val_correct_ counts per example
     out = accuracy_metrics("val", est.val_correct_, heads, seed=seed)
     out["val_accuracy"] = est.val_scores_[est.alpha_]
     return out

@@ -171,7 +171,7 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
     rows = []
     for run in recipe.runs():
         c = run.cell
-        row = {"id": run.id, "kind": run.kind, "done": all(f.exists() for f in result_files(run, out_dir / run.id)),
+        row = {"id": run.id, "kind": run.kind, "done": all(map(finished, result_files(run, out_dir / run.id))),
                "steps": 0, "sequences": 0, "trainings": 0, "extraction_layers": None}
         if run.kind == "train":
             n = len(parse_lr_sweep(str(c.lr_sweep))) * len(c.seeds) if c.lr_sweep else 1
