@@ -183,6 +183,30 @@ def test_info_prints_provenance_and_every_split(xor_store):
     assert attrs["schema"] == SCHEMA and attrs["complete"] is True and attrs["layers"] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_info_on_a_store_with_only_the_attributes_create_needs(tmp_path, suffix):
+    """A store made through the Python API need not record the backbone's init, weights or the task's params: info
+    says they are unrecorded."""
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float16", "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
+    path = tmp_path / f"min{suffix}"
+    with FeatureStore.create(path, attrs, {"train": (4, ()), "test": (2, ())}, (2, 1, 3),
+                             np.eye(2, 3, dtype=np.float32)) as st:
+        st.write_chunk("train", 0, np.ones((4, 2, 1, 3)), np.zeros(4), np.ones(4))
+    result = invoke("info", path)
+    assert_ok(result)
+    out = result.stdout
+    assert re.search(r"^backbone   unrecorded \(unrecorded, unrecorded layers, 3 dim\) init=unrecorded "
+                     r"seed=unrecorded revision=None$", out, re.M), out
+    assert re.search(r"^weights    sha256 unrecorded$", out, re.M), out
+    assert re.search(r"^task       t params unrecorded$", out, re.M), out
+    assert re.search(r"^           fingerprint unrecorded  classes unrecorded  label shape \[\]$", out, re.M), out
+    assert re.search(r"^projection unrecorded d_in=unrecorded .*\(unrecorded inputs\)$", out, re.M), out
+    assert "dtype float16 (computed in an unrecorded dtype)" in out
+    assert re.search(r"^  train +features \(4, 2, 1, 3\)  labels \(4,\)  chunks 1/1 done", out, re.M), out
+    assert re.search(r"^status     interrupted; rerun the extract command to finish it$", out, re.M), out
+
+
 def test_fit_linear_all_layers_writes_one_result_per_layer(xor_store, tmp_path):
     results = tmp_path / "results"
     result = invoke("fit-linear", xor_store, "--layer", "all", "--results", results)

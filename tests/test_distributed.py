@@ -8,6 +8,7 @@ chunk is written.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -246,7 +247,33 @@ def test_ranks_stop_writing_when_rank_0s_lock_is_gone(tmp_path):
 
     path = tmp_path / "s.zarr"
     lock = StoreLock(path).acquire()
-    SharedLock(path).check()  # rank 0 holds it: writing goes on
+    SharedLock(path, lock.record).check()  # rank 0 holds it: writing goes on
     lock.release()
     with pytest.raises(ReservoirError, match="found it released \\(rank 0 has ended\\)"):
-        SharedLock(path).check()
+        SharedLock(path, lock.record).check()
+    other = StoreLock(path).acquire()  # another writer took the store: not rank 0's lock any more
+    other.path.write_text(json.dumps({**other.record, "pid": 1, "host": "another-host"}))
+    with pytest.raises(ReservoirError, match=f"expected rank 0 of this job \\(pid {os.getpid()} on .*\\) to hold "
+                                             "the store's write lock .* found it held by pid 1 on another-host"):
+        SharedLock(path, lock.record).check()
+    other.release()
+
+
+def test_other_ranks_open_the_store_rank_0_created_with_tuple_params(tmp_path):
+    """The settings a rank compares with the store go through JSON as the store's attributes did: a tuple param
+    (a list once stored) is the same setting."""
+    from types import SimpleNamespace
+
+    from reservoir.extract.sharded import _open_shared
+
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "layers": [0], "dtype": "float32", "compute_dtype": None,
+             "task": {"name": "t", "label_shape": [], "params": {"window": (2, 3)}},
+             "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
+    path = tmp_path / "s.zarr"
+    with FeatureStore.create(path, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+        writer = st.writer()
+        shared = _open_shared(path, SimpleNamespace(attrs=attrs), SimpleNamespace(rank=1), writer)
+        assert shared.writer() == writer
+        shared.write_chunk("train", 0, np.ones((2, 1, 1, 3), np.float32), np.zeros(2), np.ones(2))  # rank 0's lock
+        shared.close()
+        assert st.done("train").all()

@@ -71,6 +71,32 @@ def test_resolve_layers():
         resolve_layers(7, 6)
     with pytest.raises(ReservoirError, match="within 0..6"):
         resolve_layers([-1, 2], 6)
+    assert resolve_layers(np.int64(2), 6) == [0, 1, 2]
+
+
+def test_layers_from_numpy_are_ints_and_an_empty_list_is_one_line():
+    config = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=np.int64(1))
+    assert config.layers == 1 and type(config.layers) is int
+    config = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=(np.int64(2), 0))
+    assert config.layers == [2, 0] and all(type(k) is int for k in config.layers)
+    with pytest.raises(ReservoirError, match=r"^--layers must be a depth K, a list of layers or 'all', found \[\]$"):
+        ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=[])
+
+
+def test_split_point_states_default_to_the_inputs_width():
+    from reservoir.backbones import load_backbone
+
+    bb = load_backbone("tiny-gpt2", d_in=15)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 12, 9)
+    ids = rng.integers(0, 15, (9, 12)).astype(np.uint8)
+    feats, states = extract_rows(bb, ids, lengths, [0, 2], 1, full_seq_layer=1, amp="none")
+    assert feats.shape == (9, 2, 1, 32) and states.shape == (9, 12, 32)
+    _, given = extract_rows(bb, ids, lengths, [0, 2], 1, full_seq_layer=1, max_length=12, amp="none")
+    np.testing.assert_array_equal(states, given)
+    with pytest.raises(ReservoirError, match=f"expected max_length at least the longest sequence \\({lengths.max()}\\) "
+                                             "for the full-sequence states, found 3"):
+        extract_rows(bb, ids, lengths, [0, 2], 1, full_seq_layer=1, max_length=3, amp="none")
 
 
 def test_extract_on_objects_equals_the_config_builder(tmp_path):

@@ -127,6 +127,9 @@ def test_bad_urls_and_hdf5_are_refused_in_one_line(bucket, monkeypatch):
     assert_bad_input(r := invoke(*SMALL, "--out", f"s3://{bucket}/x.zarr", "--format", "hdf5"))
     assert_bad_input(r := invoke(*SMALL, "--out", "ftp://host/x.zarr"))
     assert "expected an object store URL" in r.stderr
+    assert_bad_input(r := invoke(*SMALL, "--out", "memory://bkt/x.zarr"))  # not a place another process can see
+    assert "memory://bkt/x.zarr: expected an object store URL (s3://, s3a://, gs://, az://...), found the scheme " \
+           "'memory'" in r.stderr
     assert_bad_input(r := invoke("info", f"s3://{bucket}/nothing.zarr"))
     assert "found no such file or folder (no object under that prefix)" in r.stderr
     assert_bad_input(r := invoke("info", "s3://no-such-bucket-here/x.zarr"))
@@ -238,6 +241,75 @@ def test_a_holder_that_lost_its_lease_stops_at_its_next_write(bucket, monkeypatc
         lease.check()
     lease.release()
     assert leases.read(url)[0]["host"] == "thief"  # a lost lease is never deleted by its former holder
+
+
+def _lease_puts_fail(monkeypatch):
+    """Every write of a lease object fails from now on, as in an outage (the store's other objects are written)."""
+    import obstore
+
+    put = obstore.put
+
+    def failing(store, key, *args, **kw):
+        if key.endswith(".lease"):
+            raise obstore.exceptions.GenericError("simulated: connection reset")
+        return put(store, key, *args, **kw)
+
+    monkeypatch.setattr(obstore, "put", failing)
+
+
+def test_a_holder_whose_renewals_fail_stops_before_its_lease_expires(bucket, monkeypatch):
+    """A failed renewal never counts: once the expiry the server holds, less a quarter of the time to live, has
+    passed, the holder refuses to write (before a second writer can take the expired lease), and stays refused."""
+    monkeypatch.setenv(leases.ENV_SECONDS, "1")
+    url = remote.StoreURL(f"s3://{bucket}/outage.zarr")
+    lease = leases.Lease(url, "job-a").acquire()
+    lease.check()
+    with monkeypatch.context() as m:
+        _lease_puts_fail(m)
+        time.sleep(0.3)  # a renewal already under way has landed; every later one fails
+        expires = leases.read(url)[0]["expires"]  # the last expiry the server accepted
+        while time.time() <= expires - 0.25 + 0.01:
+            time.sleep(0.01)
+        with pytest.raises(ReservoirError, match="lost the store's write lease \\(it could not be renewed before it "
+                                                 "expired"):
+            lease.check()
+        assert not lease.held
+        while time.time() <= expires + 0.05:
+            time.sleep(0.05)
+    assert leases.holder(url) is None  # expired on the server
+    other = leases.Lease(url, "job-b").acquire()  # renewals work again: a second writer takes the expired lease
+    time.sleep(0.5)  # the first holder's renewing thread would have renewed by now, had it gone on
+    with pytest.raises(ReservoirError, match="lost the store's write lease"):
+        lease.check()
+    assert leases.holder(url)["job"] == "job-b"
+    lease.release()  # never deletes the lease it lost
+    assert leases.read(url)[0]["job"] == "job-b"
+    other.release()
+
+
+def test_a_store_whose_lease_is_lost_is_neither_completed_nor_discarded(bucket, monkeypatch):
+    import obstore
+
+    monkeypatch.setenv(leases.ENV_SECONDS, "1")
+    url = f"s3://{bucket}/lost-store.zarr"
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0],
+             "dtype": "float32", "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
+    st = FeatureStore.create(url, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32))
+    u = remote.StoreURL(url)
+    record, etag = leases.read(u)
+    obstore.put(u.bucket_store, leases.lease_key(u), json.dumps({**record, "pid": 2, "host": "thief"}).encode(),
+                mode={"e_tag": etag})  # another writer's takeover
+    deadline = time.time() + 5
+    while st._lock.held and time.time() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ReservoirError, match="lost the store's write lease"):
+        st.write_chunk("train", 0, np.ones((2, 1, 1, 3), np.float32), np.zeros(2), np.ones(2))
+    with pytest.raises(ReservoirError, match="lost the store's write lease"):
+        st.mark_complete()
+    st.discard()  # nothing written, but the store may be the other writer's now: kept
+    assert objects(url)
+    with FeatureStore.open(url, allow_incomplete=True) as seen:
+        assert not seen.complete
 
 
 def test_a_backend_that_ignores_conditional_writes_is_refused(bucket, monkeypatch):
@@ -404,8 +476,13 @@ def test_other_ranks_stop_writing_when_rank_0s_lease_is_gone(bucket):
     from reservoir.store.lock import SharedLock
 
     url = f"s3://{bucket}/shared.zarr"
-    lease = leases.Lease(remote.StoreURL(url)).acquire()
-    SharedLock(url).check()  # rank 0 holds it: writing goes on
+    lease = leases.Lease(remote.StoreURL(url), job="job-0").acquire()
+    SharedLock(url, lease.record).check()  # rank 0 holds it: writing goes on
     lease.release()
     with pytest.raises(ReservoirError, match="write lease while the other ranks write; found it released or expired"):
-        SharedLock(url).check()
+        SharedLock(url, lease.record).check()
+    other = leases.Lease(remote.StoreURL(url), job="job-1").acquire()  # another job took the store
+    with pytest.raises(ReservoirError, match=f"expected rank 0 of this job \\(pid {os.getpid()} on .*\\(job job-0\\)"
+                                             ".* found it held by pid .*\\(job job-1\\)"):
+        SharedLock(url, lease.record).check()
+    other.release()

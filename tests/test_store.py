@@ -122,7 +122,7 @@ def test_reopening_a_store_removes_the_temporaries_of_a_killed_write(tmp_path, m
         return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
 
     with reopen() as st:
-        st.write_chunk("train", 0, feats[:3], np.zeros(3))
+        st.write_chunk("train", 0, feats[:3], np.zeros(3), np.ones(3))
     # a real kill inside _put: the process dies between writing the temporary and renaming it into place
     script = textwrap.dedent(f"""
         import os, signal, numpy as np
@@ -132,7 +132,7 @@ def test_reopening_a_store_removes_the_temporaries_of_a_killed_write(tmp_path, m
         backends.os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
         st = FeatureStore.create({str(path)!r}, {attrs!r}, {{"train": (10, ())}}, (2, 1, 3),
                                  np.eye(2, 3, dtype=np.float32))
-        st.write_chunk("train", 1, np.ones((3, 2, 1, 3), np.float32), np.zeros(3))
+        st.write_chunk("train", 1, np.ones((3, 2, 1, 3), np.float32), np.zeros(3), np.ones(3))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
@@ -144,7 +144,7 @@ def test_reopening_a_store_removes_the_temporaries_of_a_killed_write(tmp_path, m
     outside.write_text("x")
     with reopen() as st:  # resumed: the killed write's temporary is gone
         assert not st.done("train")[1]
-        st.write_chunk("train", 1, feats[3:6], np.zeros(3))
+        st.write_chunk("train", 1, feats[3:6], np.zeros(3), np.ones(3))
     assert sorted(p.name for p in path.rglob("*.partial")) == ["notes.partial"] and outside.exists()
     assert sorted(os.listdir(path / "train/features/c")) == ["0", "1", "notes.partial"]
     with FeatureStore.open(path, allow_incomplete=True) as st:
@@ -159,8 +159,9 @@ def test_writes_other_than_whole_chunks_of_the_row_shape_go_through_zarrs_checks
              "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
     with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
                              np.eye(2, 3, dtype=np.float32)) as st:
-        with pytest.raises(ReservoirError, match="could not write chunk 0 of split 'train'"):
-            st.write_chunk("train", 0, np.ones((3, 3), np.float32), np.zeros(3))  # rows of another shape
+        with pytest.raises(ReservoirError, match=r"expected train/features of shape \(3, 2, 1, 3\) \(the rows of "
+                                                 r"chunks \[0\]\), found \(3, 3\)"):
+            st.write_chunk("train", 0, np.ones((3, 3), np.float32), np.zeros(3), np.ones(3))  # rows of another shape
         assert not st.done("train").any()
         st._b.write_rows("train/features", 12, np.ones((3, 2, 1, 3), np.float32))  # past the last row: nothing
         st._b.write_rows("train/features", 4, np.full((2, 2, 1, 3), 5, np.float32))  # inside a chunk: Zarr's
@@ -179,11 +180,11 @@ def test_a_chunk_file_linked_from_outside_is_replaced_not_written_through(tmp_pa
     feats = np.ones((10, 2, 1, 3), np.float32)
     with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
                              np.eye(2, 3, dtype=np.float32)) as st:
-        st.write_chunk("train", 0, feats[:3], np.zeros(3))
+        st.write_chunk("train", 0, feats[:3], np.zeros(3), np.ones(3))
         chunk, outside = tmp_path / "s.zarr/train/features/c/0/0/0/0", tmp_path / "outside"
         os.link(chunk, outside)
         before = outside.read_bytes()
-        st.write_chunk("train", 0, 2 * feats[:3], np.zeros(3))
+        st.write_chunk("train", 0, 2 * feats[:3], np.zeros(3), np.ones(3))
         assert outside.read_bytes() == before and chunk.read_bytes() != before
         np.testing.assert_array_equal(st.features("train")[:3], 2 * feats[:3])
 
@@ -329,7 +330,8 @@ def test_write_chunks_writes_runs_of_chunks_and_checks_each(tmp_path, monkeypatc
     with FeatureStore.create(tmp_path / f"a{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
                              np.eye(2, 3, dtype=np.float32)) as st:
         assert st.chunk_rows("train") == 3
-        with pytest.raises(ReservoirError, match=r"expected the 7 rows of ascending chunks \[0, 2, 3\]"):
+        with pytest.raises(ReservoirError, match=r"expected train/features of shape \(7, 2, 1, 3\) \(the rows of "
+                                                 r"chunks \[0, 2, 3\]\), found \(6, 2, 1, 3\)"):
             st.write_chunks("train", [0, 2, 3], feats[rows[:-1]], labels[rows[:-1]], lengths=lengths[rows[:-1]])
         with pytest.raises(ReservoirError, match="ascending chunks"):
             st.write_chunks("train", [2, 0, 3], feats[rows], labels[rows], lengths=lengths[rows])
@@ -347,3 +349,124 @@ def test_write_chunks_writes_runs_of_chunks_and_checks_each(tmp_path, monkeypatc
         assert st.verify() == {}
         np.testing.assert_array_equal(st.features("train")[...], feats)
         np.testing.assert_array_equal(st.lengths("train"), lengths)
+
+
+MINIMAL = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+           "dtype": "float32", "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
+
+
+@pytest.fixture
+def three_row_chunks(monkeypatch):
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)
+
+
+def _small(path, attrs=MINIMAL, **kw):
+    """A 10-row store (of 3-row chunks under ``three_row_chunks``), ``MINIMAL`` attributes unless given."""
+    return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32), **kw)
+
+
+def test_tuple_params_are_stored_as_lists_and_the_store_reopens(tmp_path, three_row_chunks):
+    """Attributes go through JSON (a tuple comes back a list): the key a store is compared with goes the same way."""
+    attrs = {**MINIMAL, "task": {**MINIMAL["task"], "params": {"window": (2, 3), 4: "four"}}}
+    path = tmp_path / "t.zarr"
+    with _small(path, attrs) as st:
+        assert st.attrs["task"]["params"] == {"window": [2, 3], "4": "four"}
+        st.write_chunk("train", 0, np.ones((3, 2, 1, 3), np.float32), np.zeros(3), np.ones(3))
+    with _small(path, attrs) as st:  # reopened to resume, not refused as written with other settings
+        assert st.done("train").tolist() == [True, False, False, False]
+    with pytest.raises(ReservoirError, match=r"was written with task.params.window=\[2, 3\], this run has \[2, 4\]"):
+        _small(path, {**attrs, "task": {**attrs["task"], "params": {"window": (2, 4)}}})
+    with pytest.raises(ReservoirError, match="expected store attributes that JSON can write, found"):
+        _small(tmp_path / "nan.zarr", {**attrs, "task": {**attrs["task"], "params": {"x": float("nan")}}})
+    assert not (tmp_path / "nan.zarr").exists()
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_store_refused_right_after_it_was_built_is_removed(tmp_path, suffix):
+    """Attributes that contradict the arrays (a label shape the splits do not have) are found when the new store is
+    opened: the store this call built is removed before its lock is released, so nothing reads as interrupted."""
+    from reservoir.store.lock import holder, lock_path
+
+    path = tmp_path / f"s{suffix}"
+    bad = {**MINIMAL, "task": {**MINIMAL["task"], "label_shape": [2]}}
+    with pytest.raises(ReservoirError, match="damaged store: train/labels has shape"):
+        _small(path, bad)
+    assert not path.exists() and not lock_path(path).exists() and holder(path) is None
+    assert not list(tmp_path.iterdir())
+    with _small(path) as st:  # the path is free for a store of consistent settings
+        assert st.n_rows("train") == 10
+
+
+@pytest.mark.parametrize("missing, named", [("backbone", "backbone"), ("pooling", "pooling"),
+                                            ("backbone.n_dim", "backbone.n_dim"),
+                                            ("task.label_shape", "task.label_shape")])
+def test_attrs_lacking_what_create_needs_are_refused_before_building(tmp_path, missing, named):
+    outer, _, inner = missing.partition(".")
+    attrs = dict(MINIMAL)
+    if inner:
+        attrs[outer] = {k: v for k, v in attrs[outer].items() if k != inner}
+    else:
+        del attrs[outer]
+    with pytest.raises(ReservoirError, match=f"expected attrs with .*, found no {named}$"):
+        _small(tmp_path / "s.zarr", attrs)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+@pytest.mark.parametrize("bad, message", [
+    ("short", r"expected train/features of shape \(3, 2, 1, 3\) \(the rows of chunks \[0\]\), found \(2, 2, 1, 3\)"),
+    ("layers", r"expected train/features of shape \(3, 2, 1, 3\) \(the rows of chunks \[0\]\), found \(3, 3, 1, 3\)"),
+    ("labels", r"expected train/labels of shape \(3,\) \(the rows of chunks \[0\]\), found \(3, 1\)"),
+    ("lengths", r"expected train/lengths of shape \(3,\) \(the rows of chunks \[0\]\), found \(2,\)"),
+    ("no lengths", r"expected train/lengths of shape \(3,\) \(the rows of chunks \[0\]\), found none"),
+    ("chunk", r"expected ascending chunks of split 'train' among 0..3, found chunks \[4\]"),
+])
+def test_rows_of_another_count_or_shape_are_refused_before_anything_is_written(tmp_path, three_row_chunks, suffix, bad,
+                                                                               message):
+    feats, labels, lengths, chunk = np.ones((3, 2, 1, 3), np.float32), np.zeros(3), np.ones(3), 0
+    if bad == "short":
+        feats = feats[:2]
+    elif bad == "layers":
+        feats = np.ones((3, 3, 1, 3), np.float32)
+    elif bad == "labels":
+        labels = np.zeros((3, 1))
+    elif bad == "lengths":
+        lengths = lengths[:2]
+    elif bad == "no lengths":
+        lengths = None
+    else:
+        chunk = 4
+    with _small(tmp_path / f"s{suffix}") as st:
+        with pytest.raises(ReservoirError, match=message):
+            st.write_chunk("train", chunk, feats, labels, lengths)
+        assert not st.done("train").any()
+        for name in ("features", "labels", "lengths"):
+            assert not np.asarray(st.backend_array(f"train/{name}")[...]).any(), name  # nothing written
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_rows_in_any_order_and_step_are_read_checked_as_numpy_reads_them(tmp_path, three_row_chunks, suffix):
+    """Indexing the backend does not take itself (HDF5: indices out of order; Zarr: negative steps) reads the
+    checked chunks; an index numpy refuses is an IndexError or TypeError, never a damaged store."""
+    feats = np.random.default_rng(0).standard_normal((10, 2, 1, 3)).astype(np.float32)
+    path = tmp_path / f"s{suffix}"
+    with _small(path) as st:
+        for c, (lo, hi) in enumerate(((0, 3), (3, 6), (6, 9), (9, 10))):
+            st.write_chunk("train", c, feats[lo:hi], np.arange(lo, hi), np.ones(hi - lo))
+        st.mark_complete()
+    with FeatureStore.open(path) as st:
+        arr, labels = st.features("train"), st.labels("train", lazy=True)
+        keys = [[3, 1], np.s_[::-1], np.s_[8::-3, 1], ([3, 1, 3], [0, 1, 1]), np.array([[0, 9], [2, 2]]),
+                feats[:, 0, 0, 0] > 0, np.s_[[-1, 0], :, 0, [1, 2]], [], np.s_[5:2], -1, np.int64(4), ()]
+        for key in keys:
+            got = arr[key]
+            np.testing.assert_array_equal(got, feats[key])
+            assert got.shape == feats[key].shape, key
+        np.testing.assert_array_equal(labels[[9, 0, 5]], [9, 0, 5])
+        for key, error in [(10, IndexError), ([0, -11], IndexError), (np.ones(3, bool), IndexError),
+                           (1.5, TypeError), ([0.5], TypeError), (np.s_[None, 0], TypeError)]:
+            with pytest.raises(error) as caught:
+                arr[key]
+            assert "damaged" not in str(caught.value)

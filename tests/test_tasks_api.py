@@ -92,6 +92,10 @@ def test_explicit_facts_extra_splits_vocab_and_params():
     assert (task.d_in, task.n_classes, task.vocab) == (10, 6, vocab)
     assert task.params == {"source": "notebook", "rows": 17}
     assert TaskData.from_arrays("toy", raw, vocab=vocab).d_in == 10  # vocab alone sets d_in
+    # params as a store records them (through JSON): a tuple comes back a list, a key a str
+    again = TaskData.from_arrays("toy", raw, params={"window": (2, 3), "by": {1: "one"}})
+    assert again.params == {"window": [2, 3], "by": {"1": "one"}}
+    assert again.fingerprint == TaskData.from_arrays("toy", raw, params=again.params).fingerprint
 
 
 def test_several_output_tokens():
@@ -189,6 +193,7 @@ def _bad_cases():
         ("t", {"train": (ids, [3, 3], labels), "test": (ids, [3, 3], labels)}, {"n_out_tokens": 3},
          "labels of shape (2, 3, ...)"),
         ("t", {"train": ok, "test": ok}, {"params": {"f": object()}}, "params that JSON can write"),
+        ("t", {"train": ok, "test": ok}, {"params": {"f": float("nan")}}, "params that JSON can write"),
         ("t", {"train": ok, "test": ok}, {"params": [1]}, "params a mapping"),
     ]  # fmt: skip
 

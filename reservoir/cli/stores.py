@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -111,25 +112,37 @@ def _verify_store(st) -> None:
 
 
 def _describe_store(st) -> None:
+    """The store's settings, as far as its attributes record them (a store made through the Python API may hold only
+    what :meth:`FeatureStore.create` needs: the rest reads ``unrecorded``)."""
     a = st.attrs
-    bb, task = a["backbone"], a["task"]
+    bb, task, p = a["backbone"], a["task"], a["projection"]
+
+    def got(d: Any, key: str, width: int | None = None) -> str:
+        """``d[key]`` as text (cut to ``width`` characters and ``...``), ``unrecorded`` when it is not there."""
+        if not isinstance(d, dict) or key not in d or (width is not None and d[key] is None):
+            return "unrecorded"
+        return f"{str(d[key])[:width]}..." if width is not None else str(d[key])
+
+    params = json.dumps(task["params"], sort_keys=True) if "params" in task else "params unrecorded"
     click.echo(f"store      {st.path} ({st.format}, schema {a['schema']}, reservoir {a.get('reservoir_version')})")
     click.echo(f"complete   {st.complete}   created {a.get('created')}")
-    click.echo(f"backbone   {bb['id']} ({bb['family']}, {bb['n_layer']} layers, {bb['n_dim']} dim) "
-               f"init={bb['init']} seed={bb['seed']} revision={bb.get('revision')}")
-    click.echo(f"weights    sha256 {bb['weights_sha256'][:16]}...")
-    click.echo(f"task       {task['name']} {json.dumps(task['params'], sort_keys=True)}")
-    click.echo(f"           fingerprint {task['fingerprint'][:16]}...  classes {task['n_classes']}  "
+    click.echo(f"backbone   {got(bb, 'id')} ({got(bb, 'family')}, {got(bb, 'n_layer')} layers, {bb['n_dim']} dim) "
+               f"init={got(bb, 'init')} seed={got(bb, 'seed')} revision={bb.get('revision')}")
+    click.echo(f"weights    sha256 {got(bb, 'weights_sha256', 16)}")
+    click.echo(f"task       {got(task, 'name')} {params}")
+    click.echo(f"           fingerprint {got(task, 'fingerprint', 16)}  classes {got(task, 'n_classes')}  "
                f"label shape {task['label_shape']}")
-    p = a["projection"]
-    click.echo(f"projection {p['kind']} d_in={p['d_in']} gain={p['gain']} seed={p['seed']} ({p['input']} inputs)")
+    click.echo(f"projection {got(p, 'kind')} d_in={got(p, 'd_in')} gain={got(p, 'gain')} seed={got(p, 'seed')} "
+               f"({got(p, 'input')} inputs)")
     norm = "stored" if "final_norm/weight" in a["arrays"] else "none"
+    computed = a.get("compute_dtype") or "an unrecorded dtype"
     click.echo(f"layers     {st.layers}   pooling {','.join(st.poolings)} x{a['pooling']['n_out_tokens']}   "
-               f"dtype {a['dtype']} (computed in {a.get('compute_dtype', 'an unrecorded dtype')})   final norm {norm}")
+               f"dtype {a['dtype']} (computed in {computed})   final norm {norm}")
     if st.full_seq_layer is not None:
         click.echo(f"split      every position's state at layer {st.full_seq_layer} (train --from-store)")
-    if task.get("truncated"):
-        click.echo(f"truncated to {task['truncated']['max_tokens']} tokens; rows cut: {task['truncated']['rows_cut']}")
+    truncated = task.get("truncated")
+    if isinstance(truncated, dict):
+        click.echo(f"truncated to {truncated.get('max_tokens')} tokens; rows cut: {truncated.get('rows_cut')}")
     for split in st.splits:
         done = st.done(split)
         click.echo(f"  {split:<10} features {tuple(st.features(split).shape)}  labels "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,12 @@ class ExtractConfig:
             self.layers = None
         layers = self.layers
         if not (layers is None or options.is_int(layers)
-                or (isinstance(layers, (list, tuple)) and all(options.is_int(k) for k in layers))):
+                or (isinstance(layers, (list, tuple)) and layers and all(options.is_int(k) for k in layers))):
             raise ReservoirError(f"--layers must be a depth K, a list of layers or 'all', found {layers!r}")
+        if isinstance(layers, (list, tuple)):  # numpy integers as ints (what JSON, the store's attributes, can write)
+            self.layers = [int(k) for k in layers]
+        elif layers is not None:
+            self.layers = operator.index(layers)
         check_fields(self)
         check_batching(self.batch_size, self.max_tokens)
         self.pooling = check_poolings(self.pooling)
@@ -92,6 +97,8 @@ def resolve_layers(layers: list[int] | int | None, n_layer: int) -> list[int]:
     """``K`` -> ``[0..K]``; a list is checked, sorted and deduplicated."""
     if layers is None:
         layers = n_layer
+    if not isinstance(layers, (list, tuple)):
+        layers = operator.index(layers)  # a numpy integer as an int
     wanted = list(range(layers + 1)) if isinstance(layers, int) else sorted(set(int(k) for k in layers))
     if not wanted or wanted[0] < 0 or wanted[-1] > n_layer:
         found = layers if isinstance(layers, int) else wanted

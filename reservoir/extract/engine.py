@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from reservoir.errors import ReservoirError
 from reservoir.extract.plan import plan_order
 from reservoir.runtime import forward_context
 
@@ -22,11 +23,19 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length.
 
     With ``full_seq_layer`` also every position's state at that layer,
-    ``(N, max_length, n_dim)`` zero-padded, as a second return value. The
+    ``(N, max_length, n_dim)`` zero-padded, as a second return value
+    (``max_length`` defaults to the inputs' width ``inputs.shape[1]``). The
     backbone must already be on ``device`` (default CPU) in its compute dtype.
     """
     import torch
 
+    if full_seq_layer is not None:
+        if max_length is None:
+            max_length = int(np.shape(inputs)[1])
+        longest = int(np.max(lengths)) if len(lengths) else 0
+        if longest > max_length:
+            raise ReservoirError(f"expected max_length at least the longest sequence ({longest}) for the "
+                                 f"full-sequence states, found {max_length}")
     device = device or torch.device("cpu")
     engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
     with torch.inference_mode(), forward_context(backbone, device, amp):

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -101,10 +101,10 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
     t0 = time.perf_counter()
     try:
         store, error = attempt(lambda: create_store(plan, out, progress)) if job.rank == 0 else (None, None)
-        done = {k: np.asarray(v, dtype=bool) for k, v in job.share(
-            "create", lambda: _done_flags(store), error, after("create")).items()}
+        created = job.share("create", lambda: _created(store), error, after("create"))
+        done = {k: np.asarray(v, dtype=bool) for k, v in created["done"].items()}
         if job.rank != 0:
-            store, error = attempt(lambda: _open_shared(out, plan, job))
+            store, error = attempt(lambda: _open_shared(out, plan, job, created["writer"]))
         job.sync("open", error, after=after("open"))
         assert store is not None  # opened on every rank
         total = sum(_rows(store, s, np.flatnonzero(~d)) for s, d in done.items())
@@ -141,20 +141,29 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
         log.info("%d processes wrote %d rows in %.1f s (%.0f rows/s)", job.world, total, elapsed, total / elapsed)
 
 
-def _done_flags(store: FeatureStore | None) -> dict[str, list[bool]]:
-    """Every split's ``done`` flags as rank 0 sees them (plain lists: what a broadcast pickles)."""
+def _created(store: FeatureStore | None) -> dict[str, Any]:
+    """What rank 0 sends once it holds the store: every split's ``done`` flags as it sees them (plain lists: what a
+    broadcast pickles) and the holder its write lock recorded (``writer``), which the other ranks check before
+    every write."""
     assert store is not None  # rank 0 created it, or the share reports its error instead
-    return {s: store.done(s).tolist() for s in store.splits}
+    writer = store.writer()
+    assert writer is not None  # created under rank 0's lock
+    return {"done": {s: store.done(s).tolist() for s in store.splits}, "writer": writer}
 
 
-def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job) -> FeatureStore:
-    """The store rank 0 created, open for writing under its lock; refused if this rank's settings differ."""
+def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job, writer: dict[str, Any]) -> FeatureStore:
+    """The store rank 0 created, open for writing under its lock (held by ``writer``, as rank 0's lock recorded
+    it); refused if this rank's settings differ."""
     from reservoir import settings
-    from reservoir.store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference
+    from reservoir.store import FeatureStore, first_difference, store_key
     from reservoir.store.lock import SharedLock
 
-    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=SharedLock(out))
-    key = {"schema": SCHEMA, **{k: plan.attrs[k] for k in KEY_FIELDS if k != "schema"}}
+    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=SharedLock(out, writer))
+    try:
+        key = store_key(plan.attrs, f"rank {job.rank}: {out}")
+    except ReservoirError:
+        store.close()
+        raise
     diff = first_difference(store.attrs, key)
     if diff is not None:
         store.close()

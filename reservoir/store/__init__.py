@@ -6,9 +6,9 @@ See :mod:`reservoir.store.feature_store` for the layout and what it guarantees.
 
 from reservoir.store.backends import detect_format
 from reservoir.store.checks import Damaged
-from reservoir.store.feature_store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference
+from reservoir.store.feature_store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference, store_key
 from reservoir.store.files import MIN_CHUNK_BYTES, remove, rows_per_chunk, store_path
 from reservoir.store.remote import StoreURL, is_url
 
 __all__ = ["KEY_FIELDS", "MIN_CHUNK_BYTES", "SCHEMA", "Damaged", "FeatureStore", "StoreURL", "detect_format",
-           "first_difference", "is_url", "remove", "rows_per_chunk", "store_path"]
+           "first_difference", "is_url", "remove", "rows_per_chunk", "store_key", "store_path"]

@@ -123,9 +123,6 @@ class Backend:
     def create(self, name: str, shape, dtype, chunk_rows: int) -> Any:
         raise NotImplementedError
 
-    def has(self, name: str) -> bool:
-        raise NotImplementedError
-
     def write_rows(self, name: str, start: int, values: Any) -> None:
         """Rows ``start .. start + len(values) - 1`` of array ``name`` (a backend may write them faster than a
         slice assignment does)."""
@@ -205,9 +202,6 @@ class ZarrBackend(Backend):
         if name not in self._arrays:
             self._arrays[name] = self.root[name].with_config({"write_empty_chunks": True})
         return self._arrays[name]
-
-    def has(self, name):
-        return name in self.root
 
     def write_rows(self, name, start, values):
         """Whole chunks of a raw array of a local store go straight to their files, as Zarr would write them (the
@@ -318,9 +312,6 @@ class H5Backend(Backend):
         if name not in self._arrays:  # kept open: flush() then reaches (and reports) every write
             self._arrays[name] = self.file[name]
         return self._arrays[name]
-
-    def has(self, name):
-        return name in self.file
 
     def escape(self, names):
         import h5py

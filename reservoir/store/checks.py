@@ -92,28 +92,44 @@ class Damaged(ReservoirError):
 
 
 def _rows(key, n: int) -> tuple[int, int] | np.ndarray:
-    """The rows a key's first index selects: ``(lo, hi)`` for a unit-step range, else an index array."""
+    """The rows a key's first index selects: ``(lo, hi)`` for a unit-step range, else an index array (in bounds;
+    an index numpy would refuse is refused as numpy refuses it, with an ``IndexError`` or ``TypeError``)."""
     if key is Ellipsis:
         return 0, n
     if isinstance(key, slice):
         lo, hi, step = key.indices(n)
         return (lo, max(lo, hi)) if step == 1 else np.arange(lo, hi, step)
-    if isinstance(key, (int, np.integer)):
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         i = int(key) + (n if key < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"index {int(key)} is out of bounds for axis 0 with size {n}")
         return i, i + 1
     idx = np.asarray(key)
+    if idx.size == 0 and not isinstance(key, np.ndarray):  # [] selects no rows (numpy reads it as integers)
+        idx = idx.astype(np.intp)
     if idx.dtype == bool:
-        idx = np.flatnonzero(idx)
-    return np.where(idx < 0, idx + n, idx)
+        if idx.shape != (n,):
+            raise IndexError(f"boolean index of shape {idx.shape} does not match the rows' axis of size {n}")
+        return np.flatnonzero(idx)
+    if idx.dtype.kind not in "iu":
+        found = f"an array of {idx.dtype}" if isinstance(key, np.ndarray) else repr(key)
+        raise TypeError(f"expected rows selected by an int, a slice, or an integer or boolean array; found {found}")
+    rows = np.where(idx < 0, idx + n, idx)
+    bad = (rows < 0) | (rows >= n)
+    if bad.any():
+        raise IndexError(f"index {int(idx[bad].flat[0])} is out of bounds for axis 0 with size {n}")
+    return rows
 
 
 class CheckedArray:
     """A row array of a store whose chunks are checked against their checksums before rows are returned.
 
     Supports what readers use: ``shape``, ``dtype``, ``len`` and numpy
-    indexing whose first index selects rows. A chunk is read whole and checked
-    the first time any of its rows is read; later reads of it go straight to
-    the store.
+    indexing whose first index selects rows (an int, a slice of any step, an
+    integer or boolean array, in any order). A chunk is read whole and checked
+    the first time any of its rows is read; rows picked out of several chunks
+    are taken from the checked chunks, so a backend's own limits on indexing
+    (HDF5's increasing indices, Zarr's positive steps) never apply.
     """
 
     def __init__(self, store: FeatureStore, split: str, name: str):
@@ -134,28 +150,34 @@ class CheckedArray:
 
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
-        if key and key[0] is Ellipsis and len(key) > 1:
+        if not key:
+            key = (Ellipsis,)
+        if key[0] is Ellipsis and len(key) > 1:
             key = (slice(None), *key)  # rows first
+        if key[0] is None:
+            raise TypeError("expected rows selected by an int, a slice, or an integer or boolean array; found None "
+                            "(np.newaxis) first")
         n, r = self.shape[0], self._store.chunk_rows(self._split)
-        rows = _rows(key[0] if key else Ellipsis, n)
+        rows = _rows(key[0], n)
         if isinstance(rows, tuple):
             lo, hi = rows
-            if hi > lo:
-                c0, c1 = lo // r, (hi - 1) // r + 1
-                block = self._store.read_chunks(self._split, self._name, c0, c1)  # checked
-                inner = (slice(lo - c0 * r, hi - c0 * r), *key[1:]) if not isinstance(key[0], (int, np.integer)) \
-                    else (lo - c0 * r, *key[1:])
-                return block[inner]
-            return self._read(key)
-        for c in np.unique(rows // r) if len(rows) else ():
-            self._store.read_chunks(self._split, self._name, int(c), int(c) + 1)
-        return self._read(key)
-
-    def _read(self, key):
-        try:
-            return self._arr[key]
-        except Exception as err:  # noqa: BLE001 - a chunk damaged after it was checked
-            raise Damaged(self._store, f"{self._split}/{self._name}: {err}") from None
+            if hi <= lo:  # no rows: nothing to read
+                return np.empty((0, *self.shape[1:]), self.dtype)[(slice(None), *key[1:])]
+            c0, c1 = lo // r, (hi - 1) // r + 1
+            block = self._store.read_chunks(self._split, self._name, c0, c1)  # checked
+            inner = (slice(lo - c0 * r, hi - c0 * r), *key[1:]) if not isinstance(key[0], (int, np.integer)) \
+                else (lo - c0 * r, *key[1:])
+            return block[inner]
+        wanted, where = np.unique(rows, return_inverse=True)  # each row once; where: its place among them
+        picked = np.empty((len(wanted), *self.shape[1:]), self.dtype)  # (k, ...) the wanted rows, in order
+        chunk = wanted // r
+        for c in np.unique(chunk):
+            block = self._store.read_chunks(self._split, self._name, int(c), int(c) + 1)  # checked
+            sel = chunk == c
+            picked[sel] = block[wanted[sel] - int(c) * r]
+        if isinstance(key[0], slice):  # rows kept as a slice keeps numpy's placement of the other indices
+            return picked[where][(slice(None), *key[1:])]
+        return picked[(where.reshape(np.shape(rows)), *key[1:])]
 
 
 def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, str]]:

@@ -41,6 +41,7 @@ reopening it with other settings is refused, naming the first differing field.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -69,6 +70,23 @@ KEY_FIELDS = ("schema", "task", "backbone", "projection", "layers", "pooling", "
 def first_difference(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, Any, Any] | None:
     """The first key field (dotted, e.g. ``task.name``, ``backbone.init``) whose values differ."""
     return settings.first_difference(old, new, KEY_FIELDS)
+
+
+def store_key(attrs: dict[str, Any], where: Any = "store") -> dict[str, Any]:
+    """The key of a store with settings ``attrs`` (its :data:`KEY_FIELDS`, ``schema`` :data:`SCHEMA`) as the store's
+    attributes read it back: through JSON, so a tuple comes back a list and a key a str; what a reopened store's
+    attributes are compared with. Values JSON cannot write (or NaN) are refused in one line naming ``where``.
+
+    Examples
+    --------
+    >>> store_key({"task": {"params": {"window": (2, 3)}}})["task"]
+    {'params': {'window': [2, 3]}}
+    """
+    key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema" and k in attrs}}
+    try:
+        return json.loads(json.dumps(key, allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise ReservoirError(f"{where}: expected store attributes that JSON can write, found {err}") from None
 
 
 class FeatureStore:
@@ -158,12 +176,17 @@ class FeatureStore:
     ) -> "FeatureStore":
         """Create a store, or reopen one written with identical settings to resume (and repair) it.
 
-        Takes the store's write lock first; the returned store holds it until closed.
+        Takes the store's write lock first; the returned store holds it until closed. A store this call built
+        and then found wrong (its attributes contradict its arrays) is removed again before the lock is
+        released.
 
         Parameters
         ----------
         attrs : dict
-            Must contain every :data:`KEY_FIELDS` entry except ``schema``.
+            Must contain every :data:`KEY_FIELDS` entry except ``schema`` (``compute_dtype`` may be left out:
+            recorded as unknown), among them ``backbone.n_dim``, ``task.label_shape``, ``pooling.n_out_tokens``
+            and ``layers`` (what the arrays' shapes are checked against), all values JSON can write. They are
+            stored as JSON reads them back (a tuple as a list), and compared so when a store is reopened.
         splits : dict
             ``split -> (n_rows, label_shape)``.
         feature_shape : tuple
@@ -180,11 +203,21 @@ class FeatureStore:
             raise ReservoirError(f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; remove the link "
                                  "or pass another --out")
         fmt = detect_format(p, fmt)
+        # a store made through this API by other code may not say what computed it: recorded as unknown
+        attrs = {"compute_dtype": None, **_required_attrs(p, attrs)}
+        attrs["pooling"] = lay.pooling_attrs(attrs["pooling"])
+        key = store_key(attrs, p)
         lock = locks.writer_lock(p, job).acquire()
+        built = False  # whether this call built the store (removed again if it is refused right after)
+
+        def undo(backend: Backend | None) -> None:  # on a refusal: close, remove what this call built, unlock
+            if backend is not None:
+                close_quietly(backend)
+            if built:
+                remove(p, ignore_errors=True)
+            lock.release()
+
         try:
-            # a store made through this API by other code may not say what computed it: recorded as unknown
-            attrs = {"compute_dtype": None, **attrs, "pooling": lay.pooling_attrs(attrs["pooling"])}
-            key = {"schema": SCHEMA, **{k: attrs[k] for k in KEY_FIELDS if k != "schema"}}
             if isinstance(p, StoreURL):
                 state = _state(p)
                 if state == "foreign":
@@ -195,22 +228,24 @@ class FeatureStore:
                 if state != "whole":
                     build(p, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
                           states_length)
+                    built = True
             elif not p.exists():
                 remove_temporaries(p)
                 tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
                 build(tmp, fmt, {**attrs, **key}, splits, feature_shape, projection_weight, final_norm,
                       states_length)
                 os.rename(tmp, p)
+                built = True
                 fsync_dir(p.parent)
             store = cls.open(p, mode="r+", allow_incomplete=True, _lock=lock)
         except BaseException:
-            lock.release()
+            undo(None)
             raise
         try:
             if isinstance(p, Path) and store.format == "zarr":
                 remove_partial_chunks(p)  # what a killed run was writing; none of it was marked done
         except OSError as err:
-            store.close()
+            undo(store._b)
             raise ReservoirError(f"{p}: could not remove the temporaries of an interrupted write ({cause(err)})") \
                 from err
         try:
@@ -221,9 +256,15 @@ class FeatureStore:
             store.repair({"projection/weight": projection_weight,
                           **{f"final_norm/{k}": v for k, v in (final_norm or {}).items()}}, progress)
         except BaseException:
-            store.close()
+            undo(store._b)
             raise
         return store
+
+    def writer(self) -> dict[str, Any] | None:
+        """Who holds the write lock this store was opened under, as the lock recorded it (``{pid, host, started}``;
+        a lease adds its job); ``None`` for a store opened for reading."""
+        record = getattr(self._lock, "record", None)
+        return None if record is None else dict(record)
 
     # -- reading -----------------------------------------------------------
     @property
@@ -393,6 +434,7 @@ class FeatureStore:
         logging.getLogger("reservoir").warning(
             "%s: %d damaged chunk(s) and %d damaged array(s) will be written again: %s",
             self.path, sum(map(len, bad.values())), len(bad_fixed), listed)
+        self._check_lock()
         try:
             self._b.write_attrs({"complete": False})
             self.attrs["complete"] = False
@@ -419,44 +461,52 @@ class FeatureStore:
 
     # -- writing -----------------------------------------------------------
     def write_chunk(self, split: str, chunk: int, features: np.ndarray | dict[str, np.ndarray], labels: np.ndarray,
-                    lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
+                    lengths: np.ndarray, states: np.ndarray | None = None) -> None:
         """Write the rows of one chunk and their checksums, then mark it done (:meth:`write_chunks` of one)."""
         self.write_chunks(split, [chunk], features, labels, lengths=lengths, states=states)
 
     def write_chunks(self, split: str, chunks: list[int], features: np.ndarray | dict[str, np.ndarray],
-                     labels: np.ndarray, lengths: np.ndarray | None = None, states: np.ndarray | None = None) -> None:
+                     labels: np.ndarray, lengths: np.ndarray, states: np.ndarray | None = None) -> None:
         """Write the rows of several chunks and their checksums, then mark them done.
 
         ``chunks`` are ascending chunk indices; the arrays hold their rows one
         chunk after the other. ``features`` is ``{pooling: (r, n_layers, n_out,
         n_dim)}`` for every pooling of the store, or one array for a store of
-        one pooling. Each run of consecutive chunks is one write per array (the
-        backend's: a file per chunk, or its own encoding of them together), then
-        every chunk's checksums, then the ``done`` flags: a kill in between
-        leaves chunks written but not done, which a rerun writes again.
+        one pooling; ``labels`` ``(r, ...)``, ``lengths`` ``(r,)`` (each row's
+        real length) and, in a split-point store, ``states`` ``(r, L, n_dim)``.
+        Each run of consecutive chunks is one write per array (the backend's: a
+        file per chunk, or its own encoding of them together), then every
+        chunk's checksums, then the ``done`` flags: a kill in between leaves
+        chunks written but not done, which a rerun writes again.
 
-        Refuses non-finite features or states (nothing is written); a failed
-        write raises one line and leaves the chunks not done.
+        Refuses, before anything is written, an array whose rows are not the
+        chunks' ``r`` rows of the stored array's shape, and non-finite features
+        or states; a failed write raises one line and leaves the chunks not done.
         """
         if self._lock is None:
             raise ReservoirError(f"{self.path}: opened for reading; write through FeatureStore.create")
-        check = getattr(self._lock, "check", None)
-        if check is not None:  # a lease still ours, rank 0's lock still held
-            check()
+        self._check_lock()
         if not isinstance(features, dict):
             if len(self.poolings) != 1:
                 raise ReservoirError(f"{self.path}: expected features of every pooling {self.poolings} as a dict")
             features = {self.poolings[0]: features}
+        self._check_split(split)
         r, n = self.chunk_rows(split), self.n_rows(split)
         spans = [(c * r, min((c + 1) * r, n)) for c in chunks]  # each chunk's rows in the store
         total = sum(hi - lo for lo, hi in spans)
-        if len(labels) != total or list(chunks) != sorted(set(chunks)) or (chunks and spans[-1][0] >= n):
-            raise ReservoirError(f"{self.path}: expected the {total} rows of ascending chunks {list(chunks)[:5]} of "
-                                 f"split {split!r}, found {len(labels)} rows")
+        if list(chunks) != sorted(set(chunks)) or (chunks and (chunks[0] < 0 or spans[-1][0] >= n)):
+            raise ReservoirError(f"{self.path}: expected ascending chunks of split {split!r} among "
+                                 f"0..{self.shape(split, 'done')[0] - 1}, found chunks {list(chunks)[:5]}")
+        given: dict[str, Any] = {**{lay.feature_array(p): features.get(p) for p in self.poolings},
+                                 "labels": labels, "lengths": lengths, "states": states}
+        for name in self.row_arrays():  # every array the rows of these chunks, each row of the stored shape
+            want, found = (total, *self.shape(split, name)[1:]), None if given[name] is None else np.shape(given[name])
+            if found != want:
+                raise ReservoirError(f"{self.path}: expected {split}/{name} of shape {want} (the rows of chunks "
+                                     f"{list(chunks)[:5]}), found {'none' if found is None else found}")
         dtype = np.dtype(self.attrs["dtype"])
         rows = {lay.feature_array(p): np.asarray(features[p], dtype=dtype) for p in self.poolings}
-        rows.update({"labels": np.asarray(labels, dtype=np.int64),
-                     "lengths": np.zeros(total, np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)})
+        rows.update({"labels": np.asarray(labels, dtype=np.int64), "lengths": np.asarray(lengths, dtype=np.int64)})
         if "states" in self.row_arrays():
             rows["states"] = np.asarray(states, dtype=dtype)
         checks.check_finite(self, split, spans[0][0] if spans else 0, rows)
@@ -483,8 +533,15 @@ class FeatureStore:
                                  f"({cause(err)}); {'it is' if len(chunks) == 1 else 'they are'} not marked done: "
                                  "fix the cause (e.g. free disk space) and rerun the same command to resume") from err
 
+    def _check_lock(self) -> None:
+        """Refuse to write once the write lock is not ours any more (a lease lost, rank 0's lock gone)."""
+        check = getattr(self._lock, "check", None)
+        if check is not None:
+            check()
+
     def mark_complete(self) -> None:
         """Set ``complete`` after checking that every chunk of every split is done."""
+        self._check_lock()
         for split in self.splits:
             done = self.done(split)
             if not done.all():
@@ -501,6 +558,7 @@ class FeatureStore:
         anything, so no empty store is left at the path.
         """
         try:
+            self._check_lock()  # a lease lost: the store may be another writer's now
             written = any(self.done(s).any() for s in self.splits)
         except Exception:  # noqa: BLE001 - unreadable: leave it for the next run to refuse or repair
             written = True
@@ -532,6 +590,21 @@ class FeatureStore:
         except ReservoirError:
             if exc_type is None:
                 raise  # otherwise the error already in flight is the one to report
+
+
+def _required_attrs(path: Path | StoreURL, attrs: Any) -> dict[str, Any]:
+    """``attrs`` checked to hold what :meth:`FeatureStore.create` needs (one line naming what is missing)."""
+    if not isinstance(attrs, dict):
+        raise ReservoirError(f"{path}: expected attrs a dict of the store's settings, found {type(attrs).__name__}")
+    required = [k for k in KEY_FIELDS if k not in ("schema", "compute_dtype")]
+    missing = [k for k in required if k not in attrs]
+    for outer, inner in (("backbone", "n_dim"), ("task", "label_shape"), ("pooling", "n_out_tokens")):
+        if outer in attrs and not (isinstance(attrs[outer], dict) and inner in attrs[outer]):
+            missing.append(f"{outer}.{inner}")
+    if missing:
+        raise ReservoirError(f"{path}: expected attrs with {', '.join(required)} (and backbone.n_dim, "
+                             f"task.label_shape, pooling.n_out_tokens), found no {', '.join(missing)}")
+    return dict(attrs)
 
 
 def _state(url: StoreURL) -> str:

@@ -14,7 +14,10 @@ write, so two writers can never both hold it:
 - the holder **renews** it (conditional on its own last version) every quarter
   of its time to live, on a background thread; a holder that finds its lease
   replaced, or cannot renew it before it expires, stops writing at its next
-  chunk with one line;
+  chunk with one line. Only an expiry the store confirmed (a renewal that
+  succeeded) counts: a holder whose renewals fail stops once the last
+  confirmed expiry, less a quarter of the time to live, has passed, before a
+  second writer can take the lease;
 - **releasing** deletes it.
 
 Before writing, the taker checks that the backend honours conditional writes
@@ -109,15 +112,23 @@ class Lease:
         self.url, self.key, self.job = url, lease_key(url), job
         self.ttl = ttl()
         self._etag: str | None = None
-        self._record: dict[str, Any] = {}
+        self._record: dict[str, Any] = {}  # the holder, without its expiry
+        self._expires = 0.0  # the expiry of the last version the store accepted
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()
 
-    def _body(self) -> bytes:
-        self._record["expires"] = time.time() + self.ttl
-        return json.dumps(self._record).encode()
+    def _put(self, obstore: Any, store: Any, mode: Any) -> None:
+        """Write the lease with a new expiry (conditional on ``mode``); it is ours only once the write succeeded."""
+        expires = time.time() + self.ttl  # taken before the write: the store's copy expires no earlier
+        body = json.dumps({**self._record, "expires": expires}).encode()
+        self._etag = obstore.put(store, self.key, body, mode=mode)["e_tag"]
+        self._expires = expires
+
+    def _run_out(self) -> bool:
+        """Whether the last confirmed expiry, less a quarter of the time to live, has passed."""
+        return time.time() > self._expires - self.ttl / 4
 
     def acquire(self) -> Lease:
         obstore = _obstore()
@@ -126,7 +137,7 @@ class Lease:
         store = self.url.bucket_store
         try:
             try:
-                self._etag = obstore.put(store, self.key, self._body(), mode="create")["e_tag"]
+                self._put(obstore, store, "create")
             except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
                 record, etag = read(self.url)
                 if record is not None and not expired(record):
@@ -134,7 +145,7 @@ class Lease:
                 if etag is None:  # released between our create and our read: try again from the start
                     return self.acquire()
                 try:  # an expired lease: replace exactly the version read, so one taker wins
-                    self._etag = obstore.put(store, self.key, self._body(), mode={"e_tag": etag})["e_tag"]
+                    self._put(obstore, store, {"e_tag": etag})
                 except (obstore.exceptions.PreconditionError, FileExistsError, FileNotFoundError):
                     now, _ = read(self.url)
                     raise ReservoirError(f"{self.url} is being written by {describe(now)} (it took over the "
@@ -152,7 +163,7 @@ class Lease:
     def _check_conditional(self, obstore: Any, store: Any) -> None:
         """Refuse a backend that ignores create-if-absent (a second create of the held lease must fail)."""
         try:  # when it succeeds it replaced our lease: the new version is ours to delete
-            self._etag = obstore.put(store, self.key, self._body(), mode="create")["e_tag"]
+            self._put(obstore, store, "create")
         except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
             return
         except obstore.exceptions.NotSupportedError:
@@ -165,21 +176,27 @@ class Lease:
         obstore = _obstore()
         while not self._stop.wait(self.ttl / 4):
             with self._mutex:
-                if self._etag is None:
+                if self._etag is None or self._lost is not None:
                     return
                 try:
-                    self._etag = obstore.put(self.url.bucket_store, self.key, self._body(),
-                                             mode={"e_tag": self._etag})["e_tag"]
+                    self._put(obstore, self.url.bucket_store, {"e_tag": self._etag})
                 except (obstore.exceptions.PreconditionError, FileNotFoundError, FileExistsError):
                     self._lost = "another writer has taken it over"
                     return
                 except obstore.exceptions.BaseError as err:
-                    if time.time() > float(self._record.get("expires", 0)) - self.ttl / 4:
+                    if self._run_out():
                         self._lost = f"it could not be renewed before it expired ({cause(err)})"
                         return
 
     def check(self) -> None:
-        """Refuse to write once the lease is lost (replaced by another writer, or not renewed in time)."""
+        """Refuse to write once the lease is lost (replaced by another writer, or not renewed in time).
+
+        Past the last confirmed expiry (less a quarter of the time to live) the
+        lease counts as lost even before the renewing thread says so: a renewal
+        that keeps failing, or a thread that never got to run, cannot stretch it.
+        """
+        if self._lost is None and self._etag is not None and self._run_out():  # a renewal in flight: not yet ours
+            self._lost = "it could not be renewed before it expired"
         if self._lost is not None:
             raise ReservoirError(f"{self.url}: this process lost the store's write lease ({self._lost}); stopping, "
                                  "finished chunks are kept: rerun the same command to resume")
@@ -202,8 +219,13 @@ class Lease:
             pass  # it expires on its own
 
     @property
+    def record(self) -> dict[str, Any]:
+        """Who holds this lease as its record says (``{pid, host, job, started}``; its expiry left out)."""
+        return dict(self._record)
+
+    @property
     def held(self) -> bool:
-        return self._etag is not None and self._lost is None
+        return self._etag is not None and self._lost is None and not self._run_out()
 
     def __enter__(self) -> Lease:
         return self.acquire()

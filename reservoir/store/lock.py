@@ -24,7 +24,7 @@ from pathlib import Path
 
 from reservoir.errors import ReservoirError
 from reservoir.store import lease
-from reservoir.store.lease import describe  # noqa: F401 - who holds a lock or a lease, in words
+from reservoir.store.lease import describe  # who holds a lock or a lease, in words (re-exported)
 from reservoir.store.remote import StoreURL, is_url
 
 
@@ -87,6 +87,7 @@ class StoreLock:
         self.store = Path(store)
         self.path = lock_path(store)
         self._fd: int | None = None
+        self.record: dict | None = None  # what this holder wrote into the lock file ({pid, host, started})
 
     def acquire(self) -> "StoreLock":
         try:
@@ -121,7 +122,7 @@ class StoreLock:
             os.close(fd)
             raise ReservoirError(f"{self.store}: expected a writable output path, could not write its lock file "
                                  f"{self.path}: {err.strerror or err}") from None
-        self._fd = fd
+        self._fd, self.record = fd, me
         return self
 
     def _still_current(self, fd: int) -> bool:
@@ -153,28 +154,45 @@ class StoreLock:
         self.release()
 
 
+#: What identifies the holder of a lock or lease (a lease's record also says when it expires, which changes).
+_HOLDER_KEYS = ("pid", "host", "started", "job")
+
+
+def same_holder(a: dict | None, b: dict | None) -> bool:
+    """Whether two records of a lock's or a lease's holder name the same holder (its pid, host, start and job)."""
+    if not a or not b:
+        return False
+    return all(a.get(k) == b.get(k) for k in _HOLDER_KEYS)
+
+
 class SharedLock:
     """The write lock of a store (a lock file, or a lease on object storage) as held for a whole sharded job by its
     rank 0, seen from the job's other ranks.
 
     Internal to :mod:`reservoir.extract.sharded`: the other ranks open the store
-    for writing (``FeatureStore.open(..., _lock=SharedLock(path))``) only after
-    rank 0 has taken the lock and says so; releasing it here does nothing, the
-    lock goes when rank 0 closes the store.
+    for writing (``FeatureStore.open(..., _lock=SharedLock(path, record))``)
+    only after rank 0 has taken the lock and sent them its holder's
+    ``record``; releasing it here does nothing, the lock goes when rank 0
+    closes the store.
     """
 
     held = True
 
-    def __init__(self, store: str | os.PathLike | StoreURL):
+    def __init__(self, store: str | os.PathLike | StoreURL, record: dict):
         self.store = store if isinstance(store, StoreURL) else StoreURL(str(store)) if is_url(store) else Path(store)
+        self.record = record  # rank 0's, as its lock recorded it
 
     def check(self) -> None:
-        """Refuse to write when rank 0's lock is gone (rank 0 died): another writer may take the store now."""
-        if holder(self.store) is None:
-            what, gone = ("lease", "released or expired") if isinstance(self.store, StoreURL) else ("lock", "released")
-            raise ReservoirError(f"{self.store}: expected rank 0 of this job to hold the store's write {what} while "
-                                 f"the other ranks write; found it {gone} (rank 0 has ended): stopping, rerun the "
-                                 "same command to resume")
+        """Refuse to write unless the lock is still rank 0's (the holder it recorded): once rank 0 has ended,
+        another writer may have taken the store."""
+        now = holder(self.store)
+        if same_holder(now, self.record):
+            return
+        what, gone = ("lease", "released or expired") if isinstance(self.store, StoreURL) else ("lock", "released")
+        found = f"it {gone}" if now is None else f"it held by {describe(now)}"
+        raise ReservoirError(f"{self.store}: expected rank 0 of this job ({describe(self.record)}) to hold the store's "
+                             f"write {what} while the other ranks write; found {found} (rank 0 has ended): stopping, "
+                             "rerun the same command to resume")
 
     def release(self) -> None:
         pass

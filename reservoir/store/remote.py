@@ -36,8 +36,8 @@ from reservoir.errors import ReservoirError
 
 #: ``scheme://``: what makes a store path a URL.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-#: Schemes of object stores (obstore's names); ``memory`` is a process-local store for tests.
-SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl", "memory")
+#: Schemes of object stores (obstore's names).
+SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl")
 #: Retries of a failed request: backoff from 0.1 s doubling up to 5 s, at most 6 retries and 60 s in all.
 RETRY = {"max_retries": 6, "retry_timeout": timedelta(seconds=60),
          "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=5), "base": 2}}

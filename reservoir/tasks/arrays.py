@@ -146,17 +146,18 @@ def _is_str(key: Any) -> bool:
 
 
 def _json_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``params`` as a dict that JSON can write (stores keep it, the fingerprint hashes it)."""
+    """``params`` as JSON reads them back (stores keep them, the fingerprint hashes them): a tuple becomes a list, a
+    key a str, so the params a store records are the task's own."""
     where = f"task {name!r}"
     if params is None:
         return {}
     if not isinstance(params, Mapping):
         raise ReservoirError(f"{where}: expected params a mapping or None; found {type(params).__name__}")
     try:
-        json.dumps(dict(params), sort_keys=True)
+        json.dumps(dict(params), sort_keys=True, allow_nan=False)  # as the fingerprint writes them
+        return json.loads(json.dumps(dict(params)))
     except (TypeError, ValueError) as err:
         raise ReservoirError(f"{where}: expected params that JSON can write; found {err}") from None
-    return dict(params)
 
 
 def _split(where: str, value: Any, kind: str | None, n_out_tokens: int) -> tuple[str, Split]:
