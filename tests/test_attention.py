@@ -106,3 +106,21 @@ def test_cli_trains_then_reuses_the_run(tmp_path, monkeypatch):
 def test_cli_needs_task_or_run():
     r = CliRunner().invoke(main, ["plot", "attention"])
     assert r.exit_code == 2 and "Missing option '--task' (or pass --run)" in r.output
+
+
+def test_out_path_is_the_file_written(run_dir, tmp_path):
+    """Without a suffix the figure is a .png, and the path printed is the file's; a suffix matplotlib cannot write is
+    refused before anything is drawn."""
+    r = CliRunner().invoke(main, ["plot", "attention", "--run", str(run_dir), "--out", str(tmp_path / "att")])
+    assert r.exit_code == 0, r.output
+    assert f"wrote {tmp_path / 'att.png'}" in r.output and not (tmp_path / "att").exists()
+    assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = CliRunner().invoke(main, ["plot", "attention", "--run", str(run_dir), "--out", str(tmp_path / "att.svg")])
+    assert r.exit_code == 0 and (tmp_path / "att.svg").read_text().lstrip().startswith("<?xml")
+    r = CliRunner().invoke(main, ["plot", "attention", "--run", str(run_dir), "--out", str(tmp_path / "sub" / "a.xyz")])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "Traceback" not in r.output
+    assert lines[0].startswith(f"Error: --out {tmp_path / 'sub' / 'a.xyz'}: expected a figure file ending in .eps, ")
+    assert lines[0].endswith("found '.xyz'") and not (tmp_path / "sub").exists()
+    with pytest.raises(ReservoirError, match="expected a figure file ending in"):
+        plot_attention(attention(run_dir), tmp_path / "a.xyz")

@@ -64,11 +64,23 @@ def test_lr_sweep_over_seeds(tmp_path):
         (["--lr-sweep", "1e-2:1e-6:3"], "--lr-sweep expects 0 < LOW < HIGH"),
         (["--lr", "-1"], "--lr must be a finite number > 0, found -1.0"),
         (["--layers", "5"], "depth 5 is beyond"),
+        (["--finetune", "recurrent"], "--finetune recurrent: expected parameters to train in backbone 'tiny-gpt2' "
+                                      "(gpt2); found the group recurrent empty"),
     ],
 )
 def test_train_bad_input(tmp_path, args, expected):
     line = one_error_line(run("train", *XOR, *TINY, "--steps", 5, *args, "--out", tmp_path / "bad"))
     assert expected in line
+
+
+def test_groups_that_train_nothing_are_one_line_everywhere(tmp_path):
+    line = one_error_line(run("train", *XOR, "--backbone", "tiny-llama", "--device", "cpu", "--quiet", "--finetune",
+                              "positions", "--steps", 2, "--out", tmp_path / "r"))
+    assert "found the group positions empty" in line and "'tiny-llama' (llama)" in line
+    assert not (tmp_path / "r" / "results.json").exists()
+    line = one_error_line(run("bench", "train", *XOR, "--backbone", "tiny-gpt2", "--device", "cpu", "--finetune",
+                              "recurrent", "--steps", 1, "--warmup", 1))
+    assert "found the group recurrent empty" in line
 
 
 def test_from_store_bad_split(tmp_path):
@@ -89,6 +101,24 @@ def test_from_store_bad_split(tmp_path):
                               "max_length=30", "--backbone", "tiny-bert", "--layers", 2, "--full-seq-layer", 2,
                               "--out", tmp_path / "bad.zarr"))
     assert "--full-seq-layer must be below the depth 2" in line
+
+
+def test_from_store_refuses_options_the_store_fixes_and_takes_the_seed(tmp_path):
+    store = tmp_path / "sp.zarr"
+    r = run("extract", *XOR, "--backbone", "tiny-gpt2", "--full-seq-layer", 1, "--out", store, "--quiet")
+    assert r.exit_code == 0, r.output
+    common = ["train", "--from-store", store, *TINY, "--finetune", "layernorm,output", "--steps", 2, "--eval-every", 2]
+    for args, expected in [(["--task", "listops"], "--task with --from-store"), (["--init", "random"], "--init with"),
+                           (["-p", "n_train=81"], "--param with"), (["--split-layer", 0], "--split-layer with")]:
+        line = one_error_line(run(*common, *args, "--out", tmp_path / "bad"))
+        assert expected in line and "expected the store's" in line, line
+    assert not (tmp_path / "bad").exists()
+    r = run(*common, "--task", "bit-xor", "-p", "n_train=80", "--init", "pretrained", "--seed", 3,
+            "--out", tmp_path / "ok")  # the store's own values, and a seed of this run's own
+    assert r.exit_code == 0, r.output
+    config = TrainResult.read(tmp_path / "ok" / "results.json").config
+    assert (config["task"], config["init"], config["seed"], config["split_layer"]) == ("bit-xor", "pretrained", 3, 1)
+    assert "are refused. --seed seeds the head" in " ".join(run("train", "--help").stdout.split())
 
 
 def test_bench_speedup_cli(tmp_path):

@@ -277,7 +277,10 @@ def _bad_npz_cases(tmp_path):
     ok = dict(train_inputs=x, train_labels=y, test_inputs=xt, test_labels=yt)
     return {
         "missing split": (_npz(tmp_path / "nosplit.npz", train_inputs=x, train_labels=y),
-                          ["test_inputs", "expected this field", "split 'test' is required"]),
+                          ["test_inputs", "expected this field", "split 'test' is required",
+                           "found fields train_inputs, train_labels"]),
+        "no field of ours": (_npz(tmp_path / "other.npz", x=x, y=y),  # the file's own fields, not "(none)"
+                             ["train_inputs", "expected this field", "found fields x, y"]),
         "labels not integers": (_npz(tmp_path / "floats.npz", **{**ok, "train_labels": y.astype(np.float64)}),
                                 ["train_labels", "expected integer labels", "found float64"]),
         "lengths beyond L": (_npz(tmp_path / "long.npz", **ok, train_lengths=np.full(20, 7)),
@@ -304,9 +307,9 @@ def _bad_npz_cases(tmp_path):
     }
 
 
-BAD_NPZ = ["missing split", "labels not integers", "lengths beyond L", "NaN in inputs", "inf in inputs",
-           "mismatched row counts", "a misspelt field", "beyond float32", "a huge token id", "a uint64 id beyond int64",
-           "a huge label"]
+BAD_NPZ = ["missing split", "no field of ours", "labels not integers", "lengths beyond L", "NaN in inputs",
+           "inf in inputs", "mismatched row counts", "a misspelt field", "beyond float32", "a huge token id",
+           "a uint64 id beyond int64", "a huge label"]
 
 
 @pytest.mark.parametrize("case", BAD_NPZ)

@@ -189,6 +189,43 @@ def test_cuda_graphs_on_refused_for_varying_lengths(tmp_path):
                cuda_graphs="on")
 
 
+def test_resume_with_dropout_on_cuda_reaches_the_same_weights(tmp_path, monkeypatch):
+    """Dropout on CUDA draws from the CUDA generator: last.pt carries its state, so a resumed run trains the
+    uninterrupted run's weights."""
+    import reservoir.training.loop as loop
+
+    common = dict(finetune="fpt", dropout=0.2, steps=40, eval_every=10, amp="none", cuda_graphs="off")
+    _train(tmp_path, "a", **common)
+    original = loop._checkpoint
+
+    def stop_at_20(folder, settings, trainable, opt, state, is_best):
+        original(folder, settings, trainable, opt, state, is_best)
+        if state["step"] == 20:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "_checkpoint", stop_at_20)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, "b", **common)
+    monkeypatch.setattr(loop, "_checkpoint", original)
+    assert len(torch.load(tmp_path / "b" / "last.pt", weights_only=True)["cuda_rng"]) == torch.cuda.device_count()
+    _train(tmp_path, "b", **common)
+    a, b = _trained(tmp_path, "a"), _trained(tmp_path, "b")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4, msg=lambda m: f"{key}: {m}")
+
+
+def test_fp16_training_scales_the_loss_and_steps_eagerly(tmp_path):
+    """fp16 autocast: a GradScaler in the step (its state kept in last.pt), so no CUDA graph; `on` is refused."""
+    from reservoir.errors import ReservoirError
+
+    r = _train(tmp_path, "fp16", amp="fp16", steps=30)
+    assert r.step_mode == "eager" and np.isfinite([p["train_loss"] for p in r.curve]).all()
+    state = torch.load(tmp_path / "fp16" / "last.pt", weights_only=True)["state"]
+    assert state["grad_scaler"]["scale"] > 0
+    with pytest.raises(ReservoirError, match="--cuda-graphs on needs .* found fp16 steps scale the loss"):
+        _train(tmp_path, "fp16-on", amp="fp16", cuda_graphs="on")
+
+
 def test_split_point_store_training_on_cuda_equals_cpu(tmp_path):
     """Batches read from a store by the background reader, pinned, copied without waiting: the CPU's training."""
     from reservoir.training import config_for_store, run

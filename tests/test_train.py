@@ -25,6 +25,7 @@ from reservoir.training import (
     steps_to_converge,
     train,
 )
+from reservoir.training.data import carve_val
 from reservoir.training.freeze import GROUPS, apply_freeze, parse_groups
 
 XOR = {"n_train": 400, "n_test": 200, "n_bits": 3}
@@ -81,6 +82,32 @@ def test_split_layer_limits_groups_to_upper_blocks():
         apply_freeze(bb, model.head, ("input", "output"), first_block=1)
 
 
+@pytest.mark.parametrize("name, spec, family", [("tiny-gpt2", "recurrent", "gpt2"),
+                                                ("tiny-llama", "positions", "llama")])
+def test_groups_that_train_nothing_are_refused(name, spec, family, caplog):
+    """No optimizer over an empty parameter list: one line naming the groups and the backbone's family."""
+    bb = load_backbone(name, d_in=4)
+    model = ReservoirClassifier(bb, 1, 1, 10)
+    with caplog.at_level("WARNING", logger="reservoir"), pytest.raises(
+            ReservoirError, match=rf"--finetune {spec}: expected parameters to train in backbone '{name}' "
+                                  rf"\({family}\); found the group {spec} empty \(groups with parameters here: input"):
+        apply_freeze(bb, model.head, parse_groups(spec))
+    assert not caplog.text  # the refusal says it all
+    assert apply_freeze(bb, model.head, parse_groups(f"{spec},output"))["trainable"] == 32 * 10 + 10
+    with pytest.raises(ReservoirError, match="found the groups attention, feedforward empty above layer 2"):
+        apply_freeze(bb, model.head, ("attention", "feedforward"), first_block=2)
+
+
+def test_live_split_layer_refusal_names_no_store(tmp_path):
+    with pytest.raises(ReservoirError) as err:
+        run(TrainConfig(task="bit-xor", backbone="tiny-gpt2", split_layer=1, finetune="fpt", steps=1, device="cpu",
+                        task_params=XOR, out=str(tmp_path / "r")), progress=False)
+    assert str(err.value) == ("--finetune group 'input' lies below the split layer 1, where nothing is trained: "
+                              "expected groups of the blocks above it or the head (layernorm, attention, feedforward, "
+                              "recurrent, output), found 'input'")
+    assert "store" not in str(err.value)
+
+
 def test_bad_groups_and_sweeps():
     with pytest.raises(ReservoirError, match="unknown finetune group 'norms'"):
         parse_groups("norms,output")
@@ -92,6 +119,21 @@ def test_bad_groups_and_sweeps():
     for bad in ("1e-2:1e-6:3", "1e-6:1e-2", "a:b:c", "0:1:3", "1e-6:1e-2:1"):
         with pytest.raises(ReservoirError, match="--lr-sweep"):
             parse_lr_sweep(bad)
+
+
+def test_sweep_run_folders_never_share_a_name(tmp_path):
+    from reservoir.training import sweep
+    from reservoir.training.sweeps import lr_label
+
+    lrs = parse_lr_sweep("1e-3:1.002e-3:2")
+    assert [lr_label(lr) for lr in lrs] == ["0.001", "0.001002"]
+    assert [lr_label(lr) for lr in parse_lr_sweep("1e-6:1e-2:5")] == ["1e-06", "1e-05", "0.0001", "0.001", "0.01"]
+    r = sweep(TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=2, eval_every=2, task_params=XOR, device="cpu",
+                          out=str(tmp_path / "sw")), lrs, seeds=1, progress=False)
+    assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == ["lr0.001-seed0", "lr0.001002-seed0", "sweep.json"]
+    for lr in lrs:
+        assert TrainResult.read(tmp_path / "sw" / f"lr{lr_label(lr)}-seed0" / "results.json").config["lr"] == lr
+    assert len(r.runs) == 2
 
 
 def test_steps_to_converge():
@@ -247,6 +289,20 @@ def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
         run(TrainConfig(**{**cfg, "out": str(tmp_path / "b")}, lr=0.01), progress=False)
 
 
+def test_cpu_checkpoints_hold_no_cuda_generator_and_resume_from_one_that_does(tmp_path):
+    cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu")
+    run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
+    last = torch.load(tmp_path / "a" / "last.pt", weights_only=True)
+    assert sorted(last) == sorted(["config", "trainable", "optimizer", "rng", "state"])  # as before: no cuda_rng
+    assert "grad_scaler" not in last["state"]  # no fp16 on the CPU
+    last["state"]["step"], last["state"]["curve"] = 2, last["state"]["curve"][:1]
+    last["cuda_rng"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's checkpoint, resumed on the CPU
+    torch.save(last, tmp_path / "a" / "last.pt")
+    (tmp_path / "a" / "results.json").unlink()
+    r = run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
+    assert [p["step"] for p in r.curve] == [2, 4]
+
+
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_split_point_store_equals_live_training(tmp_path, suffix):
     params = {"n_train": 120, "n_test": 40, "max_length": 40}
@@ -270,6 +326,69 @@ def test_split_point_store_equals_live_training(tmp_path, suffix):
     assert live.parameters == cached.parameters and cached.store["reservoir_version"]
 
 
+def test_split_point_store_seeds_head_and_carve_with_the_run_seed(tmp_path):
+    """The store fixes the backbone and projection (its seed); the head and the validation rows follow the run's
+    seed, so seeds of a sweep from one store start apart, each as a live run with that seed does."""
+    from reservoir.training import build_from_store
+
+    params = {"n_train": 60, "n_test": 20, "n_bits": 3}
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", full_seq_layer=1, task_params=params,
+                                      seed=2, out=str(tmp_path / "s.zarr")), progress=False)
+    common = dict(backbone="tiny-gpt2", finetune="layernorm,output", device="cpu")
+    assert config_for_store(store, **common).seed == 2  # the store's seed unless one is given
+    built = {}
+    for seed in (0, 1):
+        config = config_for_store(store, seed=seed, **common)
+        assert config.seed == seed and config.init == "pretrained"
+        built[seed] = build_from_store(config)
+        _, live, live_data = build(TrainConfig(task="bit-xor", task_params=params, seed=seed, **common))
+        model, data = built[seed]
+        assert torch.equal(model.head.weight, live.head.weight)
+        assert np.array_equal(data.val.labels, live_data.val.labels)
+        assert np.array_equal(data.val.index, carve_val(60, 0.1, seed)[1])
+    (m0, d0), (m1, d1) = built[0], built[1]
+    assert not torch.equal(m0.head.weight, m1.head.weight) and not np.array_equal(d0.val.index, d1.val.index)
+    torch.testing.assert_close(m0.backbone.input.weight, m1.backbone.input.weight, rtol=0, atol=0)  # the store's
+
+
+def test_from_store_refuses_settings_the_store_fixes(tmp_path):
+    params = {"n_train": 60, "n_test": 20, "n_bits": 3}
+    split = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", full_seq_layer=1, task_params=params,
+                                      out=str(tmp_path / "s.zarr")), progress=False)
+    last = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", task_params=params,
+                                     out=str(tmp_path / "l.zarr")), progress=False)
+    ok = config_for_store(split, backbone="tiny-gpt2", task="bit-xor", init="pretrained", split_layer=1,
+                          task_params={"n_bits": 3})  # the store's own values pass
+    assert (ok.task, ok.task_params, ok.split_layer) == ("bit-xor", {}, 1)
+    for given, expected in [
+        ({"task": "listops"}, "--task with --from-store .*: expected the store's 'bit-xor' \\(or no --task\\), "
+                              "found 'listops'"),
+        ({"init": "random"}, "--init with --from-store .*: expected the store's 'pretrained'"),
+        ({"task_params": {"n_bits": 4}}, "--param with --from-store .*: expected the store's .*'n_bits': 3"),
+        ({"split_layer": 0}, "--split-layer with --from-store .*: expected the store's 1"),
+    ]:
+        with pytest.raises(ReservoirError, match=expected):
+            config_for_store(split, backbone="tiny-gpt2", **given)
+    with pytest.raises(ReservoirError, match="--backbone with --from-store .*: expected the store's 'tiny-gpt2'"):
+        config_for_store(last, backbone="tiny-bert")
+    # settings not asked for (the command line's defaults) take the store's values
+    config = config_for_store(last, given=(), backbone="minilm", init="random", seed=7)
+    assert (config.backbone, config.init, config.seed) == ("tiny-gpt2", "pretrained", 0)
+
+
+def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_path, capsys):
+    params = {"n_train": 60, "n_test": 20, "n_bits": 3}
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", task_params=params,
+                                      out=str(tmp_path / "l.zarr")), progress=False)
+    capsys.readouterr()
+    r = run(config_for_store(store, finetune="output", steps=4, eval_every=2, device="cpu", out=str(tmp_path / "r")),
+            progress=False)
+    n = 32 * 2 * 3 + 2 * 3  # the head: 3 bits x 2 classes from 32 features
+    assert r.cached is True and r.parameters == {"output": n, "trainable": n, "total": n}
+    assert f"trainable params: {n:,} || all params: {n:,} || trainable%: 100.0000" in capsys.readouterr().out
+    assert TrainResult.read(tmp_path / "r" / "results.json").parameters["total"] == n
+
+
 def test_split_point_store_errors(tmp_path):
     params = {"n_train": 40, "n_test": 20, "max_length": 30}
     with pytest.raises(ReservoirError, match="--full-seq-layer must be below the depth 2"):
@@ -290,9 +409,26 @@ def test_split_point_store_errors(tmp_path):
                         out=str(tmp_path / "r3")), progress=False)
 
 
-def test_bench_speedup_reports_consistent_ratios():
+def test_bench_speedup_reports_consistent_ratios(monkeypatch):
+    import importlib
+
     from reservoir.bench import format_speedup, speedup
 
+    bench = importlib.import_module("reservoir.bench.speedup")  # the module (the package exports its function)
+
+    batches = {"live": [], "cached": []}  # the batch size each timed epoch ran at, by side
+    time_steps, time_cached = bench._time_steps, bench._time_cached
+
+    def live(model, feeder, batch_size, *args, **kwargs):
+        batches["live"].append(batch_size)
+        return time_steps(model, feeder, batch_size, *args, **kwargs)
+
+    def cached(head, X, Y, n_classes, batch_size, *args, **kwargs):
+        batches["cached"].append(batch_size)
+        return time_cached(head, X, Y, n_classes, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_steps", live)
+    monkeypatch.setattr(bench, "_time_cached", cached)
     r = speedup("bit-xor", {"n_train": 96, "n_test": 16}, backbone="tiny-gpt2", batch_size=16, max_live_rows=48,
                 device="cpu")
     a, b = r["output_only"], r["layernorm_top"]
@@ -300,9 +436,23 @@ def test_bench_speedup_reports_consistent_ratios():
     assert a["speedup"] == pytest.approx(a["live_epoch_s"] / a["cached_epoch_s"])
     assert b["blocks_trained"] == [2] and r["split_layer"] == 1
     assert b["speedup"] == pytest.approx(b["live_epoch_s"] / b["split_store_epoch_s"])
-    assert r["extract_overhead"] == pytest.approx((r["extract_s"] - r["setup_s"]) / r["bare_forward_s"])
+    assert r["extract_overhead"] == pytest.approx(r["pass_s"] / r["bare_forward_s"])
     assert all(v > 0 for v in (a["live_epoch_s"], a["cached_epoch_s"], b["live_epoch_s"], b["split_store_epoch_s"]))
+    # break-even counts what only caching pays once (pass + store read), not the setup a live run pays too
+    assert r["setup_s"] == pytest.approx(r["task_s"] + r["model_s"]) and "extract_s" not in r
+    assert a["cached_extra_s"] == pytest.approx(r["pass_s"] + a["store_read_s"])
+    saved = max(a["live_epoch_s"] - a["cached_epoch_s"], 1e-12)  # per epoch (none, on a busy machine: no break-even)
+    assert a["break_even_epochs"] == pytest.approx(a["cached_extra_s"] / saved)
+    assert b["cached_extra_s"] == pytest.approx(b["split_pass_s"] + b["split_read_s"])
+    saved = max(b["live_epoch_s"] - b["split_store_epoch_s"], 1e-12)
+    assert b["break_even_epochs"] == pytest.approx(b["cached_extra_s"] / saved)
+    # the large batch: one size for both sides, bounded by the 48 rows a live epoch is timed on
+    assert r["large_batch"] == 48
+    assert batches["live"][:2] == batches["cached"][:2] == [16, 48]
     text = format_speedup(r)
     assert "(a) output layer only" in text and "(b) layernorm, blocks 2..2" in text
+    assert "    at batch 48 " in text and "at batch 1024" not in text
+    assert f"task {r['task_s']:.2f} s + model {r['model_s']:.2f} s = {r['setup_s']:.2f} s" in text
+    assert f"pass {r['pass_s']:.2f} s + store read {a['store_read_s']:.2f} s = {a['cached_extra_s']:.2f} s" in text
     with pytest.raises(ReservoirError, match="--split-layer must be within 0..1"):
         speedup("bit-xor", {"n_train": 32, "n_test": 16}, backbone="tiny-gpt2", split_layer=2, device="cpu")

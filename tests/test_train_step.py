@@ -28,6 +28,7 @@ def test_epoch_order_is_batch_rows():
     ("tiny-gpt2", "bit-xor", {"n_train": 300, "n_test": 40}),
     ("tiny-bert", "listops", {"n_train": 300, "n_test": 40, "max_length": 60}),  # padded batches, a mask
     ("tiny-llama", "listops", {"n_train": 300, "n_test": 40, "max_length": 60}),
+    ("tiny-vit", "bit-xor", {"n_train": 300, "n_test": 40}),  # its patch positions, without the CLS token
 ])
 def test_project_step_trains_what_the_plain_hf_loop_trains(name, task, params):
     """Same weights, groups, batches and settings: the project's steps and the plain Hugging Face loop end at the
@@ -113,6 +114,30 @@ def test_cuda_graphs_setting_is_checked():
     _freeze(model, data, config)
     with pytest.raises(ReservoirError, match="--cuda-graphs on needs a CUDA device.*found the device is cpu"):
         Stepper(model, adam(list(model.head.parameters()), 1e-3, CPU), data.train, CPU, 16, 0, cuda_graphs="on")
+
+
+def test_loss_scaled_steps_train_what_plain_steps_train():
+    """The fp16 path's GradScaler (CUDA only in runs), driven on the CPU: a power-of-two scale changes no weight, and
+    steps whose scaled gradients overflow are skipped while the scale backs off."""
+    config = TrainConfig(task="bit-xor", backbone="tiny-gpt2", task_params={"n_train": 100, "n_test": 20}, amp="none")
+    weights, scales = {}, {}
+    for name, init_scale in (("plain", None), ("scaled", 2.0**12), ("overflow", 3e38)):
+        _, model, data = build(config, CPU)
+        _freeze(model, data, config)
+        start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        stepper = Stepper(model, adam([p for p in model.parameters() if p.requires_grad], 1e-3, CPU), data.train,
+                          CPU, 16, 0, amp="none", grad_clip=1.0)
+        assert stepper.scaler is None  # no fp16 on the CPU
+        if init_scale is not None:
+            stepper.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+        stepper.run(4)
+        stepper.close()
+        weights[name] = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        scales[name] = None if stepper.scaler is None else stepper.scaler.get_scale()
+    for key in weights["plain"]:
+        torch.testing.assert_close(weights["scaled"][key], weights["plain"][key], rtol=0, atol=0)
+        torch.testing.assert_close(weights["overflow"][key], start[key], rtol=0, atol=0)  # every step skipped
+    assert scales["scaled"] == 2.0**12 and scales["overflow"] == pytest.approx(3e38 / 2**4)
 
 
 def test_train_cli_refuses_cuda_graphs_on_the_cpu(tmp_path):

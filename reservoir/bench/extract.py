@@ -283,14 +283,19 @@ def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
 
 
 class _GivenEmbeddings(torch.nn.Module):
-    """Stands in for ViT's embedding module: hands on what it is given (ViTModel takes no ``inputs_embeds``)."""
+    """Stands in for ViT's embedding module (ViTModel takes no ``inputs_embeds``): the given embeddings plus the
+    patch position rows, then the embedding dropout, as :meth:`~reservoir.backbones.model.Backbone.embed` computes
+    layer 0 (no CLS token; the table's CLS row is never read)."""
 
     def __init__(self, original: torch.nn.Module):
         super().__init__()
         self.patch_embeddings = original.patch_embeddings  # ViTModel.forward reads its dtype
+        self.position_embeddings = original.position_embeddings  # (1, n + 1, n_dim), the same parameter
+        self.dropout = original.dropout
 
     def forward(self, embeds: torch.Tensor, **kwargs) -> torch.Tensor:
-        return embeds
+        L = embeds.shape[1]
+        return self.dropout(embeds + self.position_embeddings[:, 1 : 1 + L])  # (B, L, n_dim)
 
 
 def _hf_forward(hf, embeds: torch.Tensor, mask: torch.Tensor | None, **kwargs):

@@ -9,9 +9,9 @@ In one run, on one task, backbone, depth, freeze scheme and batch size:
 * **plain**: the same model written the obvious way: the Hugging Face model's
   own forward from input embeddings with its attention mask, a gather of the
   last real token, a linear head, ``F.cross_entropy``, ``torch.optim.Adam``
-  with its defaults, gradient-norm clipping, each batch copied to the device
-  from host memory and its loss read back every step (as a loop that logs its
-  loss does).
+  with its defaults (and a ``GradScaler`` under fp16), gradient-norm
+  clipping, each batch copied to the device from host memory and its loss
+  read back every step (as a loop that logs its loss does).
 
 Both start from the same weights (the same seeded loads), train the same
 parameters (the same freeze groups, applied to the same modules) under the
@@ -87,6 +87,9 @@ class PlainLoop:
         self.opt = torch.optim.Adam(self.params, lr=config.lr)
         self.config, self.feeder, self.device = config, feeder, device
         self.amp = config.amp if amp is None else amp
+        # fp16 the obvious way too: torch.amp.GradScaler, as the project's step
+        fp16 = device.type == "cuda" and compute_dtype(device, self.amp) == torch.float16
+        self.scaler = torch.amp.GradScaler(device.type) if fp16 else None
         self.order = EpochOrder(len(feeder), config.batch_size, config.seed)
         self.step_index = 0
         self.losses: list[float] = []
@@ -107,10 +110,18 @@ class PlainLoop:
             logits = m.head(h[r, idx]).view(len(y), m.n_out_tokens, m.n_heads, m.n_classes)
         loss = F.cross_entropy(logits.float().reshape(-1, m.n_classes), y.reshape(-1))
         self.opt.zero_grad()
-        loss.backward()
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.opt)
         if self.config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
-        self.opt.step()
+        if self.scaler is None:
+            self.opt.step()
+        else:
+            self.scaler.step(self.opt)
+            self.scaler.update()
         self.losses.append(loss.item())
 
     def run(self, n: int) -> None:

@@ -90,14 +90,16 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
 @click.option("--split-layer", default=None, type=int, help="Split point s for (b); default K-1 (tune the top block).")
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Rows per optimizer step.")
 @click.option("--max-live-rows", default=1024, show_default=True, type=int,
-              help="Rows timed for each live epoch (scaled to the full epoch).")
+              help="Rows timed for each live epoch (scaled to the full epoch); they also bound the large batch "
+                   "(1024) that both sides of (a) are timed at.")
 @train_option("seed")
 @train_option("device")
 @train_option("amp")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 def bench_speedup(task, data, input_column, label_column, params, backbone, init, layers, split_layer, batch_size,
                   max_live_rows, seed, device, amp, out):
-    """Per-epoch cost of training live vs from a store, and the break-even number of epochs."""
+    """Per-epoch cost of training live vs from a store, and the break-even number of epochs (what only caching pays
+    once, the pass and the store read, over what it saves per epoch)."""
     from reservoir.bench import format_speedup, speedup
 
     task, task_params = _task_from(task, data, input_column, label_column, params)

@@ -50,8 +50,14 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
                     batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
                     device=device, amp=amp, cuda_graphs=cuda_graphs, compile=compiled, out=out)
     task, task_params = _task_from(task, data, input_column, label_column, params, alternative="--from-store")
-    if from_store is not None:  # the store says which task, init, seed (and split layer)
-        config = config_for_store(from_store, **settings)
+    if from_store is not None:  # the store says which task and init (and split layer, or backbone); --seed is ours
+        given = _explicit(click.get_current_context(), {"task": "task", "data": "task", "params": "task_params",
+                                                        "init": "init", "seed": "seed", "backbone": "backbone",
+                                                        "split_layer": "split_layer"})
+        if "task" in given:
+            given.add("task_params")
+        config = config_for_store(from_store, given=given, task=task, task_params=task_params, init=init, seed=seed,
+                                  **settings)
     elif task is None:
         raise click.UsageError("Missing option '--task' (or pass --from-store); or --data PATH.")
     else:
@@ -68,6 +74,14 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
                f"{m['best_val_accuracy']:.2%} {ci(m['best_val_interval'])} at step {m['best_step']}; within 1 point "
                f"of best from step {m['steps_to_converge']})")
     click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
+
+
+def _explicit(ctx: click.Context, names: dict[str, str]) -> set[str]:
+    """The settings (``names``: option parameter -> setting) given on the command line or in the environment."""
+    from click.core import ParameterSource
+
+    return {setting for param, setting in names.items()
+            if ctx.get_parameter_source(param) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
 
 
 @click.group(cls=_Group)
@@ -92,16 +106,18 @@ def plot():
 @click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")
 @click.option("--split", default="test", show_default=True, help="Split the example comes from.")
 @train_option("device")
-@click.option("--out", default=None, help="PNG path. Default: <run>/attention-layer<L>-example<N>.png.")
+@click.option("--out", default=None, help="Figure path (.png, .pdf, .svg, ...; no suffix: .png). Default: "
+                                          "<run>/attention-layer<L>-example<N>.png.")
 def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
                    layer, example, split, device, out):
     """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
     from reservoir.io import writable_folder
-    from reservoir.training.attention import attention, summary
+    from reservoir.training.attention import attention, figure_path, summary
     from reservoir.training.attention import plot_attention as draw
 
-    if out is not None:
-        writable_folder(Path(out).absolute().parent)  # before any training or drawing
+    if out is not None:  # before any training or drawing
+        out = figure_path(out)
+        writable_folder(out.absolute().parent)
 
     if run_dir is None:
         from reservoir.training import TrainConfig

@@ -110,7 +110,8 @@ def read_npz(source: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray | Non
     vocab_size : int or None
     """
     fields = _npz_fields(source)
-    found = ", ".join(fields) or "(none)"
+    names = _npz_names(source)  # every field of the file, read by the task or not
+    found = ", ".join(names[:12]) + (f", ... ({len(names):,} in all)" if len(names) > 12 else "") or "(none)"
     splits = {}
     for split in SPLITS:
         have = [p for p in PARTS if f"{split}_{p}" in fields]
@@ -124,6 +125,12 @@ def read_npz(source: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray | Non
         inputs, lengths, labels = (fields.get(f"{split}_{p}") for p in ("inputs", "lengths", "labels"))
         splits[split] = check_split(source, names, inputs, lengths, labels)
     return splits, _vocab_size(source, fields.get("vocab_size"), splits)
+
+
+def _npz_names(source: Path) -> list[str]:
+    """The names of the fields of the ``.npz`` archive ``source`` (one already opened once), in the archive's order."""
+    with zipfile.ZipFile(source) as archive:
+        return [name.removesuffix(".npy") for name in archive.namelist()]
 
 
 def _npz_fields(source: Path) -> dict[str, np.ndarray]:

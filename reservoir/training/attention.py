@@ -114,8 +114,32 @@ def attention(run_dir: str | os.PathLike, layer: int = 1, example: int = 0, spli
     }
 
 
+def figure_path(path: str | os.PathLike) -> Path:
+    """Where a figure asked for at ``path`` is written: ``path`` itself, or ``<path>.png`` when it has no suffix;
+    a suffix matplotlib cannot write is refused in one line.
+
+    Examples
+    --------
+    >>> figure_path("maps/att"), figure_path("maps/att.svg")
+    (PosixPath('maps/att.png'), PosixPath('maps/att.svg'))
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    out = Path(path)
+    if not out.suffix:
+        return out.with_name(out.name + ".png")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix[1:].lower() not in kinds:
+        raise ReservoirError(f"--out {out}: expected a figure file ending in {', '.join('.' + k for k in kinds)} "
+                             f"(or no suffix: .png), found {out.suffix!r}")
+    return out
+
+
 def plot_attention(maps: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Every head's query x key map for the example, then the readout token's mean attention per head."""
+    """Every head's query x key map for the example, then the readout token's mean attention per head.
+
+    Returns where the figure was written (:func:`figure_path` of ``path``).
+    """
     from matplotlib.figure import Figure
 
     w, mean = maps["weights"], maps["readout_mean"]
@@ -150,7 +174,7 @@ def plot_attention(maps: dict[str, Any], path: str | os.PathLike) -> Path:
     pred = " ".join(str(int(v)) for v in maps["prediction"])
     fig.suptitle(f"{c.task}: layer {maps['layer']} attention of {c.backbone} ({c.init}, trained {c.finetune}); "
                  f"{maps['split']} example {maps['example']}, label {label}, predicted {pred}", fontsize="medium")
-    out = Path(path)
+    out = figure_path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     return out

@@ -1,7 +1,8 @@
 """Training checkpoints: tensors and plain data only, read with ``torch.load(weights_only=True)``.
 
 ``last.pt`` holds what resuming needs (the run's settings, the trained
-tensors, optimizer and RNG state, the loop state); ``best.pt`` the settings,
+tensors, optimizer and RNG state, the loop state; a run on CUDA also its CUDA
+generators' states, ``cuda_rng``); ``best.pt`` the settings,
 the trained tensors and the step they are from. A file that would run code
 when unpickled, or any other file that is not such a checkpoint, is refused in
 one line naming it, never executed. Checkpoints are written to a temporary
@@ -163,7 +164,11 @@ def new_state() -> dict[str, Any]:
 
 def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device
             ) -> dict[str, Any]:
-    """Restore an interrupted run from ``last.pt``: trained tensors, optimizer, RNG; return the loop state."""
+    """Restore an interrupted run from ``last.pt``: trained tensors, optimizer, RNG; return the loop state.
+
+    The CUDA generators are restored on a CUDA ``device`` from a checkpoint that holds them (older ones do not: they
+    resume with the CUDA generators as they are).
+    """
     ckpt = load(last, LAST_KEYS, device)
     diff = differing(ckpt["config"], config)
     if diff is not None:
@@ -172,6 +177,9 @@ def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.O
     try:
         opt.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["rng"].cpu())  # the CPU generator's state, wherever map_location put it
+        if "cuda_rng" in ckpt and torch.device(device).type == "cuda":
+            for i, cuda_state in enumerate(list(ckpt["cuda_rng"])[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(cuda_state.cpu(), i)
     except (AttributeError, KeyError, RuntimeError, TypeError, ValueError) as err:
         raise ReservoirError(f"{last}: expected the optimizer and RNG state of this run, found {one_line(err)}"
                              ) from None

@@ -69,8 +69,11 @@ class TrainConfig:
     projection_gain: float = options.GAIN.field(cli=False, constraint=number(0, open_low=True))
     split_layer: int = setting("Train only blocks above this layer (what a split-point store at this layer allows).",
                                0, integer(0))
-    from_store: str | None = setting("Split-point store (extract --full-seq-layer S): run only blocks S+1..K live.",
-                                     None)
+    from_store: str | None = setting("Feature store to train from: a split-point store (extract --full-seq-layer S) "
+                                     "runs only blocks S+1..K live, a last-token store trains the output layer alone. "
+                                     "Task, task parameters, init and split layer (a last-token store: backbone) are "
+                                     "the store's; other values of those options are refused. --seed seeds the head, "
+                                     "validation carve and batch order (default: the store's seed).", None)
     device: str = options.DEVICE.field()
     amp: str = options.AMP.field()
     cuda_graphs: str = setting("Capture the training step as one CUDA graph (auto: on CUDA when every train row has "

@@ -105,6 +105,10 @@ def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0)
 def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], first_block: int = 0) -> dict[str, int]:
     """Freeze everything, then unfreeze ``groups``; return parameter counts.
 
+    Groups that hold no parameter of this backbone (``recurrent`` of a
+    transformer, ``positions`` of a rotary family) train nothing; a choice of
+    groups that trains nothing at all is refused in one line.
+
     Returns
     -------
     dict
@@ -116,12 +120,9 @@ def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], 
         p.requires_grad_(False)
     for g in groups:
         if g in ("input", "positions") and first_block > 0:
-            raise ReservoirError(f"group {g!r} lies below the split layer {first_block}; it cannot be trained from a "
-                                 "split-point store")
-        if g == "positions" and not by_group[g]:
-            rotary = getattr(backbone, "rotary", None) is not None
-            log.warning("backbone %s (%s) has no learned position table%s: the positions group is empty and trains "
-                        "nothing", backbone.info.id, backbone.info.family, " (rotary positions)" if rotary else "")
+            raise ReservoirError(f"--finetune group {g!r} lies below the split layer {first_block}, where nothing is "
+                                 "trained: expected groups of the blocks above it or the head (layernorm, attention, "
+                                 f"feedforward, recurrent, output), found {g!r}")
         for p in by_group[g]:
             p.requires_grad_(True)
     if first_block == 0:
@@ -133,6 +134,16 @@ def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], 
                                  f"{len(everything - set(seen))} in none")
     counts = {g: sum(p.numel() for p in ps) for g, ps in by_group.items()}
     trainable = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()] if p.requires_grad)
+    if trainable == 0:  # an optimizer over no parameters cannot step
+        where = f" above layer {first_block}" if first_block > 0 else ""
+        named = "the group " + groups[0] if len(groups) == 1 else "the groups " + ", ".join(groups)
+        raise ReservoirError(f"--finetune {','.join(groups)}: expected parameters to train in backbone "
+                             f"{backbone.info.id!r} ({backbone.info.family}); found {named} empty{where} (groups with "
+                             f"parameters here: {', '.join(g for g in GROUPS if counts[g])})")
+    if "positions" in groups and not by_group["positions"]:
+        rotary = getattr(backbone, "rotary", None) is not None
+        log.warning("backbone %s (%s) has no learned position table%s: the positions group is empty and trains "
+                    "nothing", backbone.info.id, backbone.info.family, " (rotary positions)" if rotary else "")
     total = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()])
     return {"trainable": trainable, "total": total, **counts}
 

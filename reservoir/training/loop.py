@@ -265,7 +265,7 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
     best, t0 = None, time.perf_counter()
     stepper = Stepper(model, opt, data.train, device, settings.batch_size, settings.seed, amp=settings.amp,
                       grad_clip=settings.grad_clip, start=state["step"], cuda_graphs=settings.cuda_graphs,
-                      compile=settings.compile)
+                      compile=settings.compile, scaler_state=state.get("grad_scaler"))
     bar = tqdm(total=steps, initial=state["step"], desc="train", unit="step", disable=None if progress else True,
                dynamic_ncols=True)
     try:
@@ -287,6 +287,8 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                 is_best = acc >= state["best_val"]  # ties go to the later step (more training)
                 if is_best:
                     state["best_val"], state["best_step"], best = acc, state["step"], trainable
+                if stepper.scaler is not None:  # fp16: a resumed run goes on with the same loss scale
+                    state["grad_scaler"] = stepper.scaler.state_dict()
                 if folder is not None:
                     _checkpoint(folder, settings, trainable, opt, state, is_best)
         mode = stepper.mode
@@ -297,9 +299,15 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
 
 def _checkpoint(folder: Path, settings: TrainConfig, trainable: dict[str, torch.Tensor],
                 opt: torch.optim.Optimizer, state: dict[str, Any], is_best: bool) -> None:
-    """Write ``best.pt`` (when this step is the best) and ``last.pt`` (always) for the step in ``state``."""
+    """Write ``best.pt`` (when this step is the best) and ``last.pt`` (always) for the step in ``state``.
+
+    ``last.pt`` holds the CPU generator's state and, for a run on CUDA, every CUDA generator's (dropout draws there).
+    """
     key = settings.key()
     if is_best:
         ckpt.save(folder / "best.pt", {"config": key, "trainable": trainable, "step": state["step"]})
-    ckpt.save(folder / "last.pt", {"config": key, "trainable": trainable, "optimizer": opt.state_dict(),
-                                   "rng": torch.get_rng_state(), "state": state})
+    last = {"config": key, "trainable": trainable, "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
+            "state": state}
+    if any(t.is_cuda for t in trainable.values()):
+        last["cuda_rng"] = torch.cuda.get_rng_state_all()
+    ckpt.save(folder / "last.pt", last)

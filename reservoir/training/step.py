@@ -14,7 +14,9 @@ bench train``) runs per optimizer step:
   (:meth:`Stepper.mean_loss`).
 * **Fused Adam** where the device has it (CUDA, and CPUs in recent torch),
   the foreach implementation elsewhere; gradient-norm clipping without a
-  host read.
+  host read. Under fp16 autocast (``--amp fp16`` on CUDA) the loss is scaled
+  by a ``torch.amp.GradScaler`` (gradients unscaled before clipping, a step
+  with non-finite gradients skipped on the device), and the steps run eagerly.
 * **CUDA graphs** (``cuda_graphs="auto"``): when every training row has the
   same length (bit XOR, bit memory, images), the whole step (gather, forward,
   loss, backward, clipping, Adam) is captured once after a few eager steps
@@ -38,7 +40,7 @@ from torch import nn
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.runtime import attention_backends, autocast
+from reservoir.runtime import attention_backends, autocast, compute_dtype
 from reservoir.training.classifier import ReservoirClassifier, loss_fn
 from reservoir.training.data import EpochOrder, Feeder
 
@@ -212,7 +214,8 @@ class Stepper:
     batch_size, seed : int
         Batch order as :func:`reservoir.training.batch_rows`.
     amp : str
-        Autocast on CUDA (:func:`reservoir.runtime.autocast`).
+        Autocast on CUDA (:func:`reservoir.runtime.autocast`); fp16 adds a
+        gradient scaler (:attr:`scaler`).
     grad_clip : float
         Gradient-norm clip (0: none).
     start : int
@@ -221,6 +224,8 @@ class Stepper:
         ``auto``: capture the step as a CUDA graph where the rows all have one
         length and the split is resident on a CUDA device; ``on``: the same,
         but refuse (one line) where it cannot; ``off``: always eager.
+    scaler_state : dict, optional
+        A gradient scaler's ``state_dict`` to go on from (a resumed fp16 run's).
 
     Examples
     --------
@@ -238,7 +243,7 @@ class Stepper:
 
     def __init__(self, model: ReservoirClassifier, opt: torch.optim.Optimizer, feeder: Feeder, device: torch.device,
                  batch_size: int, seed: int, amp: str = "auto", grad_clip: float = 0.0, start: int = 0,
-                 cuda_graphs: str = "auto", compile: bool = False):
+                 cuda_graphs: str = "auto", compile: bool = False, scaler_state: dict[str, Any] | None = None):
         if cuda_graphs not in GRAPH_CHOICES:
             raise ReservoirError(f"unknown CUDA graphs setting {cuda_graphs!r}; expected one of: "
                                  f"{', '.join(GRAPH_CHOICES)}")
@@ -249,6 +254,12 @@ class Stepper:
         self.start = feeder.start
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.grad_clip = grad_clip
+        # fp16 gradients of small losses underflow: scale the loss, unscale before clipping, skip non-finite steps
+        self.scaler: torch.amp.GradScaler | None = None
+        if device.type == "cuda" and compute_dtype(device, amp) == torch.float16:
+            self.scaler = torch.amp.GradScaler(device.type)
+            if scaler_state:
+                self.scaler.load_state_dict(scaler_state)
         self.batches = Batches(feeder, device, batch_size, seed, start)
         self.loss_sum = torch.zeros((), device=device)
         self.loss_steps = 0
@@ -262,6 +273,8 @@ class Stepper:
         """Why the steps cannot (or are not to) be captured; ``None`` when they will be."""
         if self.compiled:
             why = "the forward is compiled (--compile)"
+        elif self.scaler is not None:
+            why = "fp16 steps scale the loss (GradScaler), which a captured step does not hold"
         elif self.device.type != "cuda":
             why = f"the device is {self.device.type}, not CUDA"
         elif self.batches.resident is None:
@@ -271,8 +284,8 @@ class Stepper:
         else:
             return "turned off" if setting == "off" else None
         if setting == "on":
-            raise ReservoirError(f"--cuda-graphs on needs a CUDA device, a resident training split and rows of one "
-                                 f"length; found {why}")
+            raise ReservoirError(f"--cuda-graphs on needs a CUDA device, a resident training split, rows of one length "
+                                 f"and no --amp fp16; found {why}")
         return why
 
     # -- one eager step ------------------------------------------------------------------------------
@@ -280,10 +293,18 @@ class Stepper:
         with autocast(self.device, self.amp, cache=cache), attention_backends(self.device):
             logits = self.forward(x, lengths, self.start, padded=padded)
         loss = loss_fn(logits, y)
-        loss.backward()
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.opt)  # clipping sees the true gradients
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=self.device.type == "cuda" or None)
-        self.opt.step()
+        if self.scaler is None:
+            self.opt.step()
+        else:  # fused Adam takes the scaler's found-inf flag: a non-finite step is skipped on the device, no host read
+            self.scaler.step(self.opt)
+            self.scaler.update()
         self.loss_sum += loss.detach()
 
     def _eager(self, batch: Batch) -> None:

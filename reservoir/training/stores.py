@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import writable_folder
 from reservoir.store.lock import run_folder_lock
@@ -26,36 +29,71 @@ from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val
-from reservoir.training.freeze import parse_groups
+from reservoir.training.freeze import describe, parse_groups
 from reservoir.training.loop import TrainResult, scored_metrics, steps_to_converge
 
 
-def config_for_store(path: str | os.PathLike, **settings: Any) -> TrainConfig:
-    """The settings of a run from the store at ``path``: its task, init and seed; the other fields from ``settings``.
+def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None = None, **settings: Any
+                     ) -> TrainConfig:
+    """The settings of a run from the store at ``path``: its task and init; the other fields from ``settings``.
 
     A split-point store also sets ``split_layer`` to its layer (its backbone
     is loaded by the name given and checked against the store's weights); a
-    last-token store trains a head alone, so its backbone is the store's. The
-    store's values replace any given in ``settings``.
+    last-token store trains a head alone, so its backbone is the store's.
+    ``seed`` seeds what the store left open (the head, the validation carve,
+    the batch order); without one the store's seed is used. The backbone's
+    init, seed and projection are always the store's.
+
+    Settings the store fixes (``task``, ``task_params``, ``init``, a split-point
+    store's ``split_layer``, a last-token store's ``backbone``) may be given
+    only with the store's values; another value is refused in one line.
+    ``given`` names the settings that were asked for (the command line's
+    explicit options): only those are checked against the store, and
+    ``seed`` is taken from ``settings`` only when named there. ``None``:
+    every key of ``settings`` was asked for.
 
     Examples
     --------
-    >>> config = config_for_store("cache/split.zarr", backbone="minilm", finetune="layernorm,output")
+    >>> config = config_for_store("cache/split.zarr", backbone="minilm", finetune="layernorm,output", seed=3)
     ... # doctest: +SKIP
-    >>> config.task, config.split_layer  # doctest: +SKIP
-    ('listops', 3)
+    >>> config.task, config.split_layer, config.seed  # doctest: +SKIP
+    ('listops', 3, 3)
     """
     from reservoir.store import FeatureStore
 
+    asked = set(settings) if given is None else set(given) & set(settings)
     with FeatureStore.open(path) as st:
-        a = st.attrs
-        store_fields = {"task": a["task"]["name"], "task_params": {}, "init": a["backbone"]["init"],
-                        "seed": a["backbone"]["seed"], "from_store": str(path)}
-        if st.full_seq_layer is not None:
-            store_fields["split_layer"] = st.full_seq_layer
-        else:  # the features are this backbone's, whatever name was given
-            store_fields["backbone"] = a["backbone"]["id"]
+        a, layer = st.attrs, st.full_seq_layer
+    store_fields: dict[str, Any] = {"task": a["task"]["name"], "task_params": {}, "init": a["backbone"]["init"],
+                                    "from_store": str(path)}
+    held: dict[str, Any] = {"task": store_fields["task"], "task_params": a["task"].get("params") or {},
+                            "init": store_fields["init"]}
+    if layer is not None:
+        store_fields["split_layer"] = held["split_layer"] = layer
+    else:  # the features are this backbone's, whatever name was given
+        store_fields["backbone"] = held["backbone"] = a["backbone"]["id"]
+    if "seed" not in asked:
+        store_fields["seed"] = a["backbone"]["seed"]
+    for name in [n for n in held if n in asked]:
+        if not _agrees(name, settings[name], held[name]):
+            flag = options.label_of(name, options.field_setting(TrainConfig, name))
+            raise ReservoirError(f"{flag} with --from-store {path}: expected the store's {held[name]!r} (or no "
+                                 f"{flag}), found {settings[name]!r}")
     return TrainConfig(**{**settings, **store_fields})
+
+
+def _agrees(name: str, given: Any, held: Any) -> bool:
+    """Whether a setting given with ``--from-store`` asks for what the store holds: task parameters each equal to the
+    store's; a backbone name (a short name, a folder) that loads the store's backbone id; else equal values."""
+    from reservoir.backbones.load import SHORT_NAMES
+
+    if name == "task_params":
+        return isinstance(given, dict) and all(k in held and held[k] == v for k, v in given.items())
+    if name == "backbone" and isinstance(given, str):
+        if SHORT_NAMES.get(given, given) == held:
+            return True
+        return Path(given).is_dir() and Path(held).is_dir() and Path(given).resolve() == Path(held).resolve()
+    return bool(given == held)
 
 
 def is_last_token_store(path: str | os.PathLike) -> bool:
@@ -69,9 +107,11 @@ def is_last_token_store(path: str | os.PathLike) -> bool:
 def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") -> tuple[ReservoirClassifier, TrainData]:
     """The classifier and data for training blocks ``s+1..K`` from the split-point store ``config.from_store``.
 
-    The backbone, projection and head are rebuilt from the store's provenance
-    (init, seed, projection, weights checked by their sha256); the data are
-    the store's states at layer ``s``, read by row as batches need them.
+    The backbone and projection are rebuilt from the store's provenance
+    (init, seed, projection, weights checked by their sha256); the head and
+    the validation rows carved from train (without a ``val`` split) are
+    seeded by ``config.seed``, as in a live run. The data are the store's
+    states at layer ``s``, read by row as batches need them.
     """
     from reservoir.backbones import load_backbone
     from reservoir.store import FeatureStore
@@ -92,8 +132,10 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
         raise ReservoirError(f"{config.from_store}: expected backbone weights sha256 {bb['weights_sha256'][:12]}..., "
                              f"found {backbone.info.weights_sha256[:12]}... for {config.backbone!r}")
     n_out = a["pooling"]["n_out_tokens"]
+    # the head and the validation carve follow this run's seed (as in live training and train_cached); the backbone
+    # and projection are the store's
     model = ReservoirClassifier(backbone, n_out, heads_per_token(tuple(task["label_shape"]), n_out),
-                                task["n_classes"], seed=bb["seed"])
+                                task["n_classes"], seed=config.seed)
 
     def feeder(split, rows=None):
         lengths, labels = store.lengths(split), store.labels(split)
@@ -104,7 +146,7 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
     if "val" in store.splits:
         tr, va = feeder("train"), feeder("val")
     else:
-        t, v = carve_val(len(store.lengths("train")), config.val_fraction, bb["seed"])
+        t, v = carve_val(len(store.lengths("train")), config.val_fraction, config.seed)
         tr, va = feeder("train", t), feeder("train", v)
     provenance = {"backbone": bb, "task": task, "store": store.fingerprint()}
     return model.to(resolve_device(device)), TrainData(tr, va, feeder("test"), provenance)
@@ -119,7 +161,9 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     features at the top layer (final norm applied): the same trained head, at
     the cost of the head. Validation picks the best step as in live training;
     the test split is evaluated once with it. With ``out``, writes
-    ``best.pt`` (the head's tensors) and ``results.json`` there.
+    ``best.pt`` (the head's tensors) and ``results.json`` there. The run holds
+    the head alone (the backbone's work is in the store): its trainable and
+    total parameter counts are the head's, printed as every run's are.
     """
     from reservoir.training.cached import CachedHead
 
@@ -135,6 +179,9 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
         torch.manual_seed(config.seed)
         head = nn.Linear(X.shape[-1], heads_per_token(tuple(attrs["task"]["label_shape"]), X.shape[1]) * n_classes)
     trainer = CachedHead(head.to(device), X, Y, n_classes, lr=config.lr, grad_clip=config.grad_clip)
+    n_params = sum(p.numel() for p in head.parameters())
+    counts = {"output": n_params, "trainable": n_params, "total": n_params}  # the run holds the head alone
+    print(describe(counts))
     steps = config.total_steps(len(X))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     with run_folder_lock(folder):  # one writer per run folder
@@ -142,11 +189,10 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
         curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
         train_s = time.perf_counter() - t0
         head.load_state_dict(best)
-        n_params = sum(p.numel() for p in head.parameters())
         test, rows = scored_metrics(trainer.correct_rows(*splits["test"]), trainer.correct_rows(Xv, Yv), config.seed)
         result = TrainResult(
             config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
-            parameters={"output": n_params, "trainable": n_params},
+            parameters=counts,
             metrics={**test, "best_val_accuracy": best_val,
                      "best_step": best_step, "final_val_accuracy": curve[-1]["val_accuracy"], "steps": steps,
                      "steps_to_converge": steps_to_converge(curve), "n_test": len(splits["test"][0])},

@@ -61,12 +61,25 @@ def parse_lr_sweep(spec: str) -> list[float]:
     return [float(f"{v:.12g}") for v in np.logspace(math.log10(lo_f), math.log10(hi_f), n_i)]
 
 
+def lr_label(lr: float) -> str:
+    """The learning rate as a sweep's run folders name it: three significant digits where they hold it exactly
+    (``1e-05``, ``0.001``), else the shortest text that reads back as ``lr``; two rates never share a name.
+
+    Examples
+    --------
+    >>> lr_label(1e-3), lr_label(2.5e-4), lr_label(1.002e-3), lr_label(0.00100100000001)
+    ('0.001', '0.00025', '0.001002', '0.00100100000001')
+    """
+    short = f"{lr:.3g}"
+    return short if float(short) == lr else repr(float(lr))
+
+
 def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = True, *,
           extra: dict[str, Any] | None = None) -> SweepResult:
     """Train every lr in ``lrs`` x ``seeds`` seeds (from ``config.seed``); the lr with the best mean validation wins.
 
     Each run is :func:`~reservoir.training.run` into ``<out>/lr<lr>-seed<seed>``
-    (``out``: ``config.out``, else :meth:`TrainConfig.default_out`); the
+    (``<lr>``: :func:`lr_label`; ``out``: ``config.out``, else :meth:`TrainConfig.default_out`); the
     sweep writes ``<out>/sweep.json`` with every run's metrics and the chosen
     lr's test accuracy mean and std over seeds. ``extra`` adds top-level keys
     to the result and its file.
@@ -82,7 +95,7 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     with run_folder_lock(out):  # one sweep per folder (each run also locks its own)
         for lr in lrs:
             for s in range(config.seed, config.seed + seeds):
-                r = run(replace(config, lr=lr, seed=s, out=str(out / f"lr{lr:.3g}-seed{s}")), progress=progress)
+                r = run(replace(config, lr=lr, seed=s, out=str(out / f"lr{lr_label(lr)}-seed{s}")), progress=progress)
                 runs.append({"lr": lr, "seed": s, **r.metrics})
                 rows.setdefault(lr, []).append((r.rows or {}).get("test"))
         by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in lrs}

@@ -45,10 +45,13 @@ def build_listops(
     min_length, max_length : int
         Exclusive tree-length bounds of the generator (LRA: 500, 2000).
     n_train, n_val, n_test : int
-        Generated examples per split, from one generator in that order; no
-        ``val`` split when ``n_val == 0``.
+        Generated examples per split; no ``val`` split when ``n_val == 0``.
+        Each split is drawn in blocks of :data:`~reservoir.tasks.listops.generate.BLOCK_ROWS`
+        rows, block ``b`` of split ``name`` from its own
+        ``random.Random("listops/<seed>/<name>/<b>")``, so no split depends
+        on another's size (:func:`~reservoir.tasks.listops.generate.generate_split`).
     seed : int
-        Seed of the generator's ``random.Random``.
+        Seed that keys every block's ``random.Random``.
     max_tokens : int or None
         Cut sequences to this many tokens; None: no cap (``lra``), 512 (``fpt``).
 
