@@ -253,12 +253,12 @@ def request_stop(stop: BaseException) -> None:
     raise stop
 
 
-def save_png(fig: Any, path: str | os.PathLike, dpi: int = 110) -> Path:
-    """A matplotlib figure written as PNG at ``path`` through :func:`atomic_write`: a full disk is one line and no
-    half-written PNG is left. The format is PNG whatever the suffix says."""
+def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 110, fmt: str = "png") -> Path:
+    """A matplotlib figure written at ``path`` (as ``fmt``, whatever the suffix says) through :func:`atomic_write`:
+    a full disk is one line and no half-written figure is left."""
     path = Path(path)
     with atomic_write(path, "the figure") as f:
-        fig.savefig(f, format="png", dpi=dpi)
+        fig.savefig(f, format=fmt, dpi=dpi)
     return path
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside, read_json, save_png
+from reservoir.io import atomic_write, check_inside, read_json, save_figure
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
@@ -341,7 +341,7 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
 
 def _save(fig: Any, path: Path) -> None:
     """A figure written as PNG through a temporary file: a full disk is one line, and no half-written PNG is left."""
-    save_png(fig, path)
+    save_figure(fig, path)
 
 
 def _varying(labels: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reservoir.io import save_png
+from reservoir.io import save_figure
 
 if TYPE_CHECKING:
     from reservoir.readouts.run import FitResult
@@ -41,4 +41,4 @@ def plot_learning_curves(results: list[FitResult], path: str | os.PathLike, titl
     ax.set(xlabel="training rows", ylabel="test accuracy (%)", title=title or "learning curve (95% intervals)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", ncol=2)
-    return save_png(fig, path)
+    return save_figure(fig, path)

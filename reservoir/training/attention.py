@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from reservoir.errors import ReservoirError
+from reservoir.io import save_figure
 
 
 def capture_attention(model, x: torch.Tensor, lengths: torch.Tensor, layer: int
@@ -176,8 +177,7 @@ def plot_attention(maps: dict[str, Any], path: str | os.PathLike) -> Path:
                  f"{maps['split']} example {maps['example']}, label {label}, predicted {pred}", fontsize="medium")
     out = figure_path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, out, fmt=out.suffix[1:].lower())
 
 
 def summary(maps: dict[str, Any], top: int = 2) -> str:
