@@ -42,6 +42,7 @@ class Row:
     extra: dict[str, list[float]] = field(default_factory=dict)  # steps_to_converge, speedup, layernorm_speedup
     papers: dict[str, PaperValue] = field(default_factory=dict)  # by metric
     intervals: list[list[float]] = field(default_factory=list)  # each seed's 95% test interval, when recorded
+    pooled: list[list[float]] = field(default_factory=list)  # an lr sweep's interval of its seeds' mean, when recorded
     per_row: list[tuple[np.ndarray, int]] = field(default_factory=list)  # each seed's correct heads per test row
     fingerprints: set[str] = field(default_factory=set)  # the task(s) whose test rows were scored
 
@@ -68,8 +69,8 @@ class Row:
         if len(self.accs) == 1 and self.intervals:
             return self.intervals[0]
         scored = self.scored()
-        if scored is None:
-            return None
+        if scored is None:  # one lr sweep's own interval of the mean over its seeds, when it is the row's only source
+            return self.pooled[0] if len(self.pooled) == 1 and not self.intervals and not self.per_row else None
         return list(accuracy_interval(scored.correct, scored.heads))
 
     @property
@@ -187,6 +188,9 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
                     row.accs += accs
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
                     row.best_lr.append(sweep.best_lr)
+                    pooled = sweep.metrics.get("test_interval")
+                    if pooled is not None and None not in pooled:  # sweeps written before intervals have none
+                        row.pooled.append(_numbers(pooled, path, "metrics.test_interval"))
                     by_lr = sweep.mean_val_by_lr
                     sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr"),
                                    "val": _numbers(by_lr.values(), path, "mean_val_by_lr"), "best_lr": sweep.best_lr})

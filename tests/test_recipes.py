@@ -383,6 +383,8 @@ def test_lr_sweep_cell_and_its_plot(tmp_path):
     rep = report(out)
     assert "train fpt, lr sweep, best" in rep.markdown and "| 99% | Rothermel |" in rep.markdown
     assert [p.name for p in rep.files] == ["report.md", "lr_sweep.png"]
+    lo, hi = sweep["metrics"]["test_interval"]  # the sweep's interval of its seeds' mean, shown beside the mean
+    assert f"% [{100 * lo:.2f}, {100 * hi:.2f}] |" in rep.markdown
 
 
 def test_unknown_task_and_task_parameter_are_caught_at_load():
