@@ -69,8 +69,8 @@ class Row:
         if len(self.accs) == 1 and self.intervals:
             return self.intervals[0]
         scored = self.scored()
-        if scored is None:  # one lr sweep's own interval of the mean over its seeds, when it is the row's only source
-            return self.pooled[0] if len(self.pooled) == 1 and not self.intervals and not self.per_row else None
+        if scored is None:  # an lr sweep's own interval of the mean over its seeds (its runs' rows not all found)
+            return self.pooled[0] if len(self.pooled) == 1 else None
         return list(accuracy_interval(scored.correct, scored.heads))
 
     @property
@@ -154,6 +154,7 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
     from reservoir.bench import BenchResult
     from reservoir.readouts import FitResult
     from reservoir.training import SweepResult, TrainResult
+    from reservoir.training.sweeps import lr_label
 
     rows: dict[tuple, Row] = {}
     curves, sweeps = [], []
@@ -188,6 +189,12 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
                     row.accs += accs
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
                     row.best_lr.append(sweep.best_lr)
+                    for s in range(run.seed, run.seed + len(accs)):  # the chosen lr's runs: their test rows
+                        seed_path = path.parent / f"lr{lr_label(sweep.best_lr)}-seed{s}" / "results.json"
+                        check_inside(seed_path, results_dir, "results files")
+                        seed_res = _load(seed_path)
+                        if seed_res is not None:
+                            _keep_rows(row, _typed(TrainResult, seed_res, seed_path), seed_path)
                     pooled = sweep.metrics.get("test_interval")
                     if pooled is not None and None not in pooled:  # sweeps written before intervals have none
                         row.pooled.append(_numbers(pooled, path, "metrics.test_interval"))
