@@ -486,3 +486,22 @@ def test_other_ranks_stop_writing_when_rank_0s_lease_is_gone(bucket):
                                              ".* found it held by pid .*\\(job job-1\\)"):
         SharedLock(url, lease.record).check()
     other.release()
+
+
+def test_a_dead_pid_expires_a_lease_only_in_the_holders_own_process_space():
+    """A holder on this host name whose pid is not alive here has ended, unless its record names another boot or
+    PID namespace (a container sharing the host name): there, this process table says nothing about it."""
+    import socket
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()  # a pid that existed and is gone
+    live = {"pid": child.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00+00:00",
+            "expires": time.time() + 60}
+    assert leases.process_space() is not None  # Linux: boot id and PID namespace
+    assert leases.expired({**live, "space": leases.process_space()})
+    assert leases.expired(live)  # records of earlier versions: judged by host name and pid, as before
+    assert not leases.expired({**live, "space": "another-boot/pid:[1]"})
+    assert not leases.expired({**live, "pid": os.getpid(), "space": leases.process_space()})
+    assert not leases.expired({**live, "host": "another-host"})
+    assert leases.expired({**live, "expires": time.time() - 1, "space": "another-boot/pid:[1]"})

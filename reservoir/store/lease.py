@@ -71,9 +71,26 @@ def read(url: StoreURL) -> tuple[dict | None, str | None]:
     return (record if isinstance(record, dict) else {}), etag
 
 
+def process_space() -> str | None:
+    """Where this process's pid means something: the boot and the PID namespace (``<boot id>/pid:[<inode>]``), or
+    ``None`` where the system does not say (not Linux). Containers that share a host name but not a PID namespace
+    have different spaces."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
 def expired(record: dict | None) -> bool:
     """Whether a lease record has run out, or its holder is a process of this host that is gone (a record that
-    says nothing readable counts as run out)."""
+    says nothing readable counts as run out).
+
+    "Of this host" means the same host name and, when the record says, the same
+    boot and PID namespace (:func:`process_space`): a holder in another container
+    of the same host name is not judged by this container's process table.
+    """
     if not record:
         return True
     try:
@@ -81,7 +98,12 @@ def expired(record: dict | None) -> bool:
             return True
     except (KeyError, TypeError, ValueError):
         return True
-    return record.get("host") == socket.gethostname() and not process_alive(record.get("pid"))
+    if record.get("host") != socket.gethostname():
+        return False
+    space = record.get("space")
+    if space is not None and space != process_space():
+        return False
+    return not process_alive(record.get("pid"))
 
 
 def describe(holder: dict | None) -> str:
@@ -133,7 +155,7 @@ class Lease:
     def acquire(self) -> Lease:
         obstore = _obstore()
         self._record = {"pid": os.getpid(), "host": socket.gethostname(), "job": self.job,
-                        "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "space": process_space()}
         store = self.url.bucket_store
         try:
             try:
