@@ -65,4 +65,5 @@ def slug(name: str) -> str:
     >>> slug("openai-community/gpt2"), slug("layernorm,output")
     ('openai-community_gpt2', 'layernorm+output')
     """
-    return Path(name).name if os.sep in name else name.replace("/", "_").replace(",", "+")
+    folder = Path(name).expanduser().is_dir() or name.startswith((".", "~", os.sep)) or name.count("/") > 1
+    return Path(name.rstrip("/" + os.sep)).name if folder else name.replace("/", "_").replace(",", "+")

@@ -132,6 +132,17 @@ def test_bad_names_are_one_line_errors(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_a_model_folder_under_home_loads_by_tilde(tmp_path, monkeypatch):
+    """``~/model`` names the folder under the home directory (a recipe or a quoted flag keeps the ``~``)."""
+    hf, _, _ = _load_hf("tiny-gpt2", "pretrained", 0, None, "sdpa")
+    hf.save_pretrained(tmp_path / "model")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    bb = load_backbone("~/model", d_in=3)
+    assert bb.info.weights_sha256 == load_backbone(str(tmp_path / "model"), d_in=3).info.weights_sha256
+    with pytest.raises(ReservoirError, match="no such folder"):
+        load_backbone("~/absent", d_in=3)
+
+
 def test_unknown_architecture_names_supported(tmp_path):
     from transformers import T5Config
 

@@ -315,6 +315,18 @@ def test_helpers():
     assert first_difference({"layers": [0, 1]}, {"layers": [0, 1]}) is None
 
 
+def test_slug_keeps_a_hub_ids_organization(tmp_path):
+    """Two hub ids of one model name get two store names; a local folder gives its own name."""
+    from reservoir.settings import slug
+
+    assert slug("openai-community/gpt2") == "openai-community_gpt2"
+    assert slug("someone/gpt2") != slug("openai-community/gpt2")
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    assert slug(str(folder)) == slug(str(folder) + "/") == "my-model"
+    assert slug("layernorm,output") == "layernorm+output"
+
+
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
 def test_write_chunks_writes_runs_of_chunks_and_checks_each(tmp_path, monkeypatch, suffix):
     """Chunks 0, 2, 3 of a 10-row split (3 rows a chunk, the last of one row) in one call: each chunk's rows,

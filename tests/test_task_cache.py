@@ -81,6 +81,17 @@ def test_the_key_follows_params_and_data_files(tmp_path):
     assert cache_key("mnist", {"data_dir": str(data)}) != k1
 
 
+def test_the_key_follows_the_default_data_folder(tmp_path, monkeypatch):
+    """data_dir=None reads ~/.cache/reservoir/<task>: an edited file there is a new key, never a stale entry."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / ".cache" / "reservoir" / "mnist"
+    folder.mkdir(parents=True)
+    (folder / "train-labels-idx1-ubyte").write_bytes(b"1234")
+    k1 = cache_key("mnist", {"data_dir": None})
+    (folder / "train-labels-idx1-ubyte").write_bytes(b"123456")
+    assert cache_key("mnist", {"data_dir": None}) != k1
+
+
 def test_cache_off(tmp_path, monkeypatch):
     monkeypatch.setenv("RESERVOIR_TASK_CACHE", "off")
     monkeypatch.chdir(tmp_path)

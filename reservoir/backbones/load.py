@@ -151,11 +151,11 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
         weights_seed = TINY_WEIGHTS_SEED if init != "random" else seed
         model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), weights_seed)
         return model, name, None
-    source = str(_minilm_path()) if name == "minilm" else name
+    source = str(_minilm_path()) if name == "minilm" else os.path.expanduser(name)
     model_id = SHORT_NAMES.get(name, name)
     is_folder = Path(source).is_dir()
     # hub ids are "name" or "org/name"; anything else names a folder
-    if not is_folder and (source.startswith((".", "~", os.sep)) or source.count("/") > 1):
+    if not is_folder and (name.startswith((".", "~", os.sep)) or source.count("/") > 1):
         raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), "
                              "found no such folder")
     if not is_folder and revision is None:

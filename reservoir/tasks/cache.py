@@ -4,9 +4,9 @@
 arrays to ``<cache>/<name>-<key>/`` (one ``.npy`` file per array, plus
 ``task.json`` with the metadata and the fingerprint). The key hashes the task
 name, every parameter (defaults included), the package version and, for a task
-read from files (a ``data_dir`` parameter, or the ``data`` task's ``path``),
-each file's name, size and modification time, so edited data is never served
-from the cache. Later calls
+read from files (a ``data_dir`` parameter, ``~/.cache/reservoir/<name>`` when it
+is ``None``, or the ``data`` task's ``path``), each file's name, size and
+modification time, so edited data is never served from the cache. Later calls
 memory-map the inputs copy-on-write (a large task is not read into memory until rows are
 used) and check them against the recorded fingerprint, and the metadata
 (``kind``, ``n_classes``, ...) against a digest that binds it to that
@@ -33,6 +33,7 @@ import numpy as np
 from reservoir import __version__
 from reservoir.io import load_npy, read_json
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
+from reservoir.tasks.files import data_folder
 
 log = logging.getLogger("reservoir")
 
@@ -61,7 +62,10 @@ def _data_stamp(st: os.stat_result) -> list[int]:
 def cache_key(name: str, params: dict[str, Any]) -> str:
     """What identifies a built task before building it: name, full params, version, data files."""
     files = []
-    for source, stamp in ((params.get("data_dir"), _stamp), (params.get("path"), _data_stamp)):
+    data_dir = params.get("data_dir")
+    if data_dir is None and "data_dir" in params:  # the task reads its default folder (where download puts files)
+        data_dir = data_folder(name, None, False, None, lambda folder: True)
+    for source, stamp in ((data_dir, _stamp), (params.get("path"), _data_stamp)):
         root = Path(source) if source else None  # a folder of files; the data task's file or folder
         if root is not None and root.is_file():
             files.append([root.name, *stamp(root.stat())])
