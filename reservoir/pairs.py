@@ -8,7 +8,9 @@ right). The report compares
 * each init against ``pretrained`` with everything else equal (pretrained vs
   random at the same layer, the question of Lu et al. Table 2 and 12), and
 * each fitted layer against the layer below it with everything else equal
-  (does one more block help?),
+  (does one more block help?), and
+* a run that trains everything (``--finetune all``, unfrozen) against the FPT
+  groups (frozen) with everything else equal (Rothermel et al.'s question),
 
 with the paired bootstrap interval of the difference
 (:func:`reservoir.readouts.intervals.paired_difference`), and marks those whose
@@ -51,7 +53,8 @@ def _key(label: dict[str, Any], without: str) -> tuple:
 
 
 def compare(rows: list[Scored]) -> list[Comparison]:
-    """Every init-vs-pretrained and layer-vs-layer-below pair among ``rows`` that shares its test rows."""
+    """Every init-vs-pretrained, layer-vs-layer-below and unfrozen-vs-frozen pair among ``rows`` that shares its
+    test rows."""
     out: list[Comparison] = []
 
     def paired(a: Scored, b: Scored, what: str) -> None:
@@ -75,6 +78,13 @@ def compare(rows: list[Scored]) -> list[Comparison]:
         group.sort(key=lambda r: r.label["layer"])
         for lower, upper in zip(group, group[1:]):
             paired(upper, lower, f"layer {upper.label['layer']} − layer {lower.label['layer']}")
+    by_groups: dict[tuple, dict[str, Scored]] = {}
+    for r in rows:
+        if r.label.get("kind") == "train":
+            by_groups.setdefault(_key(r.label, "finetune"), {})[str(r.label.get("finetune"))] = r
+    for group in by_groups.values():
+        if "all" in group and "fpt" in group:
+            paired(group["all"], group["fpt"], "unfrozen − frozen (all − fpt)")
     return out
 
 
@@ -89,7 +99,8 @@ def markdown_pairs(comparisons: list[Comparison]) -> str:
         layer = "—" if c.what.startswith("layer") or lab.get("layer") is None else str(lab["layer"])
         task = lab["task"] + (f" ({lab['tag']})" if lab.get("tag") else "")
         init = "" if c.what.startswith("pretrained") else f"{lab.get('init')}, "
-        cells = [task, str(lab.get("backbone") or "—"), f"{init}{setting}", layer, c.what,
+        setting = f"{lab.get('init')}" if c.what.startswith("unfrozen") else f"{init}{setting}"
+        cells = [task, str(lab.get("backbone") or "—"), setting, layer, c.what,
                  f"{100 * d.diff:+.2f} pts", f"[{100 * d.low:+.2f}, {100 * d.high:+.2f}]",
                  "yes" if d.excludes_zero else "no"]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")

@@ -453,8 +453,8 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
     comparisons = compare([sc for r in rows if (sc := r.scored()) is not None])
     if comparisons:
         parts += ["## Paired differences", "",
-                  "Rows scored on the same test rows: pretrained against each other init, and each layer against "
-                  "the one below, in points of test accuracy with the 95% paired bootstrap interval over test rows; "
+                  "Rows scored on the same test rows: pretrained against each other init, each layer against "
+                  "the one below, and training everything against the FPT groups, in points of test accuracy with the 95% paired bootstrap interval over test rows; "
                   "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"

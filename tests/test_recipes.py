@@ -390,11 +390,15 @@ def test_lr_sweep_cell_and_its_plot(tmp_path):
 def test_lr_sweeps_of_two_inits_are_compared_on_their_chosen_runs_test_rows(tmp_path):
     data = {"name": "sweeps", "defaults": {"backbone": "tiny-gpt2", "task_params": {"n_train": 48, "n_test": 16}},
             "cells": [{"kind": "train", "task": "bit-xor", "lr_sweep": "1e-3:1e-2:2", "seeds": [0, 1], "steps": 4,
-                       "eval_every": 2, "batch_size": 8, "init": ["pretrained", "random"]}]}
+                       "eval_every": 2, "batch_size": 8, "init": ["pretrained", "random"],
+                       "finetune": ["fpt", "all"]}]}
     out = tmp_path / "sweeps"
     run_recipe(make(data), out=out, device="cpu", progress=False)
     rep = report(out)
-    assert "| bit-xor | tiny-gpt2 | fpt | all | pretrained − random |" in rep.markdown
+    for setting in ("fpt", "all"):
+        assert f"| bit-xor | tiny-gpt2 | {setting} | all | pretrained − random |" in rep.markdown
+    for init in ("pretrained", "random"):  # Rothermel et al.'s comparison: everything trained against FPT
+        assert f"| bit-xor | tiny-gpt2 | {init} | all | unfrozen − frozen (all − fpt) |" in rep.markdown
     intervals = [json.loads((run / "sweep.json").read_text())["metrics"]["test_interval"]
                  for run in out.glob("train__*")]
     for lo, hi in intervals:  # each row's interval: its sweep's own, pooled over the seeds' test rows
@@ -402,7 +406,7 @@ def test_lr_sweeps_of_two_inits_are_compared_on_their_chosen_runs_test_rows(tmp_
     for seed_run in out.glob("train__*/lr*-seed1"):  # without a seed's run the row keeps the sweep's interval
         shutil.rmtree(seed_run)
     rep = report(out)
-    assert "pretrained − random" not in rep.markdown
+    assert "pretrained − random" not in rep.markdown and "unfrozen − frozen" not in rep.markdown
     for lo, hi in intervals:
         assert f"% [{100 * lo:.2f}, {100 * hi:.2f}] |" in rep.markdown
 
