@@ -154,7 +154,7 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
     from reservoir.bench import BenchResult
     from reservoir.readouts import FitResult
     from reservoir.training import SweepResult, TrainResult
-    from reservoir.training.sweeps import lr_label
+    from reservoir.training.sweeps import run_name
 
     rows: dict[tuple, Row] = {}
     curves, sweeps = [], []
@@ -190,7 +190,7 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
                     row.best_lr.append(sweep.best_lr)
                     for s in range(run.seed, run.seed + len(accs)):  # the chosen lr's runs: their test rows
-                        seed_path = path.parent / f"lr{lr_label(sweep.best_lr)}-seed{s}" / "results.json"
+                        seed_path = path.parent / run_name(sweep.best_lr, s) / "results.json"
                         check_inside(seed_path, results_dir, "results files")
                         seed_res = _load(seed_path)
                         if seed_res is not None:
@@ -454,7 +454,8 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
     if comparisons:
         parts += ["## Paired differences", "",
                   "Rows scored on the same test rows: pretrained against each other init, each layer against "
-                  "the one below, and training everything against the FPT groups, in points of test accuracy with the 95% paired bootstrap interval over test rows; "
+                  "the one below, and training everything against the FPT groups, in points of test accuracy "
+                  "with the 95% paired bootstrap interval over test rows; "
                   "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"

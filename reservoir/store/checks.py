@@ -134,9 +134,9 @@ class CheckedArray:
 
     def __init__(self, store: FeatureStore, split: str, name: str):
         self._store, self._split, self._name = store, split, name
-        self._arr = store.backend_array(f"{split}/{name}")
-        self.shape = tuple(self._arr.shape)
-        self.dtype = np.dtype(self._arr.dtype)
+        arr = store.backend_array(f"{split}/{name}")
+        self.shape = tuple(arr.shape)
+        self.dtype = np.dtype(arr.dtype)
 
     @property
     def ndim(self) -> int:

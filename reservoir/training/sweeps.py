@@ -74,12 +74,17 @@ def lr_label(lr: float) -> str:
     return short if float(short) == lr else repr(float(lr))
 
 
+def run_name(lr: float, seed: int) -> str:
+    """The folder, inside a sweep's, of its run at ``lr`` and ``seed``: ``lr<lr>-seed<seed>`` (:func:`lr_label`)."""
+    return f"lr{lr_label(lr)}-seed{seed}"
+
+
 def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = True, *,
           extra: dict[str, Any] | None = None) -> SweepResult:
     """Train every lr in ``lrs`` x ``seeds`` seeds (from ``config.seed``); the lr with the best mean validation wins.
 
     Each run is :func:`~reservoir.training.run` into ``<out>/lr<lr>-seed<seed>``
-    (``<lr>``: :func:`lr_label`; ``out``: ``config.out``, else :meth:`TrainConfig.default_out`); the
+    (:func:`run_name`; ``out``: ``config.out``, else :meth:`TrainConfig.default_out`); the
     sweep writes ``<out>/sweep.json`` with every run's metrics and the chosen
     lr's test accuracy mean and std over seeds. ``extra`` adds top-level keys
     to the result and its file.
@@ -95,7 +100,7 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     with run_folder_lock(out):  # one sweep per folder (each run also locks its own)
         for lr in lrs:
             for s in range(config.seed, config.seed + seeds):
-                r = run(replace(config, lr=lr, seed=s, out=str(out / f"lr{lr_label(lr)}-seed{s}")), progress=progress)
+                r = run(replace(config, lr=lr, seed=s, out=str(out / run_name(lr, s))), progress=progress)
                 runs.append({"lr": lr, "seed": s, **r.metrics})
                 rows.setdefault(lr, []).append((r.rows or {}).get("test"))
         by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in lrs}
