@@ -109,6 +109,31 @@ def test_two_ranks_write_the_single_process_store(tmp_path, reference, args, row
     assert_identical(out, reference)  # checksums, done flags and projection too
 
 
+# the group is formed, then a model loads (transformers imports torch.distributed.nn through torch._dynamo)
+GROUP_ENDS = """
+import os, sys
+from reservoir import distributed
+
+assert "torch.distributed.nn" not in sys.modules, "imported before the group forms: nothing to check"
+with distributed.launch("cpu", True) as job:
+    import transformers.modeling_utils
+    job.sync("loaded")
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("gloo threads left:", sum(n.startswith(("pt_gloo", "gloo")) for n in names))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names from /proc")
+def test_the_group_ends_with_its_threads_when_a_model_loaded_after_it_formed(tmp_path):
+    """A group that outlives `destroy_process_group` (held by a default argument torch evaluates at import) leaves
+    gloo's threads running into interpreter shutdown, where one dropping its last work aborts a run that
+    succeeded, now and then. The group's threads end where the job ends."""
+    script = tmp_path / "group_ends.py"
+    script.write_text(GROUP_ENDS)
+    run = torchrun(script)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("gloo threads left: 0") == 2, run.stdout
+
 def test_killed_rank_leaves_a_store_one_process_resumes(tmp_path, reference):
     """Rank 1 dies after its first chunk: its chunk stays done, nothing is marked complete; one process finishes it."""
     out, script = tmp_path / "killed.zarr", tmp_path / "faults.py"

@@ -114,11 +114,25 @@ def _set_threads(local_world: int) -> None:
     torch.set_num_threads(max(1, cores // max(1, local_world)))
 
 
+def _import_before_the_group() -> None:
+    """Import ``torch.distributed.nn.functional`` while no group exists.
+
+    Its collectives take ``group=group.WORLD`` as a default argument, evaluated once, at import. Imported after the
+    group forms (transformers imports it through ``torch._dynamo`` when the model loads), it keeps the default group
+    alive for good: :func:`destroy_process_group` then leaves gloo's worker threads running, and one that drops its
+    last finished work (whose tensors are Python objects) while the interpreter shuts down aborts the process
+    ("terminate called without an active exception"), now and then, after a run that succeeded.
+    """
+    with contextlib.suppress(ImportError):  # a torch built without it has nothing to hold the group either
+        import torch.distributed.nn.functional  # noqa: F401
+
+
 def _init(device: str, timeout: float) -> None:
     """Join the process group torchrun describes (``MASTER_ADDR``, ``RANK``, ...): gloo, plus NCCL for CUDA."""
     import torch
     import torch.distributed as dist
 
+    _import_before_the_group()
     backend = "gloo"
     if device.startswith("cuda"):
         from reservoir.runtime import resolve_device
