@@ -65,5 +65,9 @@ def slug(name: str) -> str:
     >>> slug("openai-community/gpt2"), slug("layernorm,output")
     ('openai-community_gpt2', 'layernorm+output')
     """
-    folder = Path(name).expanduser().is_dir() or name.startswith((".", "~", os.sep)) or name.count("/") > 1
+    try:
+        is_dir = Path(os.path.expanduser(name)).is_dir()
+    except OSError:  # a name too long for a path is no folder
+        is_dir = False
+    folder = is_dir or name.startswith((".", "~", os.sep)) or name.count("/") > 1
     return Path(name.rstrip("/" + os.sep)).name if folder else name.replace("/", "_").replace(",", "+")

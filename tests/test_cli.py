@@ -514,3 +514,24 @@ def test_truncated_data_file_is_one_line_exit_2(tmp_path):
     line = assert_bad_input(invoke("extract", "--task", "mnist", "-p", f"data_dir={tmp_path}", *TINY, "--out", out))
     assert "t10k-images-idx3-ubyte" in line
     assert not out.exists()
+
+
+def test_text_parameters_stay_text_and_paths_the_system_refuses_are_one_line(tmp_path):
+    """``-p data_dir=2024`` names the folder "2024" (not the number); a non-text path from the Python API, a path too
+    long for the system and a layer like ``1_0`` are one line each."""
+    from reservoir.cli.common import _parse_params
+    from reservoir.tasks import get_task
+
+    assert _parse_params(("data_dir=2024", "n_train=5", "source=lra")) == {"data_dir": "2024", "n_train": 5,
+                                                                          "source": "lra"}
+    r = invoke("fit-raw", "--task", "mnist", "-p", "data_dir=123", "--out", tmp_path / "x.json")
+    assert_bad_input(r)
+    assert "in 123" in r.output and not (tmp_path / "x.json").exists()
+    with pytest.raises(ReservoirError, match=r"task 'mnist': expected data_dir as non-empty text, found 123 \(int\)"):
+        get_task("mnist", data_dir=123)
+    r = invoke("fit-raw", "--task", "digits", "--out", tmp_path / ("a" * 300) / "y.json")
+    assert_bad_input(r)
+    assert "expected a path this system can use" in r.output
+    r = invoke("fit-linear", tmp_path / "s.zarr", "--layer", "1_0")
+    assert_bad_input(r)
+    assert "Invalid value for --layer: expected a depth K" in r.output

@@ -177,7 +177,7 @@ def test_a_yaml_alias_bomb_is_refused_in_one_line(tmp_path, monkeypatch):
     assert "recipe bomb.yaml: expected at most 100,000 values with its aliases expanded, found more than" in r.stderr
     monkeypatch.setenv("RESERVOIR_RECIPES", str(tmp_path))
     listed = invoke("recipe", "list")
-    assert listed.exit_code == 0 and "bomb" in listed.output and "with its aliases expanded" in listed.output
+    assert listed.exit_code == 0 and "(invalid: recipe bomb.yaml: expected at most 100,000 values" in listed.output
     (tmp_path / "big.yaml").write_text("name: big\n" + "#" * (2 << 20))
     assert_bad_input(r := invoke("recipe", "run", tmp_path / "big.yaml", "--dry-run"))
     assert "expected a recipe of at most 1024 KiB, found 2,097,162 bytes" in r.stderr

@@ -495,3 +495,145 @@ def test_wheel_carries_every_recipe(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     bundled = sorted(Path(n).name for n in names if n.startswith("reservoir/recipes/bundled/"))
     assert bundled == sorted(p.name for p in (root / "recipes").glob("*.yaml"))
+
+
+# -- reruns of an edited recipe, copies, and values that gave tracebacks --------------------------------------------
+
+RAW = {"name": "raw", "cells": [{"kind": "fit-raw", "task": "digits", "task_params": {"test_fraction": 0.2}}]}
+RAW_ID = "fit-raw__digits__seed0"
+
+
+def test_an_edited_recipe_redoes_the_runs_whose_settings_changed(tmp_path, monkeypatch):
+    """A run counts as done only when its results record this run with these settings: an edited task parameter
+    redoes it (the dry run says why), an unchanged recipe skips it."""
+    out = tmp_path / "out"
+    assert run_recipe(make(RAW), out=out, progress=False)["ran"] == [RAW_ID]
+    edited = {**RAW, "cells": [{**RAW["cells"][0], "task_params": {"test_fraction": 0.5}}]}
+    (tmp_path / "raw.yaml").write_text(yaml.safe_dump(edited))
+    r = invoke("recipe", "run", tmp_path / "raw.yaml", "--out", out, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert f"redo  {RAW_ID}  [readout on raw inputs] (computed with task_params.test_fraction=0.2, this run has " \
+           "0.5)" in r.output
+    assert run_recipe(make(edited), out=out, progress=False)["ran"] == [RAW_ID]
+    result = json.loads((out / RAW_ID / "logistic.json").read_text())
+    assert result["config"]["task_params"]["test_fraction"] == 0.5
+    assert result["recipe"]["settings"]["task_params"] == {"test_fraction": 0.5}
+    _forbid(monkeypatch)
+    assert run_recipe(make(edited), out=out, progress=False)["skipped"] == [RAW_ID]
+
+
+def test_another_runs_results_are_redone_and_older_results_of_this_run_are_kept(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    run_recipe(make(RAW), out=out, progress=False)
+    path = out / RAW_ID / "logistic.json"
+    result = json.loads(path.read_text())
+    del result["recipe"]["settings"]  # as an earlier version wrote it: the run id alone identifies it
+    path.write_text(json.dumps(result))
+    with monkeypatch.context() as m:
+        _forbid(m)
+        assert run_recipe(make(RAW), out=out, progress=False)["skipped"] == [RAW_ID]
+    result["recipe"]["run"] = "fit-raw__digits__other__seed0"  # a file of another run in this run's place
+    path.write_text(json.dumps(result))
+    assert plan(make(RAW), out)[0]["state"] == "foreign"
+    assert run_recipe(make(RAW), out=out, progress=False)["ran"] == [RAW_ID]
+    assert json.loads(path.read_text())["recipe"]["run"] == RAW_ID
+
+
+@pytest.mark.parametrize("text", ["---\ncells:\n  - {kind: fit-raw, task: digits}\n",
+                                  "{cells: [{kind: fit-raw, task: digits}]}\n",
+                                  "%YAML 1.1\n---\ncells: [{kind: fit-raw, task: digits}]\n"])
+def test_the_copy_of_an_unnamed_recipe_is_a_valid_recipe(tmp_path, text):
+    (tmp_path / "plain.yaml").write_text(text)
+    out = tmp_path / "out"
+    run_recipe(tmp_path / "plain.yaml", out=out, progress=False)
+    copy = load_recipe(out / "recipe.yaml")
+    assert copy.name == "plain" and [r.id for r in copy.runs()] == ["fit-raw__digits__seed0"]
+    assert invoke("report", out, "--no-plots").exit_code == 0
+
+
+def test_force_with_a_device_that_is_not_there_removes_nothing(tmp_path):
+    out = tmp_path / "out"
+    run_recipe(make(RAW), out=out, progress=False)
+    (tmp_path / "raw.yaml").write_text(yaml.safe_dump(RAW))
+    r = invoke("recipe", "run", tmp_path / "raw.yaml", "--out", out, "--force", "--device", "foo")
+    assert r.exit_code == 2 and "unknown device 'foo'" in r.output
+    assert (out / RAW_ID / "logistic.json").is_file()
+
+
+def test_force_replaces_a_linked_run_folder_by_the_run_not_what_it_links_to(tmp_path):
+    out = tmp_path / "out"
+    run_recipe(make(RAW), out=out, progress=False)
+    kept = out / "kept"
+    (out / RAW_ID).rename(kept)
+    (out / RAW_ID).symlink_to(kept)
+    assert run_recipe(make(RAW), out=out, force=True, progress=False)["ran"] == [RAW_ID]
+    assert not (out / RAW_ID).is_symlink() and (kept / "logistic.json").is_file()
+
+
+def test_a_results_folder_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "raw.yaml").write_text(yaml.safe_dump(RAW))
+    (tmp_path / "afile").write_text("x")
+    for extra in ([], ["--dry-run"]):
+        r = invoke("recipe", "run", tmp_path / "raw.yaml", "--out", tmp_path / "afile", *extra)
+        assert r.exit_code == 2 and "expected a results folder, found a file" in r.output, r.output
+
+
+def test_dry_run_with_force_redoes_finished_runs(tmp_path):
+    out = tmp_path / "out"
+    run_recipe(make(RAW), out=out, progress=False)
+    (tmp_path / "raw.yaml").write_text(yaml.safe_dump(RAW))
+    r = invoke("recipe", "run", tmp_path / "raw.yaml", "--out", out, "--dry-run", "--force")
+    assert r.exit_code == 0 and f"redo  {RAW_ID}" in r.output and "1 to do" in r.output, r.output
+
+
+TRAIN = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2"}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"cells": [{**TRAIN, "seeds": 10**400}]}, "seeds in cells[0] must be an integer in 0..4294967295, found 1000"),
+    ({"cells": [{**TRAIN, "lr": 10**400}]}, "lr in cells[0] must be a finite number, found an integer of 401 digits"),
+    ({"cells": [{**TRAIN, "layers": 10**400}]}, "is 462 bytes, longer than a folder name may be (255)"),
+    ({"cells": [TRAIN], "paper": 5}, "paper must be a list of entries, found 5"),
+    ({"defaults": {"task_params": {"n_train": 8}}, "cells": [{**TRAIN, "task": {"a": 1}}]},
+     "task in cells[0]: expected a task name or a list of them, found {'a': 1}"),
+    ({"cells": [{"kind": "bench", "task": "bit-xor", "layers": 2, "max_live_rows": None}]},
+     "max_live_rows in cells[0] must be a number, found null"),
+    ({"cells": [{**TRAIN, "eval_every": None}]}, "eval_every in cells[0] must be a number, found null"),
+    ({"cells": [{**TRAIN, "dropout": None}]}, "dropout in cells[0] must be a number, found null"),
+    ({"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": []}]},
+     "fit_layers in cells[0]: expected 'all' or at least one layer, found []"),
+    ({"cells": [{**TRAIN, "steps": 5, "epochs": 2}]}, "cells[0]: expected steps or epochs, found both"),
+    ({"defaults": {"steps": 5, "epochs": 2}, "cells": [TRAIN]},
+     "cells[0] (with defaults): expected steps or epochs, found both"),
+    ({"cells": [{**TRAIN, "seeds": list(range(100)), "lr": [10.0 ** -k for k in range(1, 11)],
+                 "layers": list(range(11))}]}, "expected at most 10,000 runs, found a grid of 11,000"),
+    ({"cells": [{**TRAIN, "tag": "t" * 300}]}, "tag in cells[0]: expected at most 64 characters"),
+    ({"name": "n" * 65, "cells": [TRAIN]}, "name: expected at most 64 characters"),
+    ({"cells": [{"kind": "fit-raw", "task": "data", "task_params": {"path": 5}}]},
+     "task_params in cells[0]: task 'data': expected path as non-empty text, found 5 (int)"),
+    ({"cells": [{"kind": "fit-raw", "task": "mnist", "task_params": {"data_dir": 123}}]},
+     "task_params in cells[0]: task 'mnist': expected data_dir as non-empty text, found 123 (int)"),
+    ({"cells": [{"kind": "fit-raw", "task": "mnist", "task_params": {"download": True, "data_dir": "/anywhere"}}]},
+     "task_params in cells[0]: expected download only into the data cache (leave data_dir out)"),
+    ({"cells": [{**TRAIN, "seeds": [0, 0]}]}, "a value is listed twice"),
+])
+def test_values_that_gave_tracebacks_are_one_line(data, message):
+    assert message in error_of(data)
+
+
+def test_a_cells_own_length_replaces_the_defaults(tmp_path):
+    recipe = make({"defaults": {"steps": 1000}, "cells": [{**TRAIN, "epochs": 3}, {**TRAIN, "tag": "b"}]})
+    first, second = (r.cell for r in recipe.runs())
+    assert (first.steps, first.epochs) == (None, 3.0) and (second.steps, second.epochs) == (1000, None)
+
+
+def test_unreadable_yaml_numbers_and_user_paths_are_one_line(tmp_path, monkeypatch):
+    (tmp_path / "big.yaml").write_text(f"cells: [{{kind: train, task: bit-xor, seeds: {'9' * 5000}}}]\n")
+    with pytest.raises(ReservoirError, match="expected YAML values Python reads"):
+        load_recipe(tmp_path / "big.yaml")
+    monkeypatch.setenv("RESERVOIR_RECIPES", str(tmp_path))
+    assert dict(list_recipes())["big"].startswith("(invalid: recipe big.yaml: expected YAML values")
+    recipe = make({"cells": [{**TRAIN, "backbone": "~nosuchuser-here/x"},
+                             {"kind": "fit-raw", "task": "data", "task_params": {"path": "~nosuchuser-here/x.npz"}}]})
+    assert [r.id.split("__")[2] for r in recipe.runs()][0] == "x"
+    assert "longer than a folder name may be" in error_of({"cells": [{**TRAIN, "backbone": "b" * 300}]})

@@ -316,7 +316,7 @@ BENCH_CELL = {"kind": "bench", "task": "bit-xor", "backbone": "tiny-gpt2", "laye
     ({**TRAIN_CELL, "lr": -1}, "lr in cells[0] must be a finite number > 0, found -1.0"),
     ({**TRAIN_CELL, "lr": [1e-3, float("nan")]}, "lr in cells[0] must be a finite number > 0, found nan"),
     ({**TRAIN_CELL, "steps": 0}, "steps in cells[0] must be an integer >= 1, found 0"),
-    ({**TRAIN_CELL, "epochs": -1}, "epochs in cells[0] must be a finite number > 0, found -1.0"),
+    ({**TRAIN_CELL, "steps": None, "epochs": -1}, "epochs in cells[0] must be a finite number > 0, found -1.0"),
     ({**TRAIN_CELL, "eval_every": 0}, "eval_every in cells[0] must be an integer >= 1, found 0"),
     ({**TRAIN_CELL, "batch_size": 0}, "batch_size in cells[0] must be an integer >= 1, found 0"),
     ({**TRAIN_CELL, "dropout": 1.5}, "dropout in cells[0] must be a number in [0, 1), found 1.5"),

@@ -160,7 +160,7 @@ def bench_readout(store, layer, penalty, path_rows, seed, out):
     from reservoir.bench import readout_vs_sklearn
 
     _check_out(out, store)
-    layers = "all" if layer == "all" else _parse_layers(layer)
+    layers = "all" if layer == "all" else _parse_layers(layer, "--layer")
     rows = None if path_rows == "all" else _path_rows(path_rows)
     r = readout_vs_sklearn(store, layers, seed=seed, penalty=penalty, path_rows=rows)
     click.echo(f"{len(r.layers)} layer(s), {r.n_train:,} train rows x {r.n_features} features, "

@@ -107,7 +107,10 @@ def ci(interval) -> str:
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text; each KEY once."""
+    """``-p KEY=VALUE`` pairs: VALUE as JSON when it parses, else the plain text (always text for a path, a column
+    or a choice: :data:`~reservoir.tasks.base.TEXT_PARAMS`); each KEY once."""
+    from reservoir.tasks.base import TEXT_PARAMS
+
     params: dict[str, Any] = {}
     given: dict[str, str] = {}  # key -> the pair that gave it
     for pair in pairs:
@@ -119,6 +122,9 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
             raise click.BadParameter(f"expected each parameter once, found {key} twice ({given[key]!r} and {pair!r})",
                                      param_hint="--param")
         given[key] = pair
+        if key in TEXT_PARAMS:  # a folder named 2024 is the text "2024"
+            params[key] = value
+            continue
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -141,6 +147,10 @@ def _check_out(out: str | None, *inputs: Any) -> None:
     if out is None:
         return
     check_name(out)
+    try:
+        Path(out).resolve().is_dir()
+    except OSError as err:  # a path longer than the system takes, say
+        raise ReservoirError(f"{out[:200]}: expected a path this system can use, found {err.strerror or err}") from None
     if Path(out).is_dir():
         raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
     target = Path(out).resolve()
@@ -162,15 +172,13 @@ def task_inputs(task_params: dict[str, Any]) -> list[Any]:
     return [task_params.get("path"), task_params.get("data_dir")]
 
 
-def _parse_layers(value: str | None) -> int | list[int] | None:
+def _parse_layers(value: str | None, flag: str = "--layers") -> int | list[int] | None:
     if value is None or value == "all":
         return None
-    try:
-        if "," in value:
-            return [int(v) for v in value.split(",")]  # an empty item ("0,,3") is refused too
-        return int(value)
-    except ValueError:
-        raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}") from None
+    items = value.split(",")  # an empty item ("0,,3") is refused too
+    if not all(v.strip().isascii() and v.strip().isdigit() for v in items):  # not "1_0", "+3" or "٣"
+        raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}", param_hint=flag)
+    return [int(v) for v in items] if len(items) > 1 else int(items[0])
 
 
 def data_options(f: Any) -> Any:
@@ -201,7 +209,7 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
                                f"--label-column; found -p {taken[0]}=...")
     if not data.strip():
         raise click.BadParameter("expected a data file or folder; found an empty path", param_hint="--data")
-    path = str(Path(data).expanduser().resolve())
+    path = str(Path(os.path.expanduser(data)).resolve())
     return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}
 
 

@@ -75,7 +75,7 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
     from reservoir.readouts.run import fit_linear as run_fit, results_folder
 
-    layers = "all" if layer == "all" else _parse_layers(layer)
+    layers = "all" if layer == "all" else _parse_layers(layer, "--layer")
     if isinstance(layers, list):
         layers = list(dict.fromkeys(layers))  # a layer named twice is fitted once
     sizes = _parse_sizes(train_sizes)

@@ -41,7 +41,7 @@ def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
     from reservoir.recipes import plan, run_recipe
 
     if dry_run:
-        rows = plan(ref, out)
+        rows = plan(ref, out, force=force)
         for r in rows:
             if r["kind"] == "train":
                 work = (f"{r['steps']:,} steps, {r['sequences']:,} sequences" if r["steps"] else f"{r['epochs']:g} epochs")
@@ -51,7 +51,9 @@ def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
                 work = f"one extraction, depth {depth}" + (", then timed epochs" if r["kind"] == "bench" else "")
             else:
                 work = "readout on raw inputs"
-            click.echo(f"{'done' if r['done'] else 'todo'}  {r['id']}  [{work}]")
+            state = "done" if r["done"] else "redo" if r["state"] in ("foreign", "stale") or force else "todo"
+            why = f" ({r['why']})" if r["why"] and not r["done"] else ""
+            click.echo(f"{state}  {r['id']}  [{work}]{why}")
         todo = [r for r in rows if not r["done"]]
         click.echo(f"{len(rows)} run(s), {len(todo)} to do: {sum(r['steps'] for r in todo):,} optimizer steps "
                    f"({sum(r['sequences'] for r in todo):,} training sequences), "

@@ -42,7 +42,10 @@ split; the data's own seed is a task parameter. A data file is the task ``data``
 name it ``data-<file stem>``). ``tag`` names a variant (e.g.
 other task parameters) so that its runs get distinct ids; like the recipe's
 ``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
-``_`` and ``-`` only (not ``.`` or ``..``). Numbers are held to the bounds
+``_`` and ``-`` only (not ``.`` or ``..``), at most 64 characters; a recipe expands to at most
+10,000 runs. A train cell takes ``steps`` or ``epochs``, not both; either one set in the cell replaces
+both of the defaults'. ``null`` stands for the default only where it has one (``steps``, ``epochs``,
+``batch_size``, ``split_layer``). Numbers are held to the bounds
 ``reservoir train`` applies (:data:`reservoir.training.BOUNDS`: ``lr`` > 0,
 ``steps`` >= 1, ``dropout`` in [0, 1), ...), and every list axis names at
 least one value. A paper entry's
@@ -56,8 +59,9 @@ refused with one line naming the key and the allowed ones.
 Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
 folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
 fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
-sweep ``sweep.json``, bench ``speedup.json``. Runs whose results exist are skipped (``force`` redoes
-them). Every path the runner writes or removes is resolved first and refused unless it lies inside the
+sweep ``sweep.json``, bench ``speedup.json``; each results file records its run's id and settings
+(:meth:`Run.settings`). Runs whose results exist with the recipe's current settings are skipped (``force``
+redoes them); results of another run, or of this run before its cell was edited, are computed again. Every path the runner writes or removes is resolved first and refused unless it lies inside the
 output (or cache) folder, so neither an id nor a symbolic link can send a write, or ``force``'s removal,
 elsewhere. fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
 over everything in the store key (task fingerprint, backbone, init, seed,

@@ -106,6 +106,12 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
         data = yaml.load(text, Loader=_loader(p.name))  # noqa: S506 - the safe loader, bounded
     except RecursionError:
         raise ReservoirError(f"recipe {p.name}: expected YAML, found nesting too deep to read") from None
+    except ReservoirError:  # the loader's own bound (a ValueError too)
+        raise
+    except ValueError as err:  # an integer of more than 4,300 digits, say (YAMLError is no ValueError)
+        from reservoir.io import one_line
+
+        raise ReservoirError(f"recipe {p.name}: expected YAML values Python reads, found {one_line(err)}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

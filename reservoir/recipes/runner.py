@@ -56,6 +56,71 @@ def result_files(run: Run, folder: Path) -> list[Path]:
     return [folder / name for _, name in run.outputs()]
 
 
+def run_state(run: Run, folder: Path) -> tuple[str, str]:
+    """Where ``run`` stands in ``folder``: ``(state, why)``.
+
+    ``done``: every results file validates and records this run (and its
+    settings, :meth:`Run.settings`, where the file records them); ``todo``: a
+    file is missing or does not validate (an interrupted run resumes there);
+    ``foreign``: the files are another run's; ``stale``: they are this run's
+    with other settings (the recipe was edited since). Only ``done`` is
+    skipped; a ``foreign`` or ``stale`` folder is cleared first.
+    """
+    from reservoir.io import read_json
+
+    files = result_files(run, folder)
+    if not all(map(finished, files)):
+        return "todo", ""
+    for path in files:
+        record = read_json(path, "a results JSON object").get("recipe")
+        if not isinstance(record, dict) or record.get("run") != run.id:
+            found = record.get("run") if isinstance(record, dict) else None
+            return "foreign", f"{path.name} holds {'run ' + repr(found) if found else 'no recipe run'}"
+        recorded = record.get("settings")
+        if recorded is None:  # written before results recorded their run's settings; its run id matched
+            continue
+        diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
+        if diff is not None:
+            return "stale", f"computed with {describe_difference(diff)}"
+    return "done", ""
+
+
+def _checked(recipe: Recipe, out_dir: Path) -> list[tuple[Run, str, str]]:
+    """Every run of ``recipe`` with its :func:`run_state`, once every path it reads, writes or removes is checked
+    (before anything is written)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReservoirError(f"{out_dir}: expected a results folder, found a file")
+    runs = recipe.runs()
+    for path in [out_dir / "recipe.yaml", *(p for run in runs for p in (out_dir / run.id,
+                                                                       *result_files(run, out_dir / run.id)))]:
+        _check_inside(path, out_dir)
+    return [(run, *run_state(run, out_dir / run.id)) for run in runs]
+
+
+def _clear(folder: Path) -> None:
+    """Remove a run folder (``--force``, or results of other settings): a link or a file in its place goes alone."""
+    if folder.is_symlink() or folder.is_file():
+        folder.unlink()
+    elif folder.exists():
+        shutil.rmtree(folder)
+
+
+def _copy_text(recipe: Recipe) -> str:
+    """The recipe's copy for its results folder: the file as written (comments kept), named as the run named it."""
+    import yaml
+
+    text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
+    if recipe.raw.get("name"):
+        return text
+    named = f"name: {recipe.name}\n{text}"  # keeps the comments; valid where the file is a plain block mapping
+    try:
+        if yaml.safe_load(named) == {"name": recipe.name, **recipe.raw}:
+            return named
+    except yaml.YAMLError:
+        pass
+    return yaml.safe_dump({"name": recipe.name, **recipe.raw}, sort_keys=False)
+
+
 def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force: bool = False) -> Path | StoreURL:
     """The run's feature store: reused when complete with matching provenance, else extracted (or resumed).
 
@@ -150,10 +215,12 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
     return f"test {res.metrics['test_accuracy']:.2%}"
 
 
-def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None,
+         force: bool = False) -> list[dict[str, Any]]:
     """What :func:`run_recipe` would do, without loading data or models: one dict per run.
 
-    Each has ``id``, ``kind``, ``done`` (its results exist under ``out``) and
+    Each has ``id``, ``kind``, ``done`` (its results exist under ``out``; never with ``force``), ``state`` and
+    ``why`` (:func:`run_state`) and
     the work it asks for: ``steps`` and ``sequences`` (optimizer steps x
     batch, per learning rate and seed for a sweep), ``trainings`` (1, or
     rates x seeds), ``extraction_layers`` for fit-linear (blocks run once over
@@ -169,9 +236,9 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
         recipe = load_recipe(recipe)
     out_dir = _out_dir(recipe, out)
     rows = []
-    for run in recipe.runs():
+    for run, state, why in _checked(recipe, out_dir):
         c = run.cell
-        row = {"id": run.id, "kind": run.kind, "done": all(map(finished, result_files(run, out_dir / run.id))),
+        row = {"id": run.id, "kind": run.kind, "done": state == "done" and not force, "state": state, "why": why,
                "steps": 0, "sequences": 0, "trainings": 0, "extraction_layers": None}
         if run.kind == "train":
             n = len(parse_lr_sweep(str(c.lr_sweep))) * len(c.seeds) if c.lr_sweep else 1
@@ -200,39 +267,39 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     --------
     >>> run_recipe("quickstart", out="results/quickstart")  # doctest: +SKIP
     """
-    import yaml
     from tqdm.auto import tqdm
+
+    from reservoir.runtime import resolve_device
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
     out_dir = _out_dir(recipe, out)
     cache = StoreURL(str(cache_dir)) if is_url(cache_dir) else Path(cache_dir)
-    runs = recipe.runs()
+    resolve_device(device)  # an unknown or absent device is refused before --force removes anything
     # before anything is written: the recipe's copy, every run folder and every results file it reads or writes
-    for path in [out_dir / "recipe.yaml", *(p for run in runs for p in (out_dir / run.id,
-                                                                       *result_files(run, out_dir / run.id)))]:
-        _check_inside(path, out_dir)
+    checked = _checked(recipe, out_dir)
     with run_folder_lock(out_dir):  # one recipe run per results folder
+        checked = _checked(recipe, out_dir)  # as they are now that no other run of this folder is under way
         out_dir.mkdir(parents=True, exist_ok=True)
-        text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
-        if not recipe.raw.get("name"):  # the copy is named like the original
-            text = f"name: {recipe.name}\n{text}"
         with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
-            f.write(text)
+            f.write(_copy_text(recipe))
         ran, skipped = [], []
-        bar = tqdm(runs, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True, dynamic_ncols=True)
-        for run in bar:
+        bar = tqdm(checked, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True,
+                   dynamic_ncols=True)
+        for run, state, why in bar:
             folder = out_dir / run.id
-            files = result_files(run, folder)
-            if not force and all(map(finished, files)):
+            if state == "done" and not force:
                 skipped.append(run.id)
                 if progress:
                     bar.write(f"skip {run.id} (results exist)")
                 continue
             bar.set_postfix_str(run.id)
-            if force and folder.exists():
-                shutil.rmtree(folder)
-            meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label()}
+            if force or state in ("foreign", "stale"):
+                if why and progress:
+                    bar.write(f"redo {run.id}: {why}")
+                _clear(folder)
+            meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label(),
+                    "settings": run.settings()}
             summary = _execute(run, folder, cache, device, force, meta)
             ran.append(run.id)
             if progress:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,12 @@ PAPER_KEYS = ("match", "value", "source", "metric")
 #: What a paper entry's ``value`` is: test accuracy in percent (the default), the steps to converge of a
 #: train row (Table 6), or the per-epoch speedup of cached over live training of a bench row (Table 10).
 METRICS = ("test_accuracy", "steps_to_converge", "speedup")
+#: Cell keys whose ``null`` means their default (``steps: null`` with ``epochs``: train by epochs).
+NULLABLE = ("steps", "epochs", "batch_size", "split_layer")
+#: Most runs one recipe may expand to (the bundled recipes have a few hundred at most).
+MAX_RUNS = 10_000
+#: Longest recipe name or tag: each is part of folder names, which the file system bounds.
+MAX_ID = 64
 #: Keys of a report row's label (what ``paper: match:`` may name).
 LABEL_KEYS = ("kind", "task", "tag", "backbone", "init", "layer", "readout", "finetune", "lr")
 
@@ -53,13 +61,23 @@ def _number(value: Any, what: str, integer: bool = False) -> float | int:
             raise ReservoirError(f"{what} must be a number, found {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReservoirError(f"{what} must be a number, found {value!r}")
+    if isinstance(value, int):  # of any size: the bounds checked later say whether it is too large
+        return value if integer else _float(value, what)
     if integer:
-        if isinstance(value, float) and not math.isfinite(value):  # (a real number's bounds say why it is refused)
+        if not math.isfinite(value):  # (a real number's bounds say why it is refused)
             raise ReservoirError(f"{what} must be a finite number, found {value!r}")
-        if float(value) != int(value):
+        if not value.is_integer():
             raise ReservoirError(f"{what} must be an integer, found {value!r}")
         return int(value)
-    return float(value)
+    return value
+
+
+def _float(value: int, what: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ReservoirError(f"{what} must be a finite number, found an integer of {len(str(abs(value))):,} "
+                             "digits") from None
 
 
 def _choices(values: list, allowed: tuple[str, ...], what: str, where: str) -> list[str]:
@@ -82,6 +100,9 @@ _ID = re.compile(r"[A-Za-z0-9._-]+")
 def _check_id(value: Any, what: str) -> str:
     """A recipe name or a cell tag: it names a results folder, so one safe folder name (no ``/``, not ``..``)."""
     text = str(value)
+    if len(text) > MAX_ID:
+        raise ReservoirError(f"{what}: expected at most {MAX_ID} characters (it names a folder), found "
+                             f"{len(text):,}")
     if not _ID.fullmatch(text) or text in (".", ".."):
         raise ReservoirError(f"{what}: expected letters, digits, '.', '_' or '-' (one folder name, not '.' or '..'), "
                              f"found {text!r}")
@@ -127,6 +148,7 @@ class Cell:
 
     def __post_init__(self) -> None:
         from reservoir.tasks import TASKS
+        from reservoir.tasks.base import check_text_params
         from reservoir.training import BOUNDS, check_number, parse_lr_sweep
         from reservoir.training.freeze import parse_groups
 
@@ -165,12 +187,18 @@ class Cell:
                 if any(not 0 <= k <= self.layers[0] for k in self.fit_layers):
                     raise ReservoirError(f"fit_layers in {w} must be within 0..{self.layers[0]}, found "
                                          f"{self.fit_layers}")
+        if self.kind == "fit-linear" and not self.fit_layers:
+            raise ReservoirError(f"fit_layers in {w}: expected 'all' or at least one layer, found {self.fit_layers!r}")
         for name, integer in (("steps", True), ("batch_size", True), ("eval_every", True), ("epochs", False),
                               ("dropout", False), ("split_layer", True), ("max_live_rows", True)):
-            if getattr(self, name) is not None:  # None: the default
-                setattr(self, name, _number(getattr(self, name), f"{name} in {w}", integer))
-                if name in BOUNDS:
-                    check_number(name, getattr(self, name), f"{name} in {w}")
+            if getattr(self, name) is None:
+                if name not in NULLABLE:
+                    raise ReservoirError(f"{name} in {w} must be a number, found null (leave the key out for its "
+                                         "default)")
+                continue  # None: the default
+            setattr(self, name, _number(getattr(self, name), f"{name} in {w}", integer))
+            if name in BOUNDS:
+                check_number(name, getattr(self, name), f"{name} in {w}")
         if self.max_live_rows < 1:
             raise ReservoirError(f"max_live_rows in {w} must be an integer >= 1, found {self.max_live_rows}")
         for f in self.finetune if self.kind == "train" else ():
@@ -187,6 +215,14 @@ class Cell:
             if bad is not None:
                 raise ReservoirError(f"task_params in {w}: task {t!r} has no parameter {bad!r}; expected one of: "
                                      f"{', '.join(sorted(TASKS[t].defaults))}")
+            try:
+                check_text_params(t, self.task_params)
+            except ReservoirError as err:
+                raise ReservoirError(f"task_params in {w}: {err}") from None
+            if self.task_params.get("download") and self.task_params.get("data_dir") is not None:
+                raise ReservoirError(f"task_params in {w}: expected download only into the data cache (leave "
+                                     f"data_dir out), found download with data_dir {self.task_params['data_dir']!r}; "
+                                     f"a recipe writes nowhere else")
             if t == "data" and not self.task_params.get("path"):
                 raise ReservoirError(f"task_params in {w}: task 'data' needs path, the data file (relative to the "
                                      f"recipe's folder); found {self.task_params!r}")
@@ -203,9 +239,18 @@ class Cell:
         allowed = KIND_KEYS[kind]
         _unknown(raw, allowed, f"{where} (kind {kind})")
         merged = {k: v for k, v in defaults.items() if k in allowed}
+        if raw.keys() & {"steps", "epochs"}:  # a cell's own length replaces the defaults' (steps or epochs)
+            merged.pop("steps", None), merged.pop("epochs", None)
         merged.update(raw)
         if "task" not in merged:
             raise ReservoirError(f"{where} needs a task (e.g. task: bit-xor)")
+        bad = next((t for t in _as_list(merged["task"]) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise ReservoirError(f"task in {where}: expected a task name or a list of them, found {bad!r}")
+        if merged.get("steps") is not None and merged.get("epochs") is not None:
+            source = "" if raw.keys() >= {"steps", "epochs"} else " (with defaults)"
+            raise ReservoirError(f"{where}{source}: expected steps or epochs, found both (steps "
+                                 f"{merged['steps']!r}, epochs {merged['epochs']!r})")
         shared = _mapping(defaults.get("task_params"), "task_params in defaults")
         own = _mapping(raw.get("task_params"), f"task_params in {where}")
         merged["task_params"] = {**{k: v for k, v in shared.items() if _takes(merged["task"], k)}, **own}
@@ -275,6 +320,23 @@ class Run:
         lab.update(extra)
         return lab
 
+    def settings(self) -> dict[str, Any]:
+        """Everything that decides this run's results, as JSON gives it back: its results files record it, and a
+        rerun of an edited recipe redoes a run whose recorded settings differ."""
+        c = self.cell
+        out: dict[str, Any] = {"kind": self.kind, "task": self.task, "task_params": c.task_params}
+        out["seeds" if self.kind == "train" and c.lr_sweep else "seed"] = c.seeds if c.lr_sweep else self.seed
+        if self.kind != "fit-raw":
+            out.update(backbone=self.backbone, init=self.init, layers=self.layers)
+        if self.kind == "fit-linear":  # what the store's key holds, and the layers fitted from it
+            out.update(fit_layers=fitted_layers(c), dtype=c.dtype, amp=c.amp)
+        elif self.kind == "train":
+            out.update(finetune=self.finetune, lr=self.lr, lr_sweep=c.lr_sweep, steps=c.steps, epochs=c.epochs,
+                       batch_size=c.batch_size, eval_every=c.eval_every, dropout=c.dropout, amp=c.amp)
+        elif self.kind == "bench":
+            out.update(batch_size=c.batch_size, split_layer=c.split_layer, max_live_rows=c.max_live_rows)
+        return json.loads(json.dumps(out, default=str))
+
     def outputs(self) -> list[tuple[dict[str, Any], str]]:
         """``(row label, result file name)`` for each result this run writes (fit-linear: per readout and layer)."""
         c = self.cell
@@ -323,8 +385,10 @@ class Recipe:
             for cell in cells:  # a data file beside the recipe, wherever it is run from
                 path = cell.task_params.get("path")
                 if "data" in cell.task and isinstance(path, str) and path:
-                    cell.task_params["path"] = str((Path(folder or ".") / Path(path).expanduser()).resolve())
+                    cell.task_params["path"] = str((Path(folder or ".") / os.path.expanduser(path)).resolve())
             paper = []
+            if not isinstance(data.get("paper") or [], list):
+                raise ReservoirError(f"paper must be a list of entries, found {data['paper']!r}")
             for i, p in enumerate(data.get("paper") or []):
                 if not isinstance(p, dict):
                     raise ReservoirError(f"paper[{i}] must be a mapping, found {p!r}")
@@ -348,13 +412,20 @@ class Recipe:
 
     def runs(self) -> list[Run]:
         """Every concrete run, in recipe order; ids are unique."""
+        total = sum(_size(cell) for cell in self.cells)
+        if total > MAX_RUNS:
+            raise ReservoirError(f"expected at most {MAX_RUNS:,} runs, found a grid of {total:,}; split the recipe")
         runs: list[Run] = []
         for cell in self.cells:
             runs.extend(_expand(cell))
         seen: dict[str, str] = {}
         for r in runs:
+            if len(r.id.encode()) > 255:
+                raise ReservoirError(f"{r.cell.where}: run id {r.id[:60]}... is {len(r.id.encode())} bytes, longer "
+                                     "than a folder name may be (255); shorten its tag, backbone or values")
             if r.id in seen:
-                raise ReservoirError(f"{r.cell.where} and {seen[r.id]} both give run {r.id!r}; give one a 'tag'")
+                advice = "give one a 'tag'" if seen[r.id] != r.cell.where else "a value is listed twice"
+                raise ReservoirError(f"{r.cell.where} and {seen[r.id]} both give run {r.id!r}; {advice}")
             seen[r.id] = r.cell.where
         return runs
 
@@ -365,6 +436,18 @@ class Recipe:
     def paper_value(self, label: dict[str, Any], metric: str = "test_accuracy") -> PaperValue | None:
         """The first paper entry for ``metric`` whose ``match`` fits ``label``."""
         return next((p for p in self.paper if p.metric == metric and p.matches(label)), None)
+
+
+def _size(c: Cell) -> int:
+    """How many runs ``c`` expands to (before expanding it)."""
+    n = len(c.task) * len(c.seeds)
+    if c.kind == "fit-raw":
+        return n
+    n *= len(c.backbone) * len(c.init)
+    if c.kind == "train":
+        n *= len(c.layers) * len(c.finetune) * (1 if c.lr_sweep else len(c.lr))
+        n //= len(c.seeds) if c.lr_sweep else 1
+    return n
 
 
 def _expand(c: Cell) -> list[Run]:

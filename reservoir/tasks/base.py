@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -262,6 +263,22 @@ def register(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
+#: Task parameters that are text (file and folder paths, column names, choices) in every task that takes them.
+TEXT_PARAMS = ("path", "data_dir", "input_column", "label_column", "source", "tokenization", "format", "test_split")
+
+
+def check_text_params(name: str, params: Mapping[str, Any]) -> None:
+    """Refuse a :data:`TEXT_PARAMS` value that is not non-empty text (``data_dir: 2024`` from YAML or JSON), in one
+    line; ``None`` keeps the default, and a path may be a ``Path``."""
+    for key in TEXT_PARAMS:
+        value = params.get(key)
+        if key in ("path", "data_dir") and isinstance(value, os.PathLike):
+            value = os.fspath(value)  # a Path from the Python API
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            found = "empty text" if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
+            raise ReservoirError(f"task {name!r}: expected {key} as non-empty text, found {found}")
+
+
 def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """A registered task's defaults overridden by ``params`` (``None`` values keep the default).
 
@@ -280,6 +297,7 @@ def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
         raise ReservoirError(
             f"task {name!r} has no parameter {unknown[0]!r}; expected one of: {', '.join(sorted(spec.defaults))}"
         )
+    check_text_params(name, params)
     return {**spec.defaults, **{k: v for k, v in params.items() if v is not None}}
 
 
