@@ -100,6 +100,9 @@ def markdown_pairs(comparisons: list[Comparison]) -> str:
         task = lab["task"] + (f" ({lab['tag']})" if lab.get("tag") else "")
         init = "" if c.what.startswith("pretrained") else f"{lab.get('init')}, "
         setting = f"{lab.get('init')}" if c.what.startswith("unfrozen") else f"{init}{setting}"
+        if lab.get("kind") == "train" and lab.get("lr") is not None:  # rows of several rates differ only there
+            lr = lab["lr"]
+            setting += f", lr {lr:g}" if isinstance(lr, (int, float)) else f", lr {lr}"
         cells = [task, str(lab.get("backbone") or "—"), setting, layer, c.what,
                  f"{100 * d.diff:+.2f} pts", f"[{100 * d.low:+.2f}, {100 * d.high:+.2f}]",
                  "yes" if d.excludes_zero else "no"]

@@ -149,10 +149,16 @@ def _curve(res: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     return curve
 
 
-def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], list[dict]]:
-    """Rows (in recipe order), train curves and lr sweeps found under ``results_dir``."""
+def collect(results_dir: Path, recipe: Recipe,
+            outdated: list[str] | None = None) -> tuple[list[Row], list[dict], list[dict]]:
+    """Rows (in recipe order), train curves and lr sweeps found under ``results_dir``.
+
+    A results file of another run, or of this run with settings other than the recipe's (an edited recipe not yet
+    rerun: :func:`~reservoir.recipes.runner.file_state`), counts as not run; ``outdated`` gets a line for each.
+    """
     from reservoir.bench import BenchResult
     from reservoir.readouts import FitResult
+    from reservoir.recipes.runner import file_state
     from reservoir.training import SweepResult, TrainResult
     from reservoir.training.sweeps import run_name
 
@@ -171,7 +177,10 @@ def collect(results_dir: Path, recipe: Recipe) -> tuple[list[Row], list[dict], l
         for label, name in run.outputs():
             path = results_dir / run.id / name
             check_inside(path, results_dir, "results files")
-            res = _load(path)
+            state, why = file_state(run, path)
+            if state in ("foreign", "stale") and outdated is not None:
+                outdated.append(f"{run.id}/{name} ({why})")
+            res = None if state in ("foreign", "stale") else _load(path)
             if run.kind == "bench":
                 row = add(label)
                 if res is not None:
@@ -435,7 +444,8 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
                              "found none")
     check_inside(d / "recipe.yaml", d, "the recipe's copy")
     recipe = load_recipe(d / "recipe.yaml")
-    rows, curves, sweeps = collect(d, recipe)
+    outdated: list[str] = []
+    rows, curves, sweeps = collect(d, recipe, outdated)
     figures = []
     if plots:
         for fn, data, name in ((plot_depth, rows, "depth.png"), (plot_curves, curves, "curves.png"),
@@ -450,6 +460,10 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
             "mean ± std (population) over seeds and the interval of that mean. Paper values are from the recipe's "
             "`paper:` entries.")
     parts += [markdown_table(rows), "", note, ""]
+    if outdated:
+        parts += [f"**Not current:** {len(outdated)} results file(s) hold another run's results, or this recipe's "
+                  "with other settings (the recipe was edited since), and show as not run; `reservoir recipe run` "
+                  f"redoes them. First: {outdated[0]}.", ""]
     comparisons = compare([sc for r in rows if (sc := r.scored()) is not None])
     if comparisons:
         parts += ["## Paired differences", "",

@@ -92,3 +92,37 @@ def test_stores_written_before_poolings_are_read_and_resumed(tmp_path):
         X, y = load_layer(st, "test", 2)
         assert X.shape == (100, 32) and np.array_equal(y, labels["test"])
     assert fit_linear(again, [2])[0].config["pooling"] == "last"
+
+
+def test_the_mean_is_summed_in_float32_under_the_cpus_bf16_autocast():
+    """On the CPU the residual stream stays float32 under bf16 autocast; the mean over real tokens must too (a bmm
+    ran in bf16 there: errors of about 5e-3 where the last token's were 0)."""
+    import torch
+
+    from reservoir.backbones import load_backbone
+
+    torch.manual_seed(0)
+    bb = load_backbone("tiny-bert", depth=1, d_in=3).eval()
+    x, lengths = torch.randn(4, 40, 3), torch.tensor([40, 31, 7, 1])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        feats, states = bb.features(x, lengths, [0], poolings=("last", "mean"), full_seq_layer=0)
+    assert feats.dtype == states.dtype == torch.float32
+    mean = torch.stack([states[i, :n].mean(0) for i, n in enumerate(lengths.tolist())])
+    torch.testing.assert_close(feats[:, 1, 0, 0], mean, rtol=0, atol=1e-5)
+    torch.testing.assert_close(feats[:, 0, 0, 0], states[torch.arange(4), lengths - 1], rtol=0, atol=0)
+
+
+def test_extract_rows_refuses_layers_it_would_return_in_other_slots():
+    import torch
+
+    from reservoir.backbones import load_backbone
+    from reservoir.extract import extract_rows
+
+    bb = load_backbone("tiny-gpt2", depth=2, d_in=1)
+    x, lengths = np.zeros((4, 5, 1), np.float32), np.array([5, 4, 3, 2])
+    with pytest.raises(ReservoirError, match=r"expected layers in increasing order, each once .* found \[2, 0\]"):
+        extract_rows(bb, x, lengths, [2, 0], 1)
+    with torch.inference_mode():
+        both = extract_rows(bb, x, lengths, [0, 2], 1)
+        top = extract_rows(bb, x, lengths, [2], 1)
+    np.testing.assert_array_equal(both[:, 1], top[:, 0])

@@ -396,9 +396,9 @@ def test_lr_sweeps_of_two_inits_are_compared_on_their_chosen_runs_test_rows(tmp_
     run_recipe(make(data), out=out, device="cpu", progress=False)
     rep = report(out)
     for setting in ("fpt", "all"):
-        assert f"| bit-xor | tiny-gpt2 | {setting} | all | pretrained − random |" in rep.markdown
+        assert f"| bit-xor | tiny-gpt2 | {setting}, lr sweep | all | pretrained − random |" in rep.markdown
     for init in ("pretrained", "random"):  # Rothermel et al.'s comparison: everything trained against FPT
-        assert f"| bit-xor | tiny-gpt2 | {init} | all | unfrozen − frozen (all − fpt) |" in rep.markdown
+        assert f"| bit-xor | tiny-gpt2 | {init}, lr sweep | all | unfrozen − frozen (all − fpt) |" in rep.markdown
     intervals = [json.loads((run / "sweep.json").read_text())["metrics"]["test_interval"]
                  for run in out.glob("train__*")]
     for lo, hi in intervals:  # each row's interval: its sweep's own, pooled over the seeds' test rows
@@ -637,3 +637,42 @@ def test_unreadable_yaml_numbers_and_user_paths_are_one_line(tmp_path, monkeypat
                              {"kind": "fit-raw", "task": "data", "task_params": {"path": "~nosuchuser-here/x.npz"}}]})
     assert [r.id.split("__")[2] for r in recipe.runs()][0] == "x"
     assert "longer than a folder name may be" in error_of({"cells": [{**TRAIN, "backbone": "b" * 300}]})
+
+
+def test_report_shows_results_of_other_settings_as_not_run(tmp_path):
+    """An edited recipe's copy describes the new settings before the rerun computes them: until then its old results
+    are not shown as the new recipe's."""
+    out = tmp_path / "out"
+    run_recipe(make(RAW), out=out, progress=False)
+    assert "not run" not in report(out, plots=False).markdown
+    edited = {**RAW, "cells": [{**RAW["cells"][0], "task_params": {"test_fraction": 0.5}}]}
+    (out / "recipe.yaml").write_text(yaml.safe_dump(edited))
+    md = report(out, plots=False).markdown
+    assert "| digits | — | — | — | raw inputs, logistic | not run |" in md
+    assert ("**Not current:** 1 results file(s) hold another run's results, or this recipe's with other settings"
+            in md and "First: fit-raw__digits__seed0/logistic.json (computed with task_params.test_fraction=0.2, "
+            "this run has 0.5)." in md)
+
+
+@pytest.mark.parametrize("cells, differs", [
+    ([{"kind": "fit-linear", "task": "bit-xor", "layers": 2}, {"kind": "fit-linear", "task": "bit-xor", "layers": 1}],
+     "layers=2, this run has 1"),
+    ([{**TRAIN, "lr_sweep": "1e-3:1e-2:2"}, {**TRAIN, "lr_sweep": "1e-5:1e-4:2", "seeds": [1]}],
+     "lr_sweep='1e-3:1e-2:2', this run has '1e-5:1e-4:2'"),
+    ([{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": [1]},
+      {"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": [1], "dtype": "float32", "seeds": [1]}],
+     "dtype='float16', this run has 'float32'"),
+])
+def test_runs_of_other_settings_may_not_feed_one_report_row(cells, differs):
+    """Two runs that differ in more than their seed would be averaged in one row as if they were seeds."""
+    message = error_of({"cells": cells})
+    assert "cells[0] and cells[1] feed one report row" in message and differs in message
+    assert message.endswith("give one a 'tag'")
+    assert make({"cells": [cells[0], {**cells[1], "tag": "other"}]})  # a tag keeps them apart
+    assert make({"cells": [{**cells[0], "seeds": [0]}, {**cells[0], "seeds": [1]}]})  # seeds of one row: fine
+
+
+def test_head_step_time_with_a_batch_larger_than_its_rows():
+    from reservoir.bench.speedup import head_step_ms
+
+    assert head_step_ms(n_dim=8, n_classes=2, batch_size=64, n_rows=16) > 0

@@ -188,8 +188,9 @@ class ReservoirBackbone(nn.Module):
             weights = (torch.arange(L, device=lengths.device)[None] < lengths[:, None]) / lengths[:, None]  # (B, L)
 
             def read(h):  # (B, P, n_out, n_dim)
+                # the mean (padding weighs 0) summed in float32: a bmm would run in bf16 under the CPU's autocast
                 pooled = {"last": lambda: h[rows, idx], "first": lambda: h[:, :1],
-                          "mean": lambda: torch.bmm(weights[:, None, :].to(h.dtype), h)}  # padding weighs 0
+                          "mean": lambda: (h.float() * weights[..., None]).sum(1, keepdim=True).to(h.dtype)}
                 return torch.stack([pooled[p]() for p in poolings], dim=1)
         out = [read(h)] if 0 in wanted else []
         full = h if full_seq_layer == 0 else None

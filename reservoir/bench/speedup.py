@@ -105,6 +105,7 @@ def head_step_ms(n_dim: int = 768, n_classes: int = 10, batch_size: int = 16, n_
                  device="cpu", seed: int = 0) -> float:
     """Milliseconds of one cached Adam step of an ``n_dim x n_classes`` head on random resident features."""
     device = resolve_device(device)
+    n_rows = max(n_rows, batch_size)  # at least one whole batch
     gen = torch.Generator().manual_seed(check_seed(seed))
     X = torch.randn(n_rows, 1, n_dim, generator=gen).to(device)
     Y = torch.randint(0, n_classes, (n_rows, 1, 1), generator=gen).to(device)

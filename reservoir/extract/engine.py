@@ -20,7 +20,8 @@ from reservoir.runtime import forward_context
 def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list[int], n_out_tokens: int,
                  batch_size: int | None = None, device=None, amp: str = "auto", progress=None,
                  full_seq_layer: int | None = None, max_length: int | None = None, max_tokens: int | None = None):
-    """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length.
+    """Features ``(N, len(layers), n_out_tokens, n_dim)`` float32 for the given rows, bucketed by length;
+    ``layers`` in increasing order, each once (the order the blocks produce them).
 
     With ``full_seq_layer`` also every position's state at that layer,
     ``(N, max_length, n_dim)`` zero-padded, as a second return value
@@ -29,6 +30,9 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     """
     import torch
 
+    if list(layers) != sorted(set(layers)):
+        raise ReservoirError(f"expected layers in increasing order, each once (the order the blocks produce them), "
+                             f"found {list(layers)}")
     if full_seq_layer is not None:
         if max_length is None:
             max_length = int(np.shape(inputs)[1])

@@ -62,27 +62,29 @@ def run_state(run: Run, folder: Path) -> tuple[str, str]:
     ``done``: every results file validates and records this run (and its
     settings, :meth:`Run.settings`, where the file records them); ``todo``: a
     file is missing or does not validate (an interrupted run resumes there);
-    ``foreign``: the files are another run's; ``stale``: they are this run's
+    ``foreign``: a file is another run's; ``stale``: a file is this run's
     with other settings (the recipe was edited since). Only ``done`` is
     skipped; a ``foreign`` or ``stale`` folder is cleared first.
     """
+    states = [file_state(run, path) for path in result_files(run, folder)]
+    return next((s for want in ("todo", "foreign", "stale") for s in states if s[0] == want), ("done", ""))
+
+
+def file_state(run: Run, path: Path) -> tuple[str, str]:
+    """One results file of ``run`` as :func:`run_state` judges it: ``todo``, ``foreign``, ``stale`` or ``done``."""
     from reservoir.io import read_json
 
-    files = result_files(run, folder)
-    if not all(map(finished, files)):
+    if not finished(path):
         return "todo", ""
-    for path in files:
-        record = read_json(path, "a results JSON object").get("recipe")
-        if not isinstance(record, dict) or record.get("run") != run.id:
-            found = record.get("run") if isinstance(record, dict) else None
-            return "foreign", f"{path.name} holds {'run ' + repr(found) if found else 'no recipe run'}"
-        recorded = record.get("settings")
-        if recorded is None:  # written before results recorded their run's settings; its run id matched
-            continue
-        diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
-        if diff is not None:
-            return "stale", f"computed with {describe_difference(diff)}"
-    return "done", ""
+    record = read_json(path, "a results JSON object").get("recipe")
+    if not isinstance(record, dict) or record.get("run") != run.id:
+        found = record.get("run") if isinstance(record, dict) else None
+        return "foreign", f"{path.name} holds {'run ' + repr(found) if found else 'no recipe run'}"
+    recorded = record.get("settings")
+    if recorded is None:  # written before results recorded their run's settings; its run id matched
+        return "done", ""
+    diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
+    return ("stale", f"computed with {describe_difference(diff)}") if diff is not None else ("done", "")
 
 
 def _checked(recipe: Recipe, out_dir: Path) -> list[tuple[Run, str, str]]:

@@ -401,6 +401,7 @@ class Recipe:
             recipe = cls(name=name, cells=cells, description=str(data.get("description") or "").strip(),
                          paper=paper, text=text, raw=data)
             labels = recipe.row_labels()  # id collisions are a recipe error
+            recipe._check_rows()
             kinds = {"steps_to_converge": ("train",), "speedup": ("bench",), "test_accuracy": KINDS}
             for p in paper:  # an entry that fits no row is a typo, not a number to drop silently
                 if not any(p.matches(lab) and lab["kind"] in kinds[p.metric] for lab in labels):
@@ -428,6 +429,22 @@ class Recipe:
                 raise ReservoirError(f"{r.cell.where} and {seen[r.id]} both give run {r.id!r}; {advice}")
             seen[r.id] = r.cell.where
         return runs
+
+    def _check_rows(self) -> None:
+        """Refuse runs that differ in more than their seed but feed one report row (which would average them as if
+        they were seeds): two fit-linear depths, two sweep ranges, two dtypes of one task without a tag."""
+        from reservoir.settings import describe_difference, first_difference
+
+        seen: dict[str, tuple[str, dict[str, Any]]] = {}
+        for run in self.runs():
+            base = {k: v for k, v in run.settings().items() if k not in ("seed", "seeds")}
+            for label, _ in run.outputs():
+                key = json.dumps(label, sort_keys=True, default=str)
+                where, first = seen.setdefault(key, (run.cell.where, base))
+                diff = first_difference(first, base)
+                if diff is not None:
+                    raise ReservoirError(f"{where} and {run.cell.where} feed one report row ({key}) from runs of "
+                                         f"other settings ({describe_difference(diff)}); give one a 'tag'")
 
     def row_labels(self) -> list[dict[str, Any]]:
         """The label of every report row this recipe gives (a run has one per readout and fitted layer)."""
