@@ -535,3 +535,7 @@ def test_text_parameters_stay_text_and_paths_the_system_refuses_are_one_line(tmp
     r = invoke("fit-linear", tmp_path / "s.zarr", "--layer", "1_0")
     assert_bad_input(r)
     assert "Invalid value for --layer: expected a depth K" in r.output
+    r = invoke("fit-linear", tmp_path / "s.zarr", "--layer", "9" * 5000)
+    assert_bad_input(r)
+    assert "Invalid value for --layer: expected depths below 1,000,000" in r.output
+    assert _parse_params(("data_dir=null",)) == {"data_dir": None}  # JSON's null: the default folder

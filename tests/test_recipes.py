@@ -592,7 +592,11 @@ TRAIN = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2"}
 @pytest.mark.parametrize("data, message", [
     ({"cells": [{**TRAIN, "seeds": 10**400}]}, "seeds in cells[0] must be an integer in 0..4294967295, found 1000"),
     ({"cells": [{**TRAIN, "lr": 10**400}]}, "lr in cells[0] must be a finite number, found an integer of 401 digits"),
-    ({"cells": [{**TRAIN, "layers": 10**400}]}, "is 462 bytes, longer than a folder name may be (255)"),
+    ({"cells": [{**TRAIN, "layers": 10**400}]}, "layers in cells[0] must be a depth of at most 1,000, found a number "
+                                                "of 401 digits"),
+    ({"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 10**8}]},
+     "layers in cells[0] must be a depth of at most 1,000, found 100000000"),
+    ({"cells": [{**TRAIN, "backbone": None}]}, "backbone in cells[0]: expected a value, found null"),
     ({"cells": [TRAIN], "paper": 5}, "paper must be a list of entries, found 5"),
     ({"defaults": {"task_params": {"n_train": 8}}, "cells": [{**TRAIN, "task": {"a": 1}}]},
      "task in cells[0]: expected a task name or a list of them, found {'a': 1}"),
@@ -615,7 +619,8 @@ TRAIN = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2"}
      "task_params in cells[0]: task 'mnist': expected data_dir as non-empty text, found 123 (int)"),
     ({"cells": [{"kind": "fit-raw", "task": "mnist", "task_params": {"download": True, "data_dir": "/anywhere"}}]},
      "task_params in cells[0]: expected download only into the data cache (leave data_dir out)"),
-    ({"cells": [{**TRAIN, "seeds": [0, 0]}]}, "a value is listed twice"),
+    ({"cells": [{**TRAIN, "seeds": [0, 0]}]}, "two of its values give one id (a value listed twice"),
+    ({"cells": [{**TRAIN, "lr": [0.001, 0.0010000001]}]}, "or lrs equal to 6 digits)"),
 ])
 def test_values_that_gave_tracebacks_are_one_line(data, message):
     assert message in error_of(data)
@@ -659,7 +664,7 @@ def test_report_shows_results_of_other_settings_as_not_run(tmp_path):
      "layers=2, this run has 1"),
     ([{**TRAIN, "lr_sweep": "1e-3:1e-2:2"}, {**TRAIN, "lr_sweep": "1e-5:1e-4:2", "seeds": [1]}],
      "lr_sweep='1e-3:1e-2:2', this run has '1e-5:1e-4:2'"),
-    ([{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": [1]},
+    ([{"kind": "fit-linear", "task": "bit-xor", "layers": 2},
       {"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": [1], "dtype": "float32", "seeds": [1]}],
      "dtype='float16', this run has 'float32'"),
 ])
@@ -676,3 +681,47 @@ def test_head_step_time_with_a_batch_larger_than_its_rows():
     from reservoir.bench.speedup import head_step_ms
 
     assert head_step_ms(n_dim=8, n_classes=2, batch_size=64, n_rows=16) > 0
+
+
+def test_a_data_file_beside_the_recipe_is_recorded_as_written(tmp_path):
+    """A data file's path is resolved from the recipe's folder to run, and recorded as the recipe wrote it: the
+    report (which reads the results folder's copy) and a moved project both see the runs as current."""
+    import numpy as np
+
+    project = tmp_path / "project"
+    project.mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(project / "toy.npz", train_inputs=rng.normal(size=(40, 3, 2)).astype(np.float32),
+             train_labels=np.arange(40) % 2, test_inputs=rng.normal(size=(20, 3, 2)).astype(np.float32),
+             test_labels=np.arange(20) % 2)
+    (project / "toy.yaml").write_text("cells: [{kind: fit-raw, task: data, task_params: {path: toy.npz}}]\n")
+    run_recipe(project / "toy.yaml", out=project / "out", progress=False)
+    md = report(project / "out", plots=False).markdown
+    assert "not run" not in md and "Not current" not in md
+    shutil.copytree(project, tmp_path / "moved")
+    rows = plan(tmp_path / "moved" / "toy.yaml", tmp_path / "moved" / "out")
+    assert [r["state"] for r in rows] == ["done"]
+
+
+def test_fitting_other_layers_of_a_store_keeps_each_layers_results(tmp_path):
+    cell = {"kind": "fit-linear", "task": "bit-xor", "backbone": "tiny-gpt2", "layers": 1,
+            "task_params": {"n_train": 32, "n_test": 16}}
+    out = tmp_path / "out"
+    run_recipe(make({"cells": [cell]}), out=out, progress=False, cache_dir=tmp_path / "c")
+    assert [r["state"] for r in plan(make({"cells": [{**cell, "fit_layers": [1]}]}), out)] == ["done"]
+    assert make({"cells": [cell, {**cell, "fit_layers": [1], "seeds": [1, 2]}]})  # one row: seeds 0, 1, 2
+
+
+def test_the_copy_of_a_recipe_whose_name_is_null_is_named(tmp_path):
+    (tmp_path / "myrec.yaml").write_text("name:\ncells: [{kind: fit-raw, task: digits}]\n")
+    run_recipe(tmp_path / "myrec.yaml", out=tmp_path / "out", progress=False)
+    assert load_recipe(tmp_path / "out" / "recipe.yaml").name == "myrec"
+    recipe = make({"name": "py", "cells": [{"kind": "fit-raw", "task": "digits"}], "description": Path("x")})
+    run_recipe(recipe, out=tmp_path / "py", progress=False)  # built in Python, with a Path in it
+    assert load_recipe(tmp_path / "py" / "recipe.yaml").description == "x"
+
+
+def test_dry_run_with_force_shows_runs_never_run_as_todo(tmp_path):
+    (tmp_path / "raw.yaml").write_text(yaml.safe_dump(RAW))
+    r = invoke("recipe", "run", tmp_path / "raw.yaml", "--out", tmp_path / "fresh", "--dry-run", "--force")
+    assert r.exit_code == 0 and f"todo  {RAW_ID}" in r.output, r.output

@@ -122,7 +122,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
             raise click.BadParameter(f"expected each parameter once, found {key} twice ({given[key]!r} and {pair!r})",
                                      param_hint="--param")
         given[key] = pair
-        if key in TEXT_PARAMS:  # a folder named 2024 is the text "2024"
+        if key in TEXT_PARAMS and value != "null":  # a folder named 2024 is the text "2024" (null: the default)
             params[key] = value
             continue
         try:
@@ -178,6 +178,8 @@ def _parse_layers(value: str | None, flag: str = "--layers") -> int | list[int] 
     items = value.split(",")  # an empty item ("0,,3") is refused too
     if not all(v.strip().isascii() and v.strip().isdigit() for v in items):  # not "1_0", "+3" or "٣"
         raise click.BadParameter(f"expected a depth K, a list like 0,3,6 or 'all', found {value!r}", param_hint=flag)
+    if any(len(v.strip()) > 6 for v in items):  # no model is a million blocks deep (and int() stops at 4,300 digits)
+        raise click.BadParameter(f"expected depths below 1,000,000, found {value[:40]!r}", param_hint=flag)
     return [int(v) for v in items] if len(items) > 1 else int(items[0])
 
 

@@ -51,7 +51,8 @@ def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
                 work = f"one extraction, depth {depth}" + (", then timed epochs" if r["kind"] == "bench" else "")
             else:
                 work = "readout on raw inputs"
-            state = "done" if r["done"] else "redo" if r["state"] in ("foreign", "stale") or force else "todo"
+            redo = r["state"] in ("foreign", "stale") or force and r["state"] == "done"
+            state = "done" if r["done"] else "redo" if redo else "todo"
             why = f" ({r['why']})" if r["why"] and not r["done"] else ""
             click.echo(f"{state}  {r['id']}  [{work}]{why}")
         todo = [r for r in rows if not r["done"]]

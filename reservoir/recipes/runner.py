@@ -111,16 +111,20 @@ def _copy_text(recipe: Recipe) -> str:
     """The recipe's copy for its results folder: the file as written (comments kept), named as the run named it."""
     import yaml
 
-    text = recipe.text or yaml.safe_dump(recipe.raw, sort_keys=False)
-    if recipe.raw.get("name"):
+    raw = json.loads(json.dumps(recipe.raw, default=str))  # a recipe built in Python may hold a Path
+    text = recipe.text or yaml.safe_dump(raw, sort_keys=False)
+    if raw.get("name"):
         return text
-    named = f"name: {recipe.name}\n{text}"  # keeps the comments; valid where the file is a plain block mapping
-    try:
-        if yaml.safe_load(named) == {"name": recipe.name, **recipe.raw}:
-            return named
-    except yaml.YAMLError:
-        pass
-    return yaml.safe_dump({"name": recipe.name, **recipe.raw}, sort_keys=False)
+    named = {**raw, "name": recipe.name}  # the name first where the recipe has none, else in place of its null
+    if "name" not in raw:
+        named = {"name": recipe.name, **raw}
+        prefixed = f"name: {recipe.name}\n{text}"  # keeps the comments; valid where the file is a plain mapping
+        try:
+            if yaml.safe_load(prefixed) == named:
+                return prefixed
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_dump(named, sort_keys=False)
 
 
 def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force: bool = False) -> Path | StoreURL:

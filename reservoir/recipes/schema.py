@@ -36,6 +36,8 @@ METRICS = ("test_accuracy", "steps_to_converge", "speedup")
 NULLABLE = ("steps", "epochs", "batch_size", "split_layer")
 #: Most runs one recipe may expand to (the bundled recipes have a few hundred at most).
 MAX_RUNS = 10_000
+#: Deepest store or model a recipe may ask for (the deepest checkpoints have about a hundred blocks).
+MAX_DEPTH = 1_000
 #: Longest recipe name or tag: each is part of folder names, which the file system bounds.
 MAX_ID = 64
 #: Keys of a report row's label (what ``paper: match:`` may name).
@@ -145,6 +147,8 @@ class Cell:
     dropout: float = 0.0
     split_layer: int | None = None
     max_live_rows: int = 1024
+    #: A data file's ``path`` as the recipe wrote it (``task_params`` holds it resolved): what a run's settings record.
+    written_path: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         from reservoir.tasks import TASKS
@@ -159,6 +163,9 @@ class Cell:
             raise ReservoirError(f"{w} needs a task (e.g. task: bit-xor)")
         self.task_params = _mapping(self.task_params, f"task_params in {w}")
         self.seeds = [_number(s, f"seeds in {w}", integer=True) for s in _as_list(self.seeds)]
+        for axis in ("backbone", "finetune"):
+            if any(v is None for v in _as_list(getattr(self, axis))):
+                raise ReservoirError(f"{axis} in {w}: expected a value, found null")
         self.backbone = [str(b) for b in _as_list(self.backbone)]
         self.finetune = [str(f) for f in _as_list(self.finetune)]
         self.tag = None if self.tag is None else _check_id(self.tag, f"tag in {w}")
@@ -176,6 +183,9 @@ class Cell:
                                   ("lr", "lr", self.lr)):
             for v in values:  # the bounds `reservoir train` checks, named by the recipe's key
                 check_number(name, v, f"{key} in {w}")
+                if name == "layers" and v is not None and v > MAX_DEPTH:
+                    raise ReservoirError(f"layers in {w} must be a depth of at most {MAX_DEPTH:,}, found "
+                                         f"{v if v < 10**12 else f'a number of {len(str(v)):,} digits'}")
         if self.kind == "bench" and len(self.layers) != 1:
             raise ReservoirError(f"layers in {w} must be one depth for bench, found {self.layers}")
         if self.kind == "fit-linear":
@@ -324,12 +334,13 @@ class Run:
         """Everything that decides this run's results, as JSON gives it back: its results files record it, and a
         rerun of an edited recipe redoes a run whose recorded settings differ."""
         c = self.cell
-        out: dict[str, Any] = {"kind": self.kind, "task": self.task, "task_params": c.task_params}
+        params = c.task_params if c.written_path is None else {**c.task_params, "path": c.written_path}
+        out: dict[str, Any] = {"kind": self.kind, "task": self.task, "task_params": params}  # wherever it is run
         out["seeds" if self.kind == "train" and c.lr_sweep else "seed"] = c.seeds if c.lr_sweep else self.seed
         if self.kind != "fit-raw":
             out.update(backbone=self.backbone, init=self.init, layers=self.layers)
         if self.kind == "fit-linear":  # what the store's key holds, and the layers fitted from it
-            out.update(fit_layers=fitted_layers(c), dtype=c.dtype, amp=c.amp)
+            out.update(dtype=c.dtype, amp=c.amp)  # (a layer's fit is the same whichever others are fitted)
         elif self.kind == "train":
             out.update(finetune=self.finetune, lr=self.lr, lr_sweep=c.lr_sweep, steps=c.steps, epochs=c.epochs,
                        batch_size=c.batch_size, eval_every=c.eval_every, dropout=c.dropout, amp=c.amp)
@@ -385,6 +396,7 @@ class Recipe:
             for cell in cells:  # a data file beside the recipe, wherever it is run from
                 path = cell.task_params.get("path")
                 if "data" in cell.task and isinstance(path, str) and path:
+                    cell.written_path = path
                     cell.task_params["path"] = str((Path(folder or ".") / os.path.expanduser(path)).resolve())
             paper = []
             if not isinstance(data.get("paper") or [], list):
@@ -425,7 +437,8 @@ class Recipe:
                 raise ReservoirError(f"{r.cell.where}: run id {r.id[:60]}... is {len(r.id.encode())} bytes, longer "
                                      "than a folder name may be (255); shorten its tag, backbone or values")
             if r.id in seen:
-                advice = "give one a 'tag'" if seen[r.id] != r.cell.where else "a value is listed twice"
+                advice = ("give one a 'tag'" if seen[r.id] != r.cell.where else
+                          "two of its values give one id (a value listed twice, or lrs equal to 6 digits)")
                 raise ReservoirError(f"{r.cell.where} and {seen[r.id]} both give run {r.id!r}; {advice}")
             seen[r.id] = r.cell.where
         return runs
