@@ -52,15 +52,18 @@ def _key(label: dict[str, Any], without: str) -> tuple:
     return tuple((k, v) for k, v in label.items() if k != without)
 
 
-def compare(rows: list[Scored]) -> list[Comparison]:
+def compare(rows: list[Scored], unpaired: list[str] | None = None) -> list[Comparison]:
     """Every init-vs-pretrained, layer-vs-layer-below and unfrozen-vs-frozen pair among ``rows`` that shares its
-    test rows."""
+    test rows; ``unpaired`` gets a line for each pair on the same test rows left out because its rows were scored
+    by different numbers of seeds (or heads)."""
     out: list[Comparison] = []
 
     def paired(a: Scored, b: Scored, what: str) -> None:
-        if a.fingerprint == b.fingerprint and a.correct.shape == b.correct.shape and a.heads == b.heads:
-            d = paired_difference(a.correct, b.correct, a.heads)
-            out.append(Comparison(a, b, what, d))
+        if a.fingerprint == b.fingerprint and a.correct.shape == b.correct.shape:
+            if a.heads == b.heads:
+                out.append(Comparison(a, b, what, paired_difference(a.correct, b.correct, a.heads)))
+            elif unpaired is not None:
+                unpaired.append(f"{what} ({a.label.get('task')}: {a.heads} against {b.heads} scores a test row)")
 
     by_init: dict[tuple, dict[str, Scored]] = {}
     for r in rows:

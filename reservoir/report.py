@@ -453,6 +453,8 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
             written = fn(data, d / name)
             if written is not None:
                 figures.append(written)
+            elif (d / name).is_file() or (d / name).is_symlink():  # an earlier render's figure of rows gone since
+                (d / name).unlink()
     parts = [f"# {recipe.name}", ""]
     if recipe.description:
         parts += [recipe.description, ""]
@@ -464,13 +466,17 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
         parts += [f"**Not current:** {len(outdated)} results file(s) hold another run's results, or this recipe's "
                   "with other settings (the recipe was edited since), and show as not run; `reservoir recipe run` "
                   f"redoes them. First: {outdated[0]}.", ""]
-    comparisons = compare([sc for r in rows if (sc := r.scored()) is not None])
+    unpaired: list[str] = []
+    comparisons = compare([sc for r in rows if (sc := r.scored()) is not None], unpaired)
     if comparisons:
         parts += ["## Paired differences", "",
                   "Rows scored on the same test rows: pretrained against each other init, each layer against "
                   "the one below, and training everything against the FPT groups, in points of test accuracy "
                   "with the 95% paired bootstrap interval over test rows; "
                   "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
+    if unpaired:
+        parts += [f"Not compared: {len(unpaired)} pair(s) of rows on the same test rows but with different numbers "
+                  f"of seeds, e.g. {unpaired[0]}; give both rows the same seeds to compare them.", ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"
     with atomic_write(d / "report.md", "the report", text=True) as f:

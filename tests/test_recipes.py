@@ -725,3 +725,19 @@ def test_dry_run_with_force_shows_runs_never_run_as_todo(tmp_path):
     (tmp_path / "raw.yaml").write_text(yaml.safe_dump(RAW))
     r = invoke("recipe", "run", tmp_path / "raw.yaml", "--out", tmp_path / "fresh", "--dry-run", "--force")
     assert r.exit_code == 0 and f"todo  {RAW_ID}" in r.output, r.output
+
+
+def test_pairs_of_other_seed_counts_are_named_and_figures_of_rows_gone_are_removed(tmp_path):
+    cell = {"kind": "fit-linear", "task": "bit-xor", "backbone": "tiny-gpt2", "layers": 1, "fit_layers": [1],
+            "task_params": {"n_train": 32, "n_test": 16}}
+    out = tmp_path / "out"
+    run_recipe(make({"cells": [{**cell, "seeds": [0, 1]}, {**cell, "init": "random"}]}), out=out, progress=False,
+               cache_dir=tmp_path / "c")
+    md = report(out).markdown
+    assert "pretrained − random" not in md.split("Not compared")[0].split("## Paired differences")[-1]
+    assert ("Not compared: 1 pair(s) of rows on the same test rows but with different numbers of seeds, e.g. "
+            "pretrained − random (bit-xor: 10 against 5 scores a test row)") in md  # 5 output bits, 2 and 1 seeds
+    for name in ("curves.png", "depth.png"):  # figures of an earlier render: no train rows now, one layer fitted
+        (out / name).write_bytes(b"an earlier render's figure")
+    assert report(out).files == [out / "report.md"]
+    assert not (out / "curves.png").exists() and not (out / "depth.png").exists()
