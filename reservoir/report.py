@@ -355,13 +355,8 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    _save(fig, path)
+    save_figure(fig, path)  # through a temporary file: a full disk is one line, no half-written PNG
     return path
-
-
-def _save(fig: Any, path: Path) -> None:
-    """A figure written as PNG through a temporary file: a full disk is one line, and no half-written PNG is left."""
-    save_figure(fig, path)
 
 
 def _varying(labels: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
@@ -402,7 +397,7 @@ def plot_curves(curves: list[dict], path: Path) -> Path | None:
         ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
-    _save(fig, path)
+    save_figure(fig, path)
     return path
 
 
@@ -426,7 +421,7 @@ def plot_sweeps(sweeps: list[dict], path: Path) -> Path | None:
         ax.set(title=task, xlabel="learning rate", ylabel="mean validation accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    _save(fig, path)
+    save_figure(fig, path)
     return path
 
 

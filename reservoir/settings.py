@@ -54,6 +54,12 @@ def describe_difference(diff: tuple[str, Any, Any]) -> str:
     return f"{key}={old!r}, this run has {new!r}"
 
 
+def folder_only(name: str) -> bool:
+    """Whether ``name`` can name only a folder, never a hub id (``name`` or ``org/name``): it starts with ``.``, ``~``
+    or the path separator, or holds more than one ``/``."""
+    return name.startswith((".", "~", os.sep)) or name.count("/") > 1
+
+
 def slug(name: str) -> str:
     """A backbone name, hub id or folder (or a group list) as part of a file or folder name.
 
@@ -69,5 +75,5 @@ def slug(name: str) -> str:
         is_dir = Path(os.path.expanduser(name)).is_dir()
     except OSError:  # a name too long for a path is no folder
         is_dir = False
-    folder = is_dir or name.startswith((".", "~", os.sep)) or name.count("/") > 1
+    folder = is_dir or folder_only(name)
     return Path(name.rstrip("/" + os.sep)).name if folder else name.replace("/", "_").replace(",", "+")

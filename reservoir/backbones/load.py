@@ -47,6 +47,7 @@ from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import check_memory
 from reservoir.runtime import check_seed
+from reservoir.settings import folder_only
 
 log = logging.getLogger("reservoir")
 
@@ -155,7 +156,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     model_id = SHORT_NAMES.get(name, name)
     is_folder = Path(source).is_dir()
     # hub ids are "name" or "org/name"; anything else names a folder
-    if not is_folder and (name.startswith((".", "~", os.sep)) or source.count("/") > 1):
+    if not is_folder and folder_only(name):
         raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), "
                              "found no such folder")
     if not is_folder and revision is None:

@@ -148,12 +148,11 @@ def _check_out(out: str | None, *inputs: Any) -> None:
         return
     check_name(out)
     try:
-        Path(out).resolve().is_dir()
+        target, is_dir = Path(out).resolve(), Path(out).is_dir()
     except OSError as err:  # a path longer than the system takes, say
         raise ReservoirError(f"{out[:200]}: expected a path this system can use, found {err.strerror or err}") from None
-    if Path(out).is_dir():
+    if is_dir:
         raise click.BadParameter(f"expected a file path, found the folder {out}", param_hint="--out")
-    target = Path(out).resolve()
     for source in inputs:
         if source is None or is_url(str(source)):
             continue

@@ -36,19 +36,24 @@ def _out_dir(recipe: Recipe, out: str | os.PathLike | None) -> Path:
 def finished(path: Path) -> bool:
     """Whether ``path`` holds a results file that validates (a JSON object whose accuracies are accuracies): a run
     counts as done only then, never because a truncated or foreign file is there."""
+    return _valid(path) is not None
+
+
+def _valid(path: Path) -> dict[str, Any] | None:
+    """The results file at ``path`` when it validates (:func:`finished`), else ``None``."""
     from reservoir.io import read_json
     from reservoir.results import check_accuracies
 
     if not path.is_file():
-        return False
+        return None
     try:
         data = read_json(path, "a results JSON object")
         if not isinstance(data, dict) or "kind" not in data and "config" not in data:
-            return False
+            return None
         check_accuracies(data)
     except ReservoirError:
-        return False
-    return True
+        return None
+    return data
 
 
 def result_files(run: Run, folder: Path) -> list[Path]:
@@ -72,11 +77,10 @@ def run_state(run: Run, folder: Path) -> tuple[str, str]:
 
 def file_state(run: Run, path: Path) -> tuple[str, str]:
     """One results file of ``run`` as :func:`run_state` judges it: ``todo``, ``foreign``, ``stale`` or ``done``."""
-    from reservoir.io import read_json
-
-    if not finished(path):
+    data = _valid(path)
+    if data is None:
         return "todo", ""
-    record = read_json(path, "a results JSON object").get("recipe")
+    record = data.get("recipe")
     if not isinstance(record, dict) or record.get("run") != run.id:
         found = record.get("run") if isinstance(record, dict) else None
         return "foreign", f"{path.name} holds {'run ' + repr(found) if found else 'no recipe run'}"
@@ -87,15 +91,20 @@ def file_state(run: Run, path: Path) -> tuple[str, str]:
     return ("stale", f"computed with {describe_difference(diff)}") if diff is not None else ("done", "")
 
 
-def _checked(recipe: Recipe, out_dir: Path) -> list[tuple[Run, str, str]]:
-    """Every run of ``recipe`` with its :func:`run_state`, once every path it reads, writes or removes is checked
-    (before anything is written)."""
+def _checked(recipe: Recipe, out_dir: Path) -> list[Run]:
+    """Every run of ``recipe``, once every path it reads, writes or removes is checked (before anything is
+    written)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ReservoirError(f"{out_dir}: expected a results folder, found a file")
     runs = recipe.runs()
     for path in [out_dir / "recipe.yaml", *(p for run in runs for p in (out_dir / run.id,
                                                                        *result_files(run, out_dir / run.id)))]:
         _check_inside(path, out_dir)
+    return runs
+
+
+def _states(runs: list[Run], out_dir: Path) -> list[tuple[Run, str, str]]:
+    """Every run with its :func:`run_state`."""
     return [(run, *run_state(run, out_dir / run.id)) for run in runs]
 
 
@@ -115,15 +124,15 @@ def _copy_text(recipe: Recipe) -> str:
     text = recipe.text or yaml.safe_dump(raw, sort_keys=False)
     if raw.get("name"):
         return text
-    named = {**raw, "name": recipe.name}  # the name first where the recipe has none, else in place of its null
-    if "name" not in raw:
-        named = {"name": recipe.name, **raw}
-        prefixed = f"name: {recipe.name}\n{text}"  # keeps the comments; valid where the file is a plain mapping
-        try:
-            if yaml.safe_load(prefixed) == named:
-                return prefixed
-        except yaml.YAMLError:
-            pass
+    if "name" in raw:  # null or empty: the name in its place
+        return yaml.safe_dump({**raw, "name": recipe.name}, sort_keys=False)
+    named = {"name": recipe.name, **raw}
+    prefixed = f"name: {recipe.name}\n{text}"  # keeps the comments; valid where the file is a plain block mapping
+    try:
+        if yaml.safe_load(prefixed) == named:
+            return prefixed
+    except yaml.YAMLError:
+        pass
     return yaml.safe_dump(named, sort_keys=False)
 
 
@@ -242,7 +251,7 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
         recipe = load_recipe(recipe)
     out_dir = _out_dir(recipe, out)
     rows = []
-    for run, state, why in _checked(recipe, out_dir):
+    for run, state, why in _states(_checked(recipe, out_dir), out_dir):
         c = run.cell
         row = {"id": run.id, "kind": run.kind, "done": state == "done" and not force, "state": state, "why": why,
                "steps": 0, "sequences": 0, "trainings": 0, "extraction_layers": None}
@@ -283,9 +292,9 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     cache = StoreURL(str(cache_dir)) if is_url(cache_dir) else Path(cache_dir)
     resolve_device(device)  # an unknown or absent device is refused before --force removes anything
     # before anything is written: the recipe's copy, every run folder and every results file it reads or writes
-    checked = _checked(recipe, out_dir)
+    runs = _checked(recipe, out_dir)
     with run_folder_lock(out_dir):  # one recipe run per results folder
-        checked = _checked(recipe, out_dir)  # as they are now that no other run of this folder is under way
+        checked = _states(runs, out_dir)  # as they are now that no other run of this folder is under way
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
             f.write(_copy_text(recipe))

@@ -197,8 +197,9 @@ class Cell:
                 if any(not 0 <= k <= self.layers[0] for k in self.fit_layers):
                     raise ReservoirError(f"fit_layers in {w} must be within 0..{self.layers[0]}, found "
                                          f"{self.fit_layers}")
-        if self.kind == "fit-linear" and not self.fit_layers:
-            raise ReservoirError(f"fit_layers in {w}: expected 'all' or at least one layer, found {self.fit_layers!r}")
+            if not self.fit_layers:
+                raise ReservoirError(f"fit_layers in {w}: expected 'all' or at least one layer, found "
+                                     f"{self.fit_layers!r}")
         for name, integer in (("steps", True), ("batch_size", True), ("eval_every", True), ("epochs", False),
                               ("dropout", False), ("split_layer", True), ("max_live_rows", True)):
             if getattr(self, name) is None:
@@ -336,11 +337,11 @@ class Run:
         c = self.cell
         params = c.task_params if c.written_path is None else {**c.task_params, "path": c.written_path}
         out: dict[str, Any] = {"kind": self.kind, "task": self.task, "task_params": params}  # wherever it is run
-        out["seeds" if self.kind == "train" and c.lr_sweep else "seed"] = c.seeds if c.lr_sweep else self.seed
+        out["seeds" if c.lr_sweep else "seed"] = c.seeds if c.lr_sweep else self.seed  # a sweep: all its seeds
         if self.kind != "fit-raw":
             out.update(backbone=self.backbone, init=self.init, layers=self.layers)
-        if self.kind == "fit-linear":  # what the store's key holds, and the layers fitted from it
-            out.update(dtype=c.dtype, amp=c.amp)  # (a layer's fit is the same whichever others are fitted)
+        if self.kind == "fit-linear":  # what the store's key holds (a layer's fit is the same whichever others are
+            out.update(dtype=c.dtype, amp=c.amp)  # fitted beside it)
         elif self.kind == "train":
             out.update(finetune=self.finetune, lr=self.lr, lr_sweep=c.lr_sweep, steps=c.steps, epochs=c.epochs,
                        batch_size=c.batch_size, eval_every=c.eval_every, dropout=c.dropout, amp=c.amp)
@@ -412,8 +413,9 @@ class Recipe:
             name = _check_id(data.get("name") or Path(source).stem, what)
             recipe = cls(name=name, cells=cells, description=str(data.get("description") or "").strip(),
                          paper=paper, text=text, raw=data)
-            labels = recipe.row_labels()  # id collisions are a recipe error
-            recipe._check_rows()
+            runs = recipe.runs()  # id collisions are a recipe error
+            recipe._check_rows(runs)
+            labels = [label for run in runs for label, _ in run.outputs()]
             kinds = {"steps_to_converge": ("train",), "speedup": ("bench",), "test_accuracy": KINDS}
             for p in paper:  # an entry that fits no row is a typo, not a number to drop silently
                 if not any(p.matches(lab) and lab["kind"] in kinds[p.metric] for lab in labels):
@@ -443,13 +445,13 @@ class Recipe:
             seen[r.id] = r.cell.where
         return runs
 
-    def _check_rows(self) -> None:
+    def _check_rows(self, runs: list[Run]) -> None:
         """Refuse runs that differ in more than their seed but feed one report row (which would average them as if
         they were seeds): two fit-linear depths, two sweep ranges, two dtypes of one task without a tag."""
         from reservoir.settings import describe_difference, first_difference
 
         seen: dict[str, tuple[str, dict[str, Any]]] = {}
-        for run in self.runs():
+        for run in runs:
             base = {k: v for k, v in run.settings().items() if k not in ("seed", "seeds")}
             for label, _ in run.outputs():
                 key = json.dumps(label, sort_keys=True, default=str)
@@ -458,10 +460,6 @@ class Recipe:
                 if diff is not None:
                     raise ReservoirError(f"{where} and {run.cell.where} feed one report row ({key}) from runs of "
                                          f"other settings ({describe_difference(diff)}); give one a 'tag'")
-
-    def row_labels(self) -> list[dict[str, Any]]:
-        """The label of every report row this recipe gives (a run has one per readout and fitted layer)."""
-        return [label for run in self.runs() for label, _ in run.outputs()]
 
     def paper_value(self, label: dict[str, Any], metric: str = "test_accuracy") -> PaperValue | None:
         """The first paper entry for ``metric`` whose ``match`` fits ``label``."""
