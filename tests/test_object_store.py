@@ -189,6 +189,63 @@ def test_deleted_and_corrupted_chunk_objects_are_found_and_repaired(bucket, loca
     assert_identical(url, local["small"])
 
 
+def test_a_garbled_chunk_object_is_one_line_and_a_clean_exit(bucket, tmp_path):
+    """One chunk that Zarr cannot decode fails a read of many while its sibling requests are in flight: they are
+    waited for, so the process ends with the one line (no callbacks into a closed event loop, no crash at exit)."""
+    import obstore
+
+    url = f"s3://{bucket}/garbled.zarr"
+    assert_ok(invoke(*SMALL, "--out", url))
+    store = remote.StoreURL(url).objects
+    obstore.put(store, sorted(k for k in objects(url) if k.startswith("train/done/c/"))[0], b"xyz")
+    feature = sorted(k for k in objects(url) if k.startswith("test/features/c/"))[0]
+    obstore.put(store, feature, b"\0\0")  # truncated
+    for args in (["info", url, "--verify"], ["fit-linear", url, "--layer", "2", "--results", str(tmp_path)]):
+        r = subprocess.run([sys.executable, "-m", "reservoir.cli", *args], capture_output=True, text=True, env=env(),
+                           timeout=300)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("Error: "), (args, r.stderr)
+        assert "damaged" in r.stderr
+
+
+def test_a_failed_write_of_complete_is_one_line_and_the_same_command_finishes(bucket, local, monkeypatch):
+    import obstore
+
+    from reservoir.store import backends
+
+    url = f"s3://{bucket}/last-write.zarr"
+    write_attrs = backends.ZarrBackend.write_attrs
+
+    def failing(self, attrs, replace=False):
+        if attrs.get("complete") is True:
+            raise obstore.exceptions.GenericError("simulated: connection reset by peer")
+        return write_attrs(self, attrs, replace)
+
+    with monkeypatch.context() as m:
+        m.setattr(backends.ZarrBackend, "write_attrs", failing)
+        assert_bad_input(r := invoke(*SMALL, "--out", url))
+    assert "could not mark the store complete (simulated: connection reset by peer); every chunk is written: " \
+           "rerun the same command to finish it" in r.stderr
+    assert_ok(invoke(*SMALL, "--out", url))
+    assert_identical(url, local["small"])
+
+
+def test_a_new_stores_root_is_marked_ours_by_the_request_that_creates_it(bucket, local):
+    """A kill right after the root's creation leaves a store the same command rebuilds, never 'other objects'."""
+    import obstore
+
+    from reservoir.store import backends
+    from reservoir.store import layout as lay
+    from reservoir.store.feature_store import _state
+
+    url = remote.StoreURL(f"s3://{bucket}/first-request.zarr")
+    backends.ZarrBackend(url, "w")  # what a creation killed at once leaves
+    assert objects(str(url)) == ["zarr.json"]
+    assert json.loads(bytes(obstore.get(url.objects, "zarr.json").bytes()))["attributes"] == lay.BUILDING
+    assert _state(url) == "building"
+    assert_ok(invoke(*SMALL, "--out", str(url)))
+    assert_identical(str(url), local["small"])
+
+
 # ------------------------------------------------------------------ one writer: the lease
 def test_a_second_writer_is_refused_naming_the_holder(bucket):
     url = f"s3://{bucket}/held.zarr"
@@ -231,9 +288,9 @@ def test_a_holder_that_lost_its_lease_stops_at_its_next_write(bucket, monkeypatc
     monkeypatch.setenv(leases.ENV_SECONDS, "1")
     url = remote.StoreURL(f"s3://{bucket}/lost.zarr")
     lease = leases.Lease(url).acquire()
-    record, etag = leases.read(url)
+    record, version = leases.read(url)
     obstore.put(url.bucket_store, leases.lease_key(url), json.dumps({**record, "pid": 2, "host": "thief"}).encode(),
-                mode={"e_tag": etag})  # another writer's takeover
+                mode=version)  # another writer's takeover
     deadline = time.time() + 5
     while lease.held and time.time() < deadline:
         time.sleep(0.05)
@@ -241,6 +298,50 @@ def test_a_holder_that_lost_its_lease_stops_at_its_next_write(bucket, monkeypatc
         lease.check()
     lease.release()
     assert leases.read(url)[0]["host"] == "thief"  # a lost lease is never deleted by its former holder
+
+
+def test_a_store_that_compares_versions_not_etags_keeps_and_hands_over_the_lease(bucket, server, monkeypatch):
+    """GCS matches an update against the object's generation, not its ETag; obstore refuses an update without a
+    version before any request. Here: a versioned bucket, and updates without a version refused as GCS's client
+    does. The holder renews for longer than its time to live, and an expired lease is taken over."""
+    import boto3
+    import obstore
+
+    boto3.client("s3", endpoint_url=server).put_bucket_versioning(
+        Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    put = obstore.put
+
+    def like_gcs(store, key, data, *args, mode=None, **kw):
+        if isinstance(mode, dict) and not mode.get("version"):
+            raise obstore.exceptions.GenericError("Version required for conditional update")
+        return put(store, key, data, *args, mode=mode, **kw)
+
+    monkeypatch.setattr(obstore, "put", like_gcs)
+    monkeypatch.setenv(leases.ENV_SECONDS, "1")
+    url = remote.StoreURL(f"s3://{bucket}/gcs-like.zarr")
+    lease = leases.Lease(url, "job-a").acquire()
+    time.sleep(1.2)  # past its first expiry: only renewals keep it
+    lease.check()
+    assert lease.held and leases.holder(url)["job"] == "job-a"
+    lease.release()
+    assert leases.read(url) == (None, None)
+    gone = {"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00+00:00", "expires": time.time() - 60}
+    put(url.bucket_store, leases.lease_key(url), json.dumps(gone).encode())  # a holder that died elsewhere
+    with leases.Lease(url, "job-b"):
+        assert leases.holder(url)["job"] == "job-b"
+
+
+def test_a_store_that_gives_no_versions_is_refused(bucket, monkeypatch):
+    """Without an ETag or a version no update can be conditional: a lease could neither be renewed nor taken over
+    by exactly one writer."""
+    import obstore
+
+    put = obstore.put
+    monkeypatch.setattr(obstore, "put", lambda *a, **kw: {**put(*a, **kw), "e_tag": None, "version": None})
+    url = remote.StoreURL(f"s3://{bucket}/unversioned.zarr")
+    with pytest.raises(ReservoirError, match="gives its objects no version \\(ETag\\), so a single writer cannot"):
+        leases.Lease(url).acquire()
+    assert leases.read(url) == (None, None)
 
 
 def _lease_puts_fail(monkeypatch):
@@ -296,9 +397,9 @@ def test_a_store_whose_lease_is_lost_is_neither_completed_nor_discarded(bucket, 
              "dtype": "float32", "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
     st = FeatureStore.create(url, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32))
     u = remote.StoreURL(url)
-    record, etag = leases.read(u)
+    record, version = leases.read(u)
     obstore.put(u.bucket_store, leases.lease_key(u), json.dumps({**record, "pid": 2, "host": "thief"}).encode(),
-                mode={"e_tag": etag})  # another writer's takeover
+                mode=version)  # another writer's takeover
     deadline = time.time() + 5
     while st._lock.held and time.time() < deadline:
         time.sleep(0.05)
@@ -449,6 +550,19 @@ def test_gcs_and_azure_urls_take_the_same_path():
     for bad in ("s3://bucket", "s3://bucket/", "s3://bucket/a/../x.zarr"):
         with pytest.raises(ReservoirError, match="expected a store URL like s3://bucket/prefix/name.zarr"):
             remote.StoreURL(bad)
+
+
+def test_a_url_that_a_parser_would_rewrite_is_refused_not_aliased(bucket):
+    """obstore places objects where the parsed URL points: ``%2e%2e`` would climb out of the prefix, and two
+    spellings of one place would take two leases and let two writers in. Such URLs are refused before any request."""
+    for bad in ("team/%2e%2e/x.zarr", "a%20b/x.zarr", "x.zarr?v=1", "x.zarr#f", "a b/x.zarr", "a\\b/x.zarr",
+                "a/x.zarr\n"):
+        with pytest.raises(ReservoirError, match="expected a store URL without"):
+            remote.StoreURL(f"s3://{bucket}/{bad}")
+    assert_bad_input(r := invoke(*SMALL, "--out", f"s3://{bucket}/team/%2e%2e/x.zarr"))
+    assert "expected a store URL without '%'" in r.stderr
+    assert not objects(f"s3://{bucket}/x.zarr")
+    assert remote.StoreURL(f"s3://{bucket}/year=2026/run+1@a,b/x.zarr").key == "year=2026/run+1@a,b/x.zarr"
 
 
 def test_an_aws_profile_gives_the_credentials(bucket, local, tmp_path, monkeypatch):

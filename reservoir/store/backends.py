@@ -20,6 +20,7 @@ from typing import Any, Literal
 from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import HDF5_MAGIC, MAX_JSON_BYTES, file_kind, size_text
+from reservoir.store import layout as lay
 from reservoir.store.remote import StoreURL, is_url
 
 Format = Literal["zarr", "hdf5"]
@@ -120,6 +121,17 @@ class Backend:
     def array(self, name: str) -> Any:
         raise NotImplementedError
 
+    def read(self, name: str, sel: Any = Ellipsis) -> Any:
+        """``array(name)[sel]``; a failed read waits for the requests it left running before it raises."""
+        try:
+            return self.array(name)[sel]
+        except BaseException:
+            self.settle()
+            raise
+
+    def settle(self) -> None:
+        """Wait for the requests a failed read or write left running (nothing to wait for by default)."""
+
     def create(self, name: str, shape, dtype, chunk_rows: int) -> Any:
         raise NotImplementedError
 
@@ -183,7 +195,10 @@ class ZarrBackend(Backend):
         import zarr
 
         where = path.zarr_store(read_only=mode == "r") if isinstance(path, StoreURL) else str(path)
-        self.root = zarr.open_group(where, mode=mode, zarr_format=3)
+        # On object storage a new store is built in place: the request that creates its root marks it ours and
+        # unfinished, so a creation stopped at any point is recognised and rebuilt (never taken for another's).
+        first: dict[str, Any] | None = dict(lay.BUILDING) if isinstance(path, StoreURL) and mode == "w" else None
+        self.root = zarr.open_group(where, mode=mode, zarr_format=3, attributes=first)
         self._arrays: dict[str, Any] = {}
         self._raw: dict[str, int | None] = {}  # _raw_chunk_rows, per array
 
@@ -202,6 +217,27 @@ class ZarrBackend(Backend):
         if name not in self._arrays:
             self._arrays[name] = self.root[name].with_config({"write_empty_chunks": True})
         return self._arrays[name]
+
+    def settle(self):
+        """Zarr reads and writes the chunks of one call as concurrent tasks on its event-loop thread, and one failing
+        chunk does not cancel the others: left running, their callbacks would land in a loop closed at exit (a
+        flood of tracebacks, at worst a crash). Wait for them (2 minutes at most), their outcomes ignored."""
+        import asyncio
+
+        from zarr.core import sync
+
+        loop = sync.loop[0]
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return
+
+        async def rest() -> None:
+            here = asyncio.current_task()
+            await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not here), return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(rest(), loop).result(timeout=120)
+        except Exception:  # noqa: BLE001 - the error being raised is the one to report
+            pass
 
     def write_rows(self, name, start, values):
         """Whole chunks of a raw array of a local store go straight to their files, as Zarr would write them (the

@@ -347,14 +347,14 @@ class FeatureStore:
     def done(self, split: str) -> np.ndarray:
         self._check_split(split)
         try:
-            return np.asarray(self._b.array(f"{split}/done")[...], dtype=bool)
+            return np.asarray(self._b.read(f"{split}/done"), dtype=bool)
         except Exception as err:  # noqa: BLE001 - a garbled flag chunk
             raise checks.Damaged(self, f"{split}/done unreadable ({cause(err)})") from None
 
     def read_fixed(self, name: str) -> np.ndarray:
         """``projection/weight`` or ``final_norm/{weight,bias}``, checked against its checksum."""
         try:
-            value = np.asarray(self._b.array(name)[...])
+            value = np.asarray(self._b.read(name))
         except Exception as err:  # noqa: BLE001
             raise checks.Damaged(self, f"{name} unreadable ({cause(err)})") from None
         if lay.crc(value, name) != self.attrs["checksums"]["fixed"][name]:
@@ -385,8 +385,8 @@ class FeatureStore:
         unreadable)."""
         if split not in self._sums:
             try:
-                self._sums[split] = (np.asarray(self._b.array(f"{split}/done")[...], dtype=bool),
-                                     np.asarray(self._b.array(f"{split}/checksums")[...]))
+                self._sums[split] = (np.asarray(self._b.read(f"{split}/done"), dtype=bool),
+                                     np.asarray(self._b.read(f"{split}/checksums")))
             except Exception as err:  # noqa: BLE001
                 raise checks.Damaged(self, f"{split}/done or {split}/checksums unreadable ({cause(err)})") from None
         return self._sums[split]
@@ -396,7 +396,7 @@ class FeatureStore:
         r, n = self.chunk_rows(split), self.shape(split, name)[0]
         lo, hi = c0 * r, min(c1 * r, n)
         try:
-            block = np.asarray(self._b.array(f"{split}/{name}")[lo:hi])
+            block = np.asarray(self._b.read(f"{split}/{name}", slice(lo, hi)))
         except Exception as err:  # noqa: BLE001 - a truncated or garbled chunk
             raise checks.Damaged(self, f"{split}/{name} rows {lo}-{hi - 1} unreadable ({cause(err)})") from None
         done, sums = self.done_and_sums(split)
@@ -445,6 +445,7 @@ class FeatureStore:
                     self._b.array(f"{split}/done")[c] = False
             self._b.flush()
         except Exception as err:  # noqa: BLE001 - a read-only store, a full disk
+            self._b.settle()
             raise ReservoirError(f"{self.path}: could not repair the damaged store ({cause(err)}); "
                                  "delete it and extract again") from err
         self._sums.clear()
@@ -522,11 +523,16 @@ class FeatureStore:
                 for i, j in runs:
                     self._b.write_rows(f"{split}/checksums", chunks[i], sums[i:j])
                 self._b.flush()
+                self._check_lock()  # the writes above may have taken long: still ours before anything is marked
                 for i, j in runs:
                     self._b.write_rows(f"{split}/done", chunks[i], np.ones(j - i, bool))
                 self._b.flush()
                 self._sums.pop(split, None)
+        except ReservoirError:
+            self._b.settle()
+            raise
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
+            self._b.settle()
             spans_text = ", ".join(f"{chunks[i]}-{chunks[j - 1]}" if j - i > 1 else str(chunks[i]) for i, j in runs)
             which = f"chunk {chunks[0]}" if len(chunks) == 1 else f"chunks {spans_text}"
             raise ReservoirError(f"{self.path}: could not write {which} of split {split!r} "
@@ -547,8 +553,13 @@ class FeatureStore:
             if not done.all():
                 raise ReservoirError(f"{self.path}: cannot mark complete: chunks {np.flatnonzero(~done)[:5].tolist()} "
                                      f"of split {split!r} are not written")
-        self._b.write_attrs({"complete": True})
-        self._b.flush()
+        self._check_lock()
+        try:
+            self._b.write_attrs({"complete": True})
+            self._b.flush()
+        except Exception as err:  # noqa: BLE001 - a full disk, a request that failed past its retries
+            raise ReservoirError(f"{self.path}: could not mark the store complete ({cause(err)}); every chunk is "
+                                 "written: rerun the same command to finish it") from err
         self.attrs["complete"] = True
 
     def discard(self) -> None:

@@ -66,8 +66,6 @@ def build(tmp: Path | StoreURL, fmt: Format, attrs: dict[str, Any], splits, feat
         remove(tmp, ignore_errors=True)
         raise ReservoirError(f"{_folder(tmp)}: expected a writable output folder, found: {cause(err)}") from None
     try:
-        if isinstance(tmp, StoreURL):  # built in place: marked as ours, and unfinished, until its attributes
-            backend.write_attrs(lay.BUILDING)
         fixed = {"projection/weight": projection_weight,
                  **{f"final_norm/{k}": v for k, v in (final_norm or {}).items()}}
         full = json.loads(json.dumps({

@@ -9,8 +9,9 @@ write, so two writers can never both hold it:
   finds it there and is refused in one line naming the holder;
 - an **expired** lease (its holder died without releasing it: its time ran
   out, or its holder is a process of this host that no longer exists) is taken over
-  with a replace conditional on the version read (``If-Match: <etag>``): of two
-  takers, one replaces it, the other is refused;
+  with a replace conditional on the version read (its ETag and, where the
+  store keeps one, its version: ``If-Match`` on S3 and Azure, the object's
+  generation on GCS): of two takers, one replaces it, the other is refused;
 - the holder **renews** it (conditional on its own last version) every quarter
   of its time to live, on a background thread; a holder that finds its lease
   replaced, or cannot renew it before it expires, stops writing at its next
@@ -54,12 +55,25 @@ def lease_key(url: StoreURL) -> str:
     return f"{url.key}.lease"
 
 
-def read(url: StoreURL) -> tuple[dict | None, str | None]:
-    """The lease's record and version (``etag``), or ``(None, None)`` when there is none."""
+def version_of(meta: Any) -> dict[str, str] | None:
+    """What a conditional update of an object names (``{"e_tag", "version"}``) from its metadata or a put's result;
+    ``None`` when the store gave neither. S3 and Azure compare the ETag, GCS the version (the generation)."""
+    found = {k: meta[k] for k in ("e_tag", "version") if meta.get(k)}  # obstore takes no None in an update
+    return found or None
+
+
+def same_version(a: dict[str, str], b: dict[str, str]) -> bool:
+    """Whether two versions (:func:`version_of`) name one write of the object: by ETag where both give one."""
+    key = "e_tag" if a.get("e_tag") and b.get("e_tag") else "version"
+    return a.get(key) is not None and a.get(key) == b.get(key)
+
+
+def read(url: StoreURL) -> tuple[dict | None, dict[str, str] | None]:
+    """The lease's record and version (:func:`version_of`), or ``(None, None)`` when there is none."""
     obstore = _obstore()
     try:
         got = obstore.get(url.bucket_store, lease_key(url))
-        raw, etag = bytes(got.bytes()), got.meta.get("e_tag")
+        raw, ver = bytes(got.bytes()), version_of(got.meta)
     except FileNotFoundError:
         return None, None
     except obstore.exceptions.BaseError as err:
@@ -68,7 +82,7 @@ def read(url: StoreURL) -> tuple[dict | None, str | None]:
         record = json.loads(raw.decode())
     except (UnicodeDecodeError, ValueError, RecursionError):
         record = None
-    return (record if isinstance(record, dict) else {}), etag
+    return (record if isinstance(record, dict) else {}), ver
 
 
 def process_space() -> str | None:
@@ -133,7 +147,7 @@ class Lease:
     def __init__(self, url: StoreURL, job: str | None = None):
         self.url, self.key, self.job = url, lease_key(url), job
         self.ttl = ttl()
-        self._etag: str | None = None
+        self._version: dict[str, str] | None = None  # of the lease as this holder last wrote it
         self._record: dict[str, Any] = {}  # the holder, without its expiry
         self._expires = 0.0  # the expiry of the last version the store accepted
         self._lost: str | None = None
@@ -145,7 +159,7 @@ class Lease:
         """Write the lease with a new expiry (conditional on ``mode``); it is ours only once the write succeeded."""
         expires = time.time() + self.ttl  # taken before the write: the store's copy expires no earlier
         body = json.dumps({**self._record, "expires": expires}).encode()
-        self._etag = obstore.put(store, self.key, body, mode=mode)["e_tag"]
+        self._version = version_of(obstore.put(store, self.key, body, mode=mode))
         self._expires = expires
 
     def _run_out(self) -> bool:
@@ -161,18 +175,26 @@ class Lease:
             try:
                 self._put(obstore, store, "create")
             except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
-                record, etag = read(self.url)
-                if record is not None and not expired(record):
-                    raise busy(self.url, record) from None
-                if etag is None:  # released between our create and our read: try again from the start
+                record, ver = read(self.url)
+                if record is None:  # released between our create and our read: try again from the start
                     return self.acquire()
+                if not expired(record):
+                    raise busy(self.url, record) from None
+                if ver is None:
+                    raise ReservoirError(f"{self.url}: the object store gives its objects no version (ETag), so "
+                                         "an expired lease cannot be taken over by exactly one writer; refusing "
+                                         f"to write (delete {self.key} if its holder is gone)")
                 try:  # an expired lease: replace exactly the version read, so one taker wins
-                    self._put(obstore, store, {"e_tag": etag})
+                    self._put(obstore, store, ver)
                 except (obstore.exceptions.PreconditionError, FileExistsError, FileNotFoundError):
                     now, _ = read(self.url)
                     raise ReservoirError(f"{self.url} is being written by {describe(now)} (it took over the "
                                          "expired lease first); wait for it to finish or pass another --out") from None
             self._check_conditional(obstore, store)
+            if self._version is None:  # a lease that cannot be renewed conditionally cannot be held
+                obstore.delete(store, self.key)
+                raise ReservoirError(f"{self.url}: the object store gives its objects no version (ETag), so a "
+                                     "single writer cannot be guaranteed; refusing to write")
         except ReservoirError:
             raise
         except obstore.exceptions.BaseError as err:
@@ -198,10 +220,10 @@ class Lease:
         obstore = _obstore()
         while not self._stop.wait(self.ttl / 4):
             with self._mutex:
-                if self._etag is None or self._lost is not None:
+                if self._version is None or self._lost is not None:
                     return
                 try:
-                    self._put(obstore, self.url.bucket_store, {"e_tag": self._etag})
+                    self._put(obstore, self.url.bucket_store, self._version)
                 except (obstore.exceptions.PreconditionError, FileNotFoundError, FileExistsError):
                     self._lost = "another writer has taken it over"
                     return
@@ -217,7 +239,7 @@ class Lease:
         lease counts as lost even before the renewing thread says so: a renewal
         that keeps failing, or a thread that never got to run, cannot stretch it.
         """
-        if self._lost is None and self._etag is not None and self._run_out():  # a renewal in flight: not yet ours
+        if self._lost is None and self._version is not None and self._run_out():  # a renewal in flight: not yet ours
             self._lost = "it could not be renewed before it expired"
         if self._lost is not None:
             raise ReservoirError(f"{self.url}: this process lost the store's write lease ({self._lost}); stopping, "
@@ -230,12 +252,12 @@ class Lease:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         with self._mutex:
-            etag, self._etag = self._etag, None
-        if etag is None or self._lost is not None:
+            mine, self._version = self._version, None
+        if mine is None or self._lost is not None:
             return
         try:
             _, now = read(self.url)
-            if now == etag:
+            if now is not None and same_version(now, mine):
                 obstore.delete(self.url.bucket_store, self.key)
         except (ReservoirError, obstore.exceptions.BaseError):
             pass  # it expires on its own
@@ -247,7 +269,7 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        return self._etag is not None and self._lost is None and not self._run_out()
+        return self._version is not None and self._lost is None and not self._run_out()
 
     def __enter__(self) -> Lease:
         return self.acquire()

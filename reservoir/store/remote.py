@@ -36,6 +36,10 @@ from reservoir.errors import ReservoirError
 
 #: ``scheme://``: what makes a store path a URL.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: Characters a store URL may not hold: what a URL parser decodes or cuts (``%``, ``?``, ``#``), a backslash,
+#: whitespace and control characters. obstore places objects where the *parsed* URL points, so ``%2e%2e`` would
+#: climb out of the prefix and two spellings of one place would take two leases.
+_UNSAFE = re.compile(r"[%?#\\\s\x00-\x1f\x7f]")
 #: Schemes of object stores (obstore's names).
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl")
 #: Retries of a failed request: backoff from 0.1 s doubling up to 5 s, at most 6 retries and 60 s in all.
@@ -111,6 +115,10 @@ class StoreURL:
         bucket, _, key = rest.partition("/")
         if not bucket or not key or any(part in ("", ".", "..") for part in key.split("/")):
             raise ReservoirError(f"expected a store URL like {scheme}://bucket/prefix/name.zarr, found {url!r}")
+        bad = _UNSAFE.search(rest)
+        if bad is not None:
+            raise ReservoirError(f"expected a store URL without {bad.group()!r} (escapes, queries, fragments and "
+                                 f"spaces are not taken), found {url!r}")
         self.scheme, self.bucket, self.key = scheme, bucket, key
         self.url = f"{scheme}://{bucket}/{key}"
         self.options = dict(_options if options is None else options)
