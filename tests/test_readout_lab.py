@@ -162,7 +162,8 @@ def test_probe_save_load_round_trip(tmp_path, cls, multi):
     assert path.name == "probe.probe.json" and (tmp_path / "probe.safetensors").is_file()
     back = cls.load(tmp_path / "probe")
     assert np.array_equal(back.predict(X), est.predict(X)) and back.alpha_ == est.alpha_
-    np.testing.assert_array_equal(back.coef_, np.asarray(est.coef_, np.float32))
+    np.testing.assert_array_equal(back.coef_, est.coef_)
+    np.testing.assert_array_equal(back.intercept_, est.intercept_)
     assert json.loads(path.read_text())["note"] == "a test"
     other = RidgeReadout if cls is LogisticReadout else LogisticReadout
     with pytest.raises(ReservoirError, match=f"expected a saved {other.__name__}"):
@@ -172,6 +173,28 @@ def test_probe_save_load_round_trip(tmp_path, cls, multi):
     (tmp_path / "probe.safetensors").write_bytes(bytes(blob))
     with pytest.raises(ReservoirError, match="do not match the sha256"):
         cls.load(tmp_path / "probe")
+
+
+def test_a_probe_on_features_far_from_zero_reloads_to_the_same_scores(tmp_path):
+    """Raw hidden states (no final norm) have means in the thousands, and a ridge intercept on them is as large:
+    the probe keeps the fitted float64, so its reload scores every row exactly as the fitted readout did."""
+    rng = np.random.default_rng(5)
+    X = (rng.normal(size=(20_000, 8)) + 20_000).astype(np.float32)
+    y = (X[:, 0] - 20_000 + 0.3 * rng.normal(size=20_000) > 0).astype(int)
+    for cls in (RidgeReadout, LogisticReadout):
+        est = cls(alphas=[1e-3]).fit(X, y)
+        back = cls.load(est.save(tmp_path / cls.__name__))
+        scores = "decision_function" if cls is RidgeReadout else "predict_proba"
+        np.testing.assert_array_equal(getattr(back, scores)(X), getattr(est, scores)(X))
+
+
+def test_a_readout_of_text_labels_is_refused_when_saved(tmp_path):
+    X = np.random.default_rng(6).normal(size=(60, 4)).astype(np.float32)
+    est = LogisticReadout(alphas=[1.0]).fit(X, np.array(["a", "b", "c"] * 20))
+    with pytest.raises(ReservoirError, match="expected a readout fitted on integer class labels to save; found <U1 "
+                                             "classes such as \\['a', 'b', 'c'\\]"):
+        est.save(tmp_path / "probe")
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +228,19 @@ def test_fit_linear_results_carry_intervals_rows_and_curves(stores, tmp_path):
     saved = json.loads((tmp_path / "a" / "logistic-layer2.json").read_text())
     assert saved["rows"]["test"]["heads"] == 5 and saved["metrics"]["test_interval"] == results[2].metrics[
         "test_interval"]
+
+
+def test_results_of_raw_features_sit_beside_those_of_normed_ones(stores, tmp_path):
+    """--no-final-norm is another readout of the same layer: its results and probe never replace the normed ones."""
+    normed = fit_linear(stores["a"], layers=[1], results_dir=tmp_path, save=True)[0]
+    raw = fit_linear(stores["a"], layers=[1], results_dir=tmp_path, save=True, final_norm=False)[0]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "logistic-layer1.json", "logistic-layer1.probe.json", "logistic-layer1.safetensors",
+        "logistic-nonorm-layer1.json", "logistic-nonorm-layer1.probe.json", "logistic-nonorm-layer1.safetensors"]
+    for name, result, norm in (("logistic-layer1", normed, True), ("logistic-nonorm-layer1", raw, False)):
+        saved = json.loads((tmp_path / "a" / f"{name}.json").read_text())
+        assert saved["config"]["final_norm"] is norm and saved["metrics"] == json.loads(json.dumps(result.metrics))
+        assert json.loads((tmp_path / "a" / f"{name}.probe.json").read_text())["final_norm"] is norm
 
 
 def test_read_layers_reads_each_chunk_once_and_equals_load_layer(stores, monkeypatch):

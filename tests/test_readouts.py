@@ -101,8 +101,12 @@ def test_fit_linear_from_store_applies_final_norm(tmp_path):
         assert not np.allclose(X, raw)
         Xt, yt = load_layer(store, "test", 2)
         refit = LogisticReadout(group_rows=10).fit(X, y)  # an example's 10 output tokens held out together
-    results = fit_linear(out, layers=[1, 2], results_dir=tmp_path / "res")
+    results = fit_linear(out, layers=[1, 2], results_dir=tmp_path / "res", save=True)
     assert [r.config["layer"] for r in results] == [1, 2]
+    from reservoir.readouts.probes import predict_store
+
+    again = predict_store(tmp_path / "res" / "m" / "logistic-layer2", out, ["test"])["test"]  # 10 bits per token
+    assert again["accuracy"] == results[1].metrics["test_accuracy"] and again["predictions"].shape == (20 * 10, 10)
     saved = json.loads((tmp_path / "res" / "m" / "logistic-layer2.json").read_text())
     assert saved["store"]["task"]["name"] == "bit-memory"
     # the readout fitted on the final-norm features, scored per bit on the full test split
@@ -260,10 +264,11 @@ def test_ridge_equals_sklearn_ridge_classifier():
     from sklearn.linear_model import RidgeClassifier
 
     X, y = _three_classes()
-    for alpha in (1e-3, 10.0):
-        ours, sk = RidgeReadout(alphas=[alpha]).fit(X, y), RidgeClassifier(alpha=alpha).fit(X, y)
+    for alpha, labels in ((1e-3, y), (10.0, y), (1.0, np.minimum(y, 1))):  # and two classes: one score per row
+        ours, sk = RidgeReadout(alphas=[alpha]).fit(X, labels), RidgeClassifier(alpha=alpha).fit(X, labels)
         np.testing.assert_allclose(ours.decision_function(X), sk.decision_function(X), rtol=1e-8, atol=1e-8)
-        np.testing.assert_allclose(ours.coef_[0], sk.coef_, rtol=1e-8, atol=1e-10)
+        coef = ours.coef_[0, 1] if len(ours.classes_) == 2 else ours.coef_[0]  # two classes: classes_[1]'s row
+        np.testing.assert_allclose(coef, sk.coef_, rtol=1e-8, atol=1e-10)
         assert ours.score(X, y) == sk.score(X, y)
 
 

@@ -63,11 +63,16 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
 
     check_is_fitted(est)
     weights, info = _files(base)
-    arrays: dict[str, np.ndarray] = {"coef": np.ascontiguousarray(est.coef_, np.float32),
-              "intercept": np.ascontiguousarray(est.intercept_, np.float32),
-              "classes": np.ascontiguousarray(est.classes_, np.int64)}
+    classes = np.asarray(est.classes_)
+    if classes.dtype.kind not in "iu":
+        raise ReservoirError(f"{info}: expected a readout fitted on integer class labels to save; found "
+                             f"{classes.dtype} classes such as {_short(classes[:3].tolist())}")
+    # Kept as fitted (ridge's float64, logistic's float32), so the reloaded probe scores every row as the fitted
+    # one did: a ridge intercept on uncentred features can be in the thousands, where float32 would flip predictions.
+    arrays: dict[str, np.ndarray] = {"coef": _as_fitted(est.coef_), "intercept": _as_fitted(est.intercept_),
+                                     "classes": np.ascontiguousarray(classes, np.int64)}
     if hasattr(est, "mean_"):
-        arrays["mean"] = np.ascontiguousarray(est.mean_, np.float32)
+        arrays["mean"] = _as_fitted(est.mean_)
     blob = st_save(arrays)
     with atomic_write(weights, "the probe") as f:
         f.write(blob)
@@ -77,6 +82,12 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
         "n_features": int(est.n_features_in_), "n_heads": int(est.n_heads_), "classes": est.classes_.tolist(),
         "weights": weights.name, "weights_sha256": hashlib.sha256(blob).hexdigest(), **(meta or {})})
     return info
+
+
+def _as_fitted(a: Any) -> np.ndarray:
+    """A fitted array as safetensors keeps it: float32 or float64 as it is, any other dtype as float64."""
+    a = np.asarray(a)
+    return np.ascontiguousarray(a, a.dtype if a.dtype in (np.float32, np.float64) else np.float64)
 
 
 def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[str, Any]]:
@@ -115,7 +126,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     try:
         arrays = st_load(blob)
     except (SafetensorError, ValueError, KeyError) as err:  # KeyError: a dtype numpy lacks (BF16, F8_*)
-        raise ReservoirError(f"{weights}: expected safetensors weights of float32 and int64 arrays; found "
+        raise ReservoirError(f"{weights}: expected safetensors weights of float and int64 arrays; found "
                              f"{err}") from None
     cls = kinds[meta["readout"]]
     params = {k: v for k, v in (meta.get("params") or {}).items() if k in cls().get_params()}
@@ -228,14 +239,16 @@ def check_store(meta: dict[str, Any], store: FeatureStore, where: str) -> None:
     if meta.get("pooling") not in store.poolings:
         raise ReservoirError(f"{store.path}: expected features pooled by {meta.get('pooling')!r} (the probe's); found "
                              f"poolings {store.poolings}")
-    label_shape = a["task"].get("label_shape") or []
-    heads = int(np.prod(label_shape)) if label_shape else 0
-    if heads != meta["n_heads"]:
-        raise ReservoirError(f"{store.path}: expected labels of the probe's {_heads(meta['n_heads'])}; found "
-                             f"{_heads(heads)} (labels of shape {tuple(label_shape)} per row)")
     if meta.get("n_out_tokens") != store.n_out_tokens:
         raise ReservoirError(f"{store.path}: expected {meta.get('n_out_tokens')} output token(s) per row (the "
                              f"probe's); found {store.n_out_tokens}")
+    label_shape = list(a["task"].get("label_shape") or [])
+    head_shape = label_shape[1:] if store.n_out_tokens > 1 else label_shape  # several tokens: a row per token
+    heads = int(np.prod(head_shape)) if head_shape else 0
+    if heads != meta["n_heads"]:
+        per = "output token" if store.n_out_tokens > 1 else "row"
+        raise ReservoirError(f"{store.path}: expected labels of the probe's {_heads(meta['n_heads'])}; found "
+                             f"{_heads(heads)} (labels of shape {tuple(head_shape)} per {per})")
 
 
 def _heads(n: int) -> str:

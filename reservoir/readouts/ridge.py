@@ -276,10 +276,13 @@ class RidgeReadout(base.LinearReadout):
     def decision_function(self, X):
         """Ridge scores, per head in scikit-learn's convention.
 
-        One head: ``(n,)`` for two classes (``score[1] - score[0]``, positive
-        means ``classes_[1]``), else ``(n, n_classes)``. Several heads:
+        One head: ``(n,)`` for two classes (the score of ``classes_[1]`` against
+        targets of -1 and +1, as scikit-learn's ``RidgeClassifier`` gives it:
+        positive means ``classes_[1]``), else ``(n, n_classes)``. Several heads:
         ``(n, n_heads)`` for two classes, else ``(n, n_heads, n_classes)``.
         """
         s = self._class_scores(X)  # (n, H, C)
-        s = s[..., 1] - s[..., 0] if s.shape[-1] == 2 else (s[..., 0] if s.shape[-1] == 1 else s)
+        # two classes: the columns' targets are each other's negatives, so are their scores; half their difference
+        # is the positive class's score
+        s = (s[..., 1] - s[..., 0]) / 2 if s.shape[-1] == 2 else (s[..., 0] if s.shape[-1] == 1 else s)
         return s[:, 0] if self.n_heads_ == 0 else s

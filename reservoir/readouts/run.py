@@ -225,7 +225,8 @@ def fit_linear(
             raise ReservoirError(f"{st.path}: expected distinct train sizes; found {st.n_rows('train'):,} and 'all', "
                                  f"which are both the store's {st.n_rows('train'):,} training rows")
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
-        stem = readout if pooled == "last" else f"{readout}-{pooled}"  # results of each pooling side by side
+        # results of each pooling, and of raw features, beside the others: logistic-mean-nonorm-layer2.json
+        stem = readout + ("" if pooled == "last" else f"-{pooled}") + ("" if final_norm else "-nonorm")
         folder = None if results_dir is None else results_folder(results_dir, st.path)
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)
