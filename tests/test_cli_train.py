@@ -1,6 +1,7 @@
 """`reservoir train` and `reservoir bench speedup` through the CLI."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -34,6 +35,46 @@ def test_train_writes_results(tmp_path):
     assert [p["step"] for p in saved.curve] == [10, 20]
     assert f"test accuracy {saved.metrics['test_accuracy']:.2%}" in r.stdout
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best.pt", "last.pt", "results.json"]
+
+
+def test_a_run_folder_is_resumed_only_on_its_own_data_and_course(tmp_path):
+    """A finished or interrupted run is taken up again only with the data and the course (amp, eval_every) it was
+    trained with: a data file rewritten at the same path, or another amp, is refused, never tested with old weights."""
+    data = tmp_path / "d.npz"
+
+    def write(bit):
+        x = np.random.default_rng(bit).integers(0, 2, (120, 6))
+        np.savez(data, train_inputs=x[:80], train_labels=x[:80, bit], test_inputs=x[80:], test_labels=x[80:, bit])
+
+    write(0)
+    args = ["train", "--data", data, *TINY, "--steps", 10, "--eval-every", 5, "--out", tmp_path / "run"]
+    assert run(*args).exit_code == 0
+    assert run(*args).exit_code == 0  # the finished run, tested again
+    line = one_error_line(run(*args, "--amp", "none"))
+    assert line == f"Error: {tmp_path / 'run'} holds a run with amp='auto', this run has 'none'; pass another --out"
+    assert "holds a run with eval_every=5, this run has 2" in one_error_line(run(*args, "--eval-every", 2))
+    write(1)
+    line = one_error_line(run(*args))
+    assert re.fullmatch(r"Error: .* holds a run trained on other data \(task='[0-9a-f]{12}\.\.\.', this run has "
+                        r"'[0-9a-f]{12}\.\.\.'\); pass another --out", line), line
+    assert TrainResult.read(tmp_path / "run" / "results.json").config["amp"] == "auto"  # left as trained
+
+
+def test_a_cached_run_never_replaces_another_run(tmp_path):
+    store = tmp_path / "last.zarr"
+    assert run("extract", *XOR, *TINY, "--layers", 2, "--out", store).exit_code == 0
+    live = ["train", *XOR, *TINY, "--layers", 2, "--finetune", "output", "--steps", 10, "--eval-every", 5]
+    assert run(*live, "--out", tmp_path / "live").exit_code == 0
+    cached = ["train", "--from-store", store, "--finetune", "output", "--steps", 10, "--eval-every", 5,
+              "--device", "cpu", "--quiet"]
+    assert "holds a live run (last.pt)" in one_error_line(run(*cached, "--out", tmp_path / "live"))
+    assert run(*live, "--out", tmp_path / "live").exit_code == 0  # the live run is still whole
+    assert run(*cached, "--out", tmp_path / "c").exit_code == 0
+    first = TrainResult.read(tmp_path / "c" / "results.json")
+    assert run(*cached, "--out", tmp_path / "c").exit_code == 0  # the same cached run, computed again
+    assert TrainResult.read(tmp_path / "c" / "results.json").metrics == first.metrics
+    assert "holds a run with lr=0.001, this run has 0.1" in one_error_line(run(*cached, "--lr", 0.1, "--out",
+                                                                              tmp_path / "c"))
 
 
 def test_lr_sweep_over_seeds(tmp_path):

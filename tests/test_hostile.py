@@ -845,7 +845,7 @@ def _bf16(arrays):
     (lambda a: {**a, "classes": np.zeros_like(a["classes"])}, "expected classes as distinct integers"),
     (lambda a: {**a, "classes": a["classes"][::-1].copy()}, "expected the classes p.probe.json records"),
     (lambda a: {k: v for k, v in a.items() if k != "mean"}, "found no mean"),
-    (_bf16, "expected safetensors weights of float32 and int64 arrays; found 'BF16'"),
+    (_bf16, "expected safetensors weights of float and int64 arrays; found 'BF16'"),
 ])
 def test_probe_arrays_are_checked_beyond_their_shapes(saved_probe, tmp_path, change, expected):
     store, probe = _probe_copy(saved_probe, tmp_path, arrays=change)

@@ -20,6 +20,7 @@ from reservoir.training import (
     TrainResult,
     build,
     config_for_store,
+    load_run,
     parse_lr_sweep,
     run,
     steps_to_converge,
@@ -293,7 +294,7 @@ def test_cpu_checkpoints_hold_no_cuda_generator_and_resume_from_one_that_does(tm
     cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu")
     run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
     last = torch.load(tmp_path / "a" / "last.pt", weights_only=True)
-    assert sorted(last) == sorted(["config", "trainable", "optimizer", "rng", "state"])  # as before: no cuda_rng
+    assert sorted(last) == sorted(["config", "data", "course", "trainable", "optimizer", "rng", "state"])  # no cuda_rng
     assert "grad_scaler" not in last["state"]  # no fp16 on the CPU
     last["state"]["step"], last["state"]["curve"] = 2, last["state"]["curve"][:1]
     last["cuda_rng"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's checkpoint, resumed on the CPU
@@ -301,6 +302,41 @@ def test_cpu_checkpoints_hold_no_cuda_generator_and_resume_from_one_that_does(tm
     (tmp_path / "a" / "results.json").unlink()
     r = run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
     assert [p["step"] for p in r.curve] == [2, 4]
+
+
+def test_train_puts_back_the_frozen_weights_it_cast_for_the_run():
+    """bf16 frozen matmuls are the run's business: the caller's model comes back in float32 with its very weights,
+    and runs in float32 without autocast."""
+    from reservoir.training.loop import evaluate
+
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", finetune="layernorm,output", steps=4, eval_every=2,
+                      task_params=XOR, device="cpu", amp="bf16")
+    _, model, data = build(cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train(model, data, cfg, progress=False)
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(dict(model.named_parameters())[n], before[n]) for n in frozen)
+    assert 0 <= evaluate(model, data.test, torch.device("cpu"), amp="none") <= 1
+
+
+def test_a_run_loaded_again_needs_the_backbone_weights_it_was_trained_with(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    folder = tmp_path / "gpt2"
+
+    def save(seed):
+        torch.manual_seed(seed)
+        GPT2Model(GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=64, vocab_size=8)).save_pretrained(folder)
+
+    save(0)
+    cfg = TrainConfig(task="bit-xor", backbone=str(folder), steps=2, eval_every=2, task_params=XOR, device="cpu",
+                      out=str(tmp_path / "run"))
+    run(cfg, progress=False)
+    load_run(tmp_path / "run")
+    save(1)  # the folder replaced (or a hub revision moved) since the run
+    with pytest.raises(ReservoirError, match="expected the backbone weights the run was trained with"):
+        load_run(tmp_path / "run")
 
 
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])

@@ -122,6 +122,13 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     if diff is not None:
         raise ReservoirError(f"{best}: expected the checkpoint of the run in results.json, found a run with {diff}")
     task, model, _ = build(config, dev, attn_implementation)
+    info = read_json(Path(run_dir) / "results.json", "the results of a `reservoir train` run").get("backbone")
+    recorded = info.get("weights_sha256") if isinstance(info, dict) else None
+    found = model.backbone.info.weights_sha256
+    if recorded is not None and found != recorded:  # the folder or the hub revision changed since the run
+        raise ReservoirError(f"{config.backbone}: expected the backbone weights the run was trained with (sha256 "
+                             f"{str(recorded)[:12]}...), found {str(found)[:12]}...; the run's frozen weights are "
+                             "gone")
     ckpt.load_trainable(model, saved["trainable"], best)
     return task, model.eval(), config
 

@@ -2,8 +2,11 @@
 
 ``last.pt`` holds what resuming needs (the run's settings, the trained
 tensors, optimizer and RNG state, the loop state; a run on CUDA also its CUDA
-generators' states, ``cuda_rng``); ``best.pt`` the settings,
-the trained tensors and the step they are from. A file that would run code
+generators' states, ``cuda_rng``), and what a resume must find again: the
+data's identity (``data``: the task's fingerprint, a store's key) and the
+settings outside the key a run may not change midway (``course``: amp,
+eval_every); ``best.pt`` the settings, the data's identity, the trained
+tensors and the step they are from. A file that would run code
 when unpickled, or any other file that is not such a checkpoint, is refused in
 one line naming it, never executed. Checkpoints are written to a temporary
 file beside their path and renamed into place; a SIGTERM or SIGHUP that
@@ -162,17 +165,44 @@ def new_state() -> dict[str, Any]:
     return {"step": 0, "curve": [], "best_val": -1.0, "best_step": 0, "train_seconds": 0.0}
 
 
-def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device
-            ) -> dict[str, Any]:
+def course(config: TrainConfig) -> dict[str, Any]:
+    """The settings outside the run's key that a resume may not change (:data:`~reservoir.training.config.COURSE`)."""
+    from reservoir.training.config import COURSE
+
+    return {k: getattr(config, k) for k in COURSE}
+
+
+def check_same_run(ckpt: dict[str, Any], where: Path, config: TrainConfig, data: dict[str, Any] | None) -> None:
+    """Refuse (one line) a checkpoint of another run: other settings, another course, or other data.
+
+    ``data`` is the data's identity (:meth:`~reservoir.training.data.TrainData.identity`); checkpoints written
+    before it was recorded hold none, and are compared by their settings alone.
+    """
+    diff = differing(ckpt["config"], config)
+    if diff is None and isinstance(ckpt.get("course"), dict):
+        now = course(config)
+        found = settings.first_difference(ckpt["course"], now, keys=now)
+        diff = None if found is None else settings.describe_difference(found)
+    if diff is not None:
+        raise ReservoirError(f"{where} holds a run with {diff}; pass another --out")
+    if data is not None and "data" in ckpt:
+        found = settings.first_difference(ckpt["data"] if isinstance(ckpt["data"], dict) else {}, data)
+        if found is not None:
+            key, old, new = (v[:12] + "..." if isinstance(v, str) and len(v) > 16 else v for v in found)
+            raise ReservoirError(f"{where} holds a run trained on other data ({key}={old!r}, this run has {new!r}); "
+                                 "pass another --out")
+
+
+def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device,
+           data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Restore an interrupted run from ``last.pt``: trained tensors, optimizer, RNG; return the loop state.
 
-    The CUDA generators are restored on a CUDA ``device`` from a checkpoint that holds them (older ones do not: they
-    resume with the CUDA generators as they are).
+    The checkpoint must be of this run (:func:`check_same_run`: settings, course and, given ``data``, the data's
+    identity). The CUDA generators are restored on a CUDA ``device`` from a checkpoint that holds them (older ones
+    do not: they resume with the CUDA generators as they are).
     """
     ckpt = load(last, LAST_KEYS, device)
-    diff = differing(ckpt["config"], config)
-    if diff is not None:
-        raise ReservoirError(f"{last.parent} holds a run with {diff}; pass another --out")
+    check_same_run(ckpt, last.parent, config, data)
     load_trainable(model, ckpt["trainable"], last)
     try:
         opt.load_state_dict(ckpt["optimizer"])

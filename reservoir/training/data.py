@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +75,17 @@ class Feeder:
                 torch.from_numpy(self.labels[rows].astype(np.int64)).to(device))
 
 
+def data_identity(provenance: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`TrainData.identity` of a run's ``provenance`` (``task`` and, for a store, ``store``: its fingerprint)."""
+    out: dict[str, Any] = {}
+    task = provenance.get("task")
+    if isinstance(task, dict) and "fingerprint" in task:
+        out["task"] = task["fingerprint"]
+    if isinstance(provenance.get("store"), dict):
+        out["store"] = {k: v for k, v in provenance["store"].items() if k not in ("created", "reservoir_version")}
+    return json.loads(json.dumps(out, default=float))  # plain data, as a checkpoint holds it
+
+
 @dataclass
 class TrainData:
     """What a run trains on (``train``), selects its best step on (``val``) and reports (``test``).
@@ -96,6 +109,12 @@ class TrainData:
         starts = [self.train.start, self.val.start, self.test.start]
         if len(set(starts)) != 1:
             raise ReservoirError(f"expected train, val and test fed from one layer, found layers {starts}")
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint records of its data, and a resume must find again: the task's fingerprint and, for a
+        store, the store's key (its ``created`` time and writer's version left out: a store extracted again with the
+        same settings holds the same data)."""
+        return data_identity(self.provenance)
 
     @property
     def start(self) -> int:

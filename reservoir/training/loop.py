@@ -132,7 +132,9 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     data.start)`` (and printed as trainable / total counts). It trains where
     the model's parameters are, seeded by ``settings.seed`` (batch order,
     dropout), with Adam, gradient-norm clipping and CUDA autocast as
-    ``settings`` say.
+    ``settings`` say. Frozen linear weights are stored in the compute dtype
+    for the run (what autocast computes with) and the original tensors put
+    back when it ends, so ``model`` is left in its own dtype, trained.
 
     Parameters
     ----------
@@ -163,6 +165,18 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     >>> r.metrics["steps"]
     20
     """
+    weights = {name: p.data for name, p in model.named_parameters()}  # the caller's tensors, put back at the end
+    try:
+        return _train(model, data, settings, out, progress, extra)
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():  # frozen weights cast for the run: the originals, not rounded
+                if name in weights and p.data.dtype != weights[name].dtype:
+                    p.data = weights[name]
+
+
+def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, out: str | os.PathLike | None,
+           progress: bool, extra: dict[str, Any] | None) -> TrainResult:
     counts, opt = ready_to_train(model, data, settings)
     print(describe(counts))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
@@ -172,7 +186,7 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
         flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
         state = ckpt.new_state()
         if folder is not None and (folder / "last.pt").exists():
-            state = ckpt.resume(folder / "last.pt", settings, model, opt, device)
+            state = ckpt.resume(folder / "last.pt", settings, model, opt, device, data.identity())
             restore_optimizer_flags(opt, *flags)
         best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress)
         if folder is not None:  # the best step may predate a resume
@@ -290,24 +304,25 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                 if stepper.scaler is not None:  # fp16: a resumed run goes on with the same loss scale
                     state["grad_scaler"] = stepper.scaler.state_dict()
                 if folder is not None:
-                    _checkpoint(folder, settings, trainable, opt, state, is_best)
+                    _checkpoint(folder, settings, data.identity(), trainable, opt, state, is_best)
         mode = stepper.mode
     finally:
         stepper.close()
     return best, mode
 
 
-def _checkpoint(folder: Path, settings: TrainConfig, trainable: dict[str, torch.Tensor],
+def _checkpoint(folder: Path, settings: TrainConfig, data: dict[str, Any], trainable: dict[str, torch.Tensor],
                 opt: torch.optim.Optimizer, state: dict[str, Any], is_best: bool) -> None:
     """Write ``best.pt`` (when this step is the best) and ``last.pt`` (always) for the step in ``state``.
 
-    ``last.pt`` holds the CPU generator's state and, for a run on CUDA, every CUDA generator's (dropout draws there).
+    Both record the data's identity (``data``); ``last.pt`` also the run's course (amp, eval_every), the CPU
+    generator's state and, for a run on CUDA, every CUDA generator's (dropout draws there).
     """
     key = settings.key()
     if is_best:
-        ckpt.save(folder / "best.pt", {"config": key, "trainable": trainable, "step": state["step"]})
-    last = {"config": key, "trainable": trainable, "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
-            "state": state}
+        ckpt.save(folder / "best.pt", {"config": key, "data": data, "trainable": trainable, "step": state["step"]})
+    last = {"config": key, "data": data, "course": ckpt.course(settings), "trainable": trainable,
+            "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "state": state}
     if any(t.is_cuda for t in trainable.values()):
         last["cuda_rng"] = torch.cuda.get_rng_state_all()
     ckpt.save(folder / "last.pt", last)

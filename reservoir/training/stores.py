@@ -28,7 +28,7 @@ from reservoir.runtime import resolve_device
 from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
-from reservoir.training.data import Feeder, TrainData, carve_val
+from reservoir.training.data import Feeder, TrainData, carve_val, data_identity
 from reservoir.training.freeze import describe, parse_groups
 from reservoir.training.loop import TrainResult, scored_metrics, steps_to_converge
 
@@ -184,7 +184,10 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     print(describe(counts))
     steps = config.total_steps(len(X))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
+    identity = data_identity({"task": attrs["task"], "store": fingerprint})
     with run_folder_lock(folder):  # one writer per run folder
+        if folder is not None:
+            _check_cached_folder(folder, config, identity)
         t0 = time.perf_counter()
         curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
         train_s = time.perf_counter() - t0
@@ -200,9 +203,23 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
             extra=dict(extra or {}),
         )
         if folder is not None:
-            ckpt.save(folder / "best.pt", {"head": best, "step": best_step})
+            ckpt.save(folder / "best.pt", {"config": config.key(), "data": identity, "head": best, "step": best_step})
             result.write(folder / "results.json")
         return result
+
+
+def _check_cached_folder(folder: Path, config: TrainConfig, identity: dict[str, Any]) -> None:
+    """Refuse (one line) a run folder that holds another run: a live one (``last.pt``, or a ``best.pt`` of trained
+    tensors), or a cached one of other settings or data. The same cached run is computed again in place."""
+    if (folder / "last.pt").exists():
+        raise ReservoirError(f"{folder} holds a live run (last.pt); pass another --out")
+    best = folder / "best.pt"
+    if best.exists():
+        saved = ckpt.load(best, ("step",))
+        if "head" not in saved:
+            raise ReservoirError(f"{folder} holds a live run (best.pt of its trained tensors); pass another --out")
+        if "config" in saved:  # an older cached run recorded neither settings nor data: computed again
+            ckpt.check_same_run(saved, folder, config, identity)
 
 
 def _resident_splits(config: TrainConfig, device) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict, dict]:
