@@ -262,6 +262,12 @@ def test_store_with_other_provenance_is_refused(tiny_run, tmp_path):
     data["cells"], data["paper"] = [data["cells"][0]], data["paper"][:1]
     with pytest.raises(ReservoirError, match=r"was written with init="):
         run_recipe(make(data), out=tmp_path / "x", progress=False, cache_dir=cache)
+    from reservoir.store.lock import StoreLock
+
+    with StoreLock(a):  # another process writing that store: --force does not delete it under the writer
+        with pytest.raises(ReservoirError, match=f"{a} is being written by pid {os.getpid()}"):
+            run_recipe(make(data), out=tmp_path / "x", progress=False, cache_dir=cache, force=True)
+        assert (a / "zarr.json").is_file()
 
 
 def test_report_table_and_plots(tiny_run):

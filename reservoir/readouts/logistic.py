@@ -58,6 +58,7 @@ from reservoir.readouts.stats import (
     MIN_CARVE_ROWS,
     Moments,
     can_carve,
+    carve_fraction,
     carve_rows,
     checked_chunks,
     chunk_source,
@@ -259,12 +260,16 @@ class LogisticReadout(base.LinearReadout):
 
         full = stream(train_chunks)
         fit_source, n_fit, val = train_chunks, moments.n, None
+        g, fraction = self.group_rows, self.val_fraction
+        if carve:  # a few rows: the hash may hold none, or all, out
+            fraction = carve_fraction(moments.n, self.val_fraction, seed, g)
+            if fraction != self.val_fraction:
+                n_val = int(holdout_mask(0, moments.n, fraction, seed, g).sum())
         if val_chunks is not None:
             val = stream(chunk_source(val_chunks, "val_chunks"), val=True)
         elif carve and can_carve(moments.n, n_val):
-            g = self.group_rows
-            val = stream(held_out(train_chunks, self.val_fraction, seed, group=g))
-            fit_source = held_out(train_chunks, self.val_fraction, seed, keep=False, group=g)
+            val = stream(held_out(train_chunks, fraction, seed, group=g))
+            fit_source = held_out(train_chunks, fraction, seed, keep=False, group=g)
             n_fit = moments.n - n_val
         path = None
         if val is not None:  # pass 2: the path's rows, a seeded share of the rows to fit, held in memory

@@ -34,6 +34,7 @@ from reservoir.readouts.stats import (
     MOMENT_BLOCK_ROWS,
     Moments,
     can_carve,
+    carve_fraction,
     checked_chunks,
     chunk_source,
     encode_labels,
@@ -176,7 +177,12 @@ class RidgeReadout(base.LinearReadout):
         train_chunks = chunk_source(train_chunks)
         seed = split_seed(self.random_state)
         carve = val_chunks is None and (self.alphas is None or len(self.alphas) > 1)
-        everything, held, y_shape = self._accumulate(train_chunks, seed if carve else None)
+        everything, held, y_shape = self._accumulate(train_chunks, seed if carve else None, self.val_fraction)
+        fraction = self.val_fraction
+        if carve:  # a few rows: the hash may hold none, or all, out
+            fraction = carve_fraction(everything.x.n, self.val_fraction, seed, self.group_rows)
+            if fraction != self.val_fraction:
+                everything, held, y_shape = self._accumulate(train_chunks, seed, fraction)
         fit_s = everything - held
         self.classes_ = np.unique(np.array(list(everything.by_class)))
         carve = carve and can_carve(everything.x.n, held.x.n)
@@ -193,7 +199,7 @@ class RidgeReadout(base.LinearReadout):
         self.val_scores_, self.val_correct_ = {}, None
         solution = (mean_x, V, lam, Q, mean_y)
         if carve:
-            held = held_out(train_chunks, self.val_fraction, seed, group=self.group_rows)
+            held = held_out(train_chunks, fraction, seed, group=self.group_rows)
             self._select_alpha(grid, solution, held, H, validated=True)
         elif val_chunks is not None:
             self._select_alpha(grid, solution, chunk_source(val_chunks, "val_chunks"), H, validated=False)
@@ -216,10 +222,11 @@ class RidgeReadout(base.LinearReadout):
         store, ``precision``), whose own rounding dwarfs float32's."""
         return self.precision is not None and self.precision >= 1e-4 and X.dtype == np.float32
 
-    def _accumulate(self, train_chunks, seed: int | None) -> tuple[_Stats, _Stats, tuple[int, ...]]:
+    def _accumulate(self, train_chunks, seed: int | None, fraction: float
+                    ) -> tuple[_Stats, _Stats, tuple[int, ...]]:
         """Pass 1: statistics of every row and of the held-out rows, and the shape of ``y`` past its rows.
 
-        Rows are held out by :func:`holdout_mask` with ``seed``; none when ``seed`` is None.
+        Rows are held out by :func:`holdout_mask` with ``fraction`` and ``seed``; none when ``seed`` is None.
         """
         every: _Stats | None = None
         held: _Stats | None = None
@@ -232,7 +239,7 @@ class RidgeReadout(base.LinearReadout):
                 every, held = _Stats(shift, dtype), _Stats(shift, dtype)
             every.update(X, Y)  # every row, then the held-out ones again (a tenth): no copy of the rows to fit
             if seed is not None:
-                m = holdout_mask(start, len(X), self.val_fraction, seed, self.group_rows)
+                m = holdout_mask(start, len(X), fraction, seed, self.group_rows)
                 held.update(X[m], Y[m])
             start, y_shape = start + len(X), y.shape[1:]
         if start == 0 or every is None or held is None:

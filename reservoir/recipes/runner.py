@@ -13,7 +13,7 @@ from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import atomic_write, check_inside
 from reservoir.settings import describe_difference, first_difference
-from reservoir.store.lock import run_folder_lock
+from reservoir.store.lock import run_folder_lock, writer_lock
 from reservoir.store.remote import StoreURL, is_url
 from reservoir.recipes.files import load_recipe
 from reservoir.recipes.schema import Recipe, Run, fitted_layers
@@ -170,7 +170,8 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
         if diff is not None:
             if not force:
                 raise ReservoirError(f"{path} was written with {describe_difference(diff)}; delete it or pass --force")
-            remove(path)
+            with writer_lock(path, "recipe run --force"):  # never deleted under another writer
+                remove(path)
         elif complete:
             return path
     cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
