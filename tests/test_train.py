@@ -290,6 +290,37 @@ def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
         run(TrainConfig(**{**cfg, "out": str(tmp_path / "b")}, lr=0.01), progress=False)
 
 
+def test_a_run_stopped_between_its_two_checkpoints_resumes_with_its_best_step(tmp_path, monkeypatch):
+    """last.pt is written first; a run killed before the best.pt of the same (best) step gets that best.pt from
+    last.pt when it resumes, so the tested tensors are those of the best step the results name."""
+    import reservoir.training.checkpoint as checkpoint
+    import reservoir.training.loop as tr
+
+    cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=6, eval_every=2, task_params=XOR, device="cpu")
+    for name in ("a", "b"):
+        accuracies = iter([0.5, 0.9, 0.1])  # step 4 is the best
+        monkeypatch.setattr(tr, "evaluate", lambda *a, **kw: next(accuracies))
+        if name == "b":
+            save, saves = checkpoint.save, []
+
+            def killed_before_best(path, payload):
+                saves.append(path.name)
+                if saves.count("best.pt") == 2:  # step 4's best.pt, after its last.pt
+                    raise KeyboardInterrupt
+                save(path, payload)
+
+            monkeypatch.setattr(checkpoint, "save", killed_before_best)
+            with pytest.raises(KeyboardInterrupt):
+                run(TrainConfig(**cfg, out=str(tmp_path / name)), progress=False)
+            assert torch.load(tmp_path / name / "best.pt", weights_only=True)["step"] == 2
+            monkeypatch.setattr(checkpoint, "save", save)
+        result = run(TrainConfig(**cfg, out=str(tmp_path / name)), progress=False)
+        assert result.metrics["best_step"] == 4
+    best = {name: torch.load(tmp_path / name / "best.pt", weights_only=True) for name in "ab"}
+    assert best["a"]["step"] == best["b"]["step"] == 4
+    assert all(torch.equal(best["a"]["trainable"][k], best["b"]["trainable"][k]) for k in best["a"]["trainable"])
+
+
 def test_cpu_checkpoints_hold_no_cuda_generator_and_resume_from_one_that_does(tmp_path):
     cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu")
     run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)

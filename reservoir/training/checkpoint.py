@@ -217,4 +217,17 @@ def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.O
     if not isinstance(state, dict) or not new_state().keys() <= state.keys():
         found = f"keys {', '.join(map(str, state))}" if isinstance(state, dict) else f"a {type(state).__name__}"
         raise ReservoirError(f"{last}: expected a loop state with {', '.join(new_state())}, found {found}")
+    _complete_best(last, ckpt, state, device)
     return state
+
+
+def _complete_best(last: Path, ckpt: dict[str, Any], state: dict[str, Any], device) -> None:
+    """Write ``best.pt`` from ``last.pt`` when the run stopped between the two writes of its best step (``last.pt``
+    is written first, so that is the one way they disagree)."""
+    if state["step"] == 0 or state["best_step"] != state["step"]:
+        return
+    best = last.parent / "best.pt"
+    if best.exists() and load(best, BEST_KEYS, device)["step"] == state["step"]:
+        return
+    save(best, {"config": ckpt["config"], **({"data": ckpt["data"]} if "data" in ckpt else {}),
+                "trainable": ckpt["trainable"], "step": state["step"]})

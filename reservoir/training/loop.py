@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from reservoir.errors import ReservoirError
-from reservoir.io import writable_folder
+from reservoir.io import stop_deferred, writable_folder
 from reservoir.store.lock import run_folder_lock
 from reservoir.results import Result
 from reservoir.runtime import attention_backends, autocast, cast_frozen_matmuls, compute_dtype
@@ -319,10 +319,14 @@ def _checkpoint(folder: Path, settings: TrainConfig, data: dict[str, Any], train
     generator's state and, for a run on CUDA, every CUDA generator's (dropout draws there).
     """
     key = settings.key()
-    if is_best:
-        ckpt.save(folder / "best.pt", {"config": key, "data": data, "trainable": trainable, "step": state["step"]})
     last = {"config": key, "data": data, "course": ckpt.course(settings), "trainable": trainable,
             "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "state": state}
     if any(t.is_cuda for t in trainable.values()):
         last["cuda_rng"] = torch.cuda.get_rng_state_all()
-    ckpt.save(folder / "last.pt", last)
+    # last.pt first: best.pt is then never ahead of it, and a run stopped between the two (a SIGKILL; a SIGTERM
+    # waits for both) finds its best step's tensors in last.pt when it resumes (checkpoint.resume)
+    with stop_deferred():
+        ckpt.save(folder / "last.pt", last)
+        if is_best:
+            ckpt.save(folder / "best.pt", {"config": key, "data": data, "trainable": trainable,
+                                           "step": state["step"]})
