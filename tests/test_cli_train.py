@@ -75,6 +75,11 @@ def test_a_cached_run_never_replaces_another_run(tmp_path):
     assert TrainResult.read(tmp_path / "c" / "results.json").metrics == first.metrics
     assert "holds a run with lr=0.001, this run has 0.1" in one_error_line(run(*cached, "--lr", 0.1, "--out",
                                                                               tmp_path / "c"))
+    for args in (["--dropout", 0.1], ["--amp", "bf16"], ["--compile"], ["--cuda-graphs", "on"]):
+        line = one_error_line(run(*cached, *args, "--out", tmp_path / "forward"))  # the head alone runs no forward
+        assert f"{' '.join(map(str, args))} with --from-store {store}: expected no {args[0]}" in line
+    assert not (tmp_path / "forward").exists()
+    assert run(*cached, "--amp", "none", "--cuda-graphs", "off", "--out", tmp_path / "forward").exit_code == 0
 
 
 def test_lr_sweep_over_seeds(tmp_path):

@@ -105,7 +105,7 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     """A finished live run's task, model (its best checkpoint loaded, in eval mode) and settings.
 
     ``run_dir`` is a ``reservoir train`` output folder (``results.json`` and
-    ``best.pt``). Runs trained from a split-point store are refused: their
+    ``best.pt``). Runs trained from a store are refused: their
     inputs are stored states, not the task's.
 
     Examples
@@ -114,7 +114,8 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     """
     config = run_config(run_dir)
     if config.from_store is not None:
-        raise ReservoirError(f"{run_dir} was trained from a split-point store; expected a run trained from task inputs")
+        raise ReservoirError(f"{run_dir} was trained from the store {config.from_store}; expected a run trained from "
+                             "task inputs")
     dev = resolve_device(device)
     best = Path(run_dir) / "best.pt"
     saved = ckpt.load(best, ckpt.BEST_KEYS, dev)  # before building: a bad file is refused at once

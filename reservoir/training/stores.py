@@ -74,6 +74,15 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
         store_fields["backbone"] = held["backbone"] = a["backbone"]["id"]
     if "seed" not in asked:
         store_fields["seed"] = a["backbone"]["seed"]
+    if layer is None:  # the head alone, on stored features: settings of the backbone's forward have nothing to act on
+        for name, acts in (("dropout", lambda v: v != 0), ("amp", lambda v: v in ("bf16", "fp16")),
+                           ("compile", bool), ("cuda_graphs", lambda v: v == "on")):
+            if name in asked and acts(settings[name]):
+                flag = options.label_of(name, options.field_setting(TrainConfig, name))
+                value = "" if isinstance(settings[name], bool) else f" {settings[name]}"
+                raise ReservoirError(f"{flag}{value} with --from-store {path}: expected no {flag} (a last-token "
+                                     "store trains the output layer alone on its features, in float32; nothing "
+                                     "runs a forward for it to act on)")
     for name in [n for n in held if n in asked]:
         if not _agrees(name, settings[name], held[name]):
             flag = options.label_of(name, options.field_setting(TrainConfig, name))
