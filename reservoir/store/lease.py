@@ -253,8 +253,8 @@ class Lease:
             self._thread.join()
         with self._mutex:
             mine, self._version = self._version, None
-        if mine is None or self._lost is not None:
-            return
+        if mine is None or self._lost is not None or self._run_out():
+            return  # not ours for certain any more: another writer may take it (it expires on its own)
         try:
             _, now = read(self.url)
             if now is not None and same_version(now, mine):
