@@ -433,6 +433,8 @@ def npy_header(fp: IO[bytes], where: str, size: int) -> ArrayHeader:
     file, or a header that lies to make the reader allocate). Nothing is
     allocated for the data.
     """
+    import tokenize
+
     import numpy as np
 
     fmt = np.lib.format
@@ -442,7 +444,7 @@ def npy_header(fp: IO[bytes], where: str, size: int) -> ArrayHeader:
         if read is None:
             raise ValueError(f".npy format {version[0]}.{version[1]} (1.0 or 2.0 are read)")
         shape, _, dtype = read(fp)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as err:
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, tokenize.TokenError) as err:  # a garbled header
         raise ReservoirError(f"{where}: expected a numeric array (.npy data); found {one_line(err)}") from None
     if dtype.hasobject:
         raise ReservoirError(f"{where}: expected a numeric array; found Python objects ({dtype}), which only a pickle "
@@ -459,6 +461,7 @@ def load_npy(path: str | os.PathLike, mmap_mode: Literal["r", "c"] | None = None
     against the memory available); no pickles."""
     import numpy as np
 
+    check_regular(path, "a .npy file")  # a FIFO would block the read
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         npy_header(f, str(path), size)

@@ -307,6 +307,60 @@ def _bad_npz_cases(tmp_path):
     }
 
 
+def _npy(a) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def _zip(path, members, encrypted=False):
+    """An .npz written member by member (names and bytes as given); ``encrypted`` sets every member's encryption
+    flag, as a zip tool's password would."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members:
+            z.writestr(name, data)
+    if encrypted:
+        raw = bytearray(path.read_bytes())
+        for signature, flag in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local and central headers
+            at = raw.find(signature)
+            while at >= 0:
+                raw[at + flag] |= 1
+                at = raw.find(signature, at + 4)
+        path.write_bytes(bytes(raw))
+    return path
+
+
+def _zip_cases(tmp_path):
+    """Archives numpy.savez never writes: a field twice, a garbled .npy header, encrypted members."""
+    raw = vector_arrays(n=(20, 0, 8))
+    (x, y), (xt, yt) = raw["train"], raw["test"]
+    ok = [(f"{k}.npy", _npy(v)) for k, v in dict(train_inputs=x, train_labels=y, test_inputs=xt,
+                                                  test_labels=yt).items()]
+    head = b"{'descr': '<f4', 'fortran_order': False, 'shape': (20, \n"  # a header whose dict never closes
+    garbled = b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head
+    return {
+        "a field stored twice": (_zip(tmp_path / "twice.npz", [*ok, ("train_labels", _npy(np.zeros(20, int)))]),
+                                 ["train_labels: expected each field once",
+                                  "found the members 'train_labels.npy' and 'train_labels'"]),
+        "a garbled .npy header": (_zip(tmp_path / "garbled.npz", [*ok[1:], ("train_inputs.npy", garbled)]),
+                                  ["train_inputs: expected a numeric array (.npy data)"]),
+        "encrypted members": (_zip(tmp_path / "enc.npz", ok, encrypted=True),
+                              ["expected an .npz archive written by numpy.savez", "is encrypted"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["a field stored twice", "a garbled .npy header", "encrypted members"])
+def test_archives_numpy_never_writes_are_one_line(tmp_path, case):
+    path, fragments = _zip_cases(tmp_path)[case]
+    store = tmp_path / "out.zarr"
+    assert_one_line(invoke("extract", "--data", path, *TINY, "--out", store), str(path), *fragments)
+    assert not store.exists()
+
+
 BAD_NPZ = ["missing split", "no field of ours", "labels not integers", "lengths beyond L", "NaN in inputs",
            "inf in inputs", "mismatched row counts", "a misspelt field", "beyond float32", "a huge token id",
            "a uint64 id beyond int64", "a huge label"]
@@ -365,6 +419,26 @@ def test_bad_columnar_files_are_one_line(tmp_path, fmt):
         (tmp_path / "f.csv").write_text("inputs,label,split\n1 2,0.0,train\n3,1.5,train\n1 2,0.0,test\n3,1.5,test\n")
     assert_one_line(invoke("extract", "--data", tmp_path / f"f.{fmt}", *TINY, "--out", store),
                     f"f.{fmt}", "split 'train', column 'label': expected integer labels", "found values of type double")
+    assert not store.exists()
+
+
+def test_csv_columns_named_twice_or_for_two_roles_are_one_line_and_one_number_is_a_sequence(tmp_path):
+    pytest.importorskip("pyarrow")
+    store = tmp_path / "out.zarr"
+    rows = "".join(f"{i % 5},{i % 2},{'train' if i < 12 else 'test'}\n" for i in range(16))
+    (tmp_path / "one.csv").write_text("inputs,label,split\n" + rows)  # every cell one token: pyarrow reads ints
+    task = load_task("data", {"path": str(tmp_path / "one.csv")}, cache_dir=None)
+    assert task.kind == "tokens" and task.splits["train"].inputs.shape == (12, 1)
+    np.testing.assert_array_equal(task.splits["train"].inputs[:, 0], np.arange(12) % 5)
+    (tmp_path / "twice.csv").write_text("inputs,inputs,label,split\n1 2,3,0,train\n1,2,1,test\n")
+    assert_one_line(invoke("extract", "--data", tmp_path / "twice.csv", *TINY, "--out", store),
+                    "column 'inputs': expected it once in the header row; found it 2 times")
+    for flag in ("--label-column", "--input-column"):
+        assert_one_line(invoke("extract", "--data", tmp_path / "one.csv", flag, "split", *TINY, "--out", store),
+                        f"column 'split': expected another column for {flag}; found 'split', which names each "
+                        "row's split in a single table")
+    assert_one_line(invoke("extract", "--data", tmp_path / "one.csv", "--input-column", "label", *TINY, "--out",
+                           store), "expected the inputs and the labels in two columns; found 'label' named for both")
     assert not store.exists()
 
 

@@ -155,6 +155,37 @@ def test_malformed_idx_files_are_one_line_naming_the_file(tmp_path, case, fragme
     one_line_error(invoke("fit-raw", "--task", "mnist", "-p", f"data_dir={path.parent}"), str(path), *fragments)
 
 
+def test_idx_headers_are_checked_before_the_data_is_read(tmp_path, monkeypatch):
+    """The data are read only as far as the header says, after its size is checked against memory: a small .gz that
+    inflates to a gigabyte is not inflated, dims whose product overflows 64 bits are one line, and so are trailing
+    bytes."""
+    import gzip
+
+    import reservoir.io as rio
+    from reservoir.tasks.images.idx import read_idx
+
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    bomb = folder / "bomb.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 1000, 1000, 1000))  # 1 GB of zeros, a 1 MB file
+        for _ in range(1000):
+            f.write(bytes(10**6))
+    monkeypatch.setattr(rio, "available_memory", lambda: 64 * 2**20)
+    with pytest.raises(ReservoirError, match="expected arrays that fit in the 64.0 MiB of memory available; found "
+                                             "953.7 MiB"):
+        read_idx(str(bomb), 0x803)
+    huge = folder / "huge"
+    huge.write_bytes(struct.pack(">IIII", 0x803, 2**31, 2**31, 4))
+    with pytest.raises(ReservoirError, match="memory available"):  # 2^64 bytes, not a product wrapped to 0
+        read_idx(str(huge), 0x803)
+    monkeypatch.undo()
+    trailing = folder / "trailing"
+    trailing.write_bytes(struct.pack(">II", 0x801, 3) + bytes(4))
+    with pytest.raises(ReservoirError, match="expected 11 bytes for dims 3; found trailing bytes"):
+        read_idx(str(trailing), 0x801)
+
+
 # ------------------------------------------------------------------ 4. JSON
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from reservoir.tasks import get_task, load_task
+from reservoir.tasks.base import resolve_params
 from reservoir.tasks.cache import cache_key
 from reservoir.tasks.listops import (
     FPT_VOCAB,
@@ -65,6 +66,49 @@ def test_a_tampered_entry_is_refused_and_rebuilt(tmp_path, caplog):
     caplog.clear()
     _same(load_task("listops", PARAMS, cache_dir=tmp_path), task)
     assert "refused and rebuilt" in caplog.text
+
+
+def test_an_entry_is_served_only_under_its_own_key_and_only_if_readable(tmp_path, caplog):
+    """An entry copied over another's (or moved) is refused, as are a garbled .npy header and a FIFO in its place:
+    each rebuilt, never served or hung on."""
+    import os
+    import shutil
+
+    caplog.set_level(logging.INFO, logger="reservoir")
+    other = {**PARAMS, "seed": 4}
+    load_task("listops", PARAMS, cache_dir=tmp_path)
+    load_task("listops", other, cache_dir=tmp_path)
+    mine, theirs = (tmp_path / f"listops-{cache_key('listops', resolve_params('listops', p))}" for p in (PARAMS, other))
+    shutil.rmtree(mine)
+    shutil.copytree(theirs, mine)  # seed 4's arrays where seed 3's belong
+    caplog.clear()
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), get_task("listops", **PARAMS))
+    assert "refused and rebuilt" in caplog.text
+    header = mine / "train.labels.npy"
+    header.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': (    \n")  # a header dict that never closes
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), get_task("listops", **PARAMS))
+    (mine / "test.lengths.npy").unlink()
+    os.mkfifo(mine / "test.lengths.npy")  # reading it would block for ever
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), get_task("listops", **PARAMS))
+
+
+def test_a_data_file_edited_in_place_or_named_from_home_is_read_again(tmp_path, monkeypatch):
+    """The key stamps every data file with its inode and change time (a same-size edit whose modification time was
+    put back still changes it), for a data_dir and for a path under ~ alike."""
+    import os
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "f.tsv").write_bytes(b"1234")
+    before = cache_key("listops", {"data_dir": str(folder)})
+    st = os.stat(folder / "f.tsv")
+    (folder / "f.tsv").write_bytes(b"5678")
+    os.utime(folder / "f.tsv", ns=(st.st_atime_ns, st.st_mtime_ns))  # what cp -p or rsync -t leave
+    assert cache_key("listops", {"data_dir": str(folder)}) != before
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = cache_key("data", {"path": "~/data/f.tsv"})
+    (folder / "f.tsv").write_bytes(b"90")
+    assert cache_key("data", {"path": "~/data/f.tsv"}) != home
 
 
 def test_the_key_follows_params_and_data_files(tmp_path):

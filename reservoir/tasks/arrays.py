@@ -126,6 +126,11 @@ def checked_task(name: str, splits: Mapping[str, Any], *, kind: str | None = Non
         found = list(splits) if isinstance(splits, Mapping) else type(splits).__name__
         raise ReservoirError(f"{where}: expected splits, a mapping from split names (str) including 'train' and "
                              f"'test'; found {found}")
+    unknown = [s for s in splits if s not in SPLIT_NAMES]
+    if unknown:  # nothing reads another name: a 'validation' split would go unused without a word
+        hint = " (the validation split is 'val')" if unknown[0].lower() in ("validation", "valid", "dev") else ""
+        raise ReservoirError(f"{where}: expected split names among {', '.join(map(repr, SPLIT_NAMES))}; found "
+                             f"{unknown[0]!r}{hint}")
     if kind is not None and kind not in KINDS:
         raise ReservoirError(f"{where}: expected kind one of {', '.join(map(repr, KINDS))} or None; found {kind!r}")
     n_out_tokens = int_param(name, "n_out_tokens", n_out_tokens, 1)
@@ -139,6 +144,10 @@ def checked_task(name: str, splits: Mapping[str, Any], *, kind: str | None = Non
     n_classes = _n_classes(name, out, n_classes)
     return TaskData(name=name, params=params, kind=kind, d_in=d_in, n_classes=n_classes, splits=out,
                     n_out_tokens=n_out_tokens, vocab=None if vocab is None else list(vocab))
+
+
+#: The splits a task may have: what training, readouts and stores read (``val`` optional).
+SPLIT_NAMES = ("train", "val", "test")
 
 
 def _is_str(key: Any) -> bool:
@@ -170,9 +179,9 @@ def _split(where: str, value: Any, kind: str | None, n_out_tokens: int) -> tuple
     inputs, lengths, labels = (value[0], None, value[1]) if len(value) == 2 else value
     inputs = _array(where, "inputs", inputs)
     found_kind = _kind(where, inputs, kind)
-    if inputs.shape[0] < 1 or inputs.shape[1] < 1:
-        raise ReservoirError(f"{where}: expected inputs with at least one row and one position; found shape "
-                             f"{inputs.shape}")
+    if 0 in inputs.shape:
+        raise ReservoirError(f"{where}: expected inputs with at least one row, one position and (vectors) one "
+                             f"number; found shape {inputs.shape}")
     if found_kind == "tokens":
         largest = int(inputs.max())  # in the inputs' own dtype: a uint64 id must not wrap
         if largest >= MAX_VOCAB:
@@ -236,9 +245,9 @@ def _lengths(where: str, lengths: Any, n: int, L: int, n_out_tokens: int) -> np.
 def _labels(where: str, labels: Any, n: int, n_out_tokens: int) -> np.ndarray:
     """Labels int64 ``(n, ...)``, ``>= 0``; with several output tokens ``(n, n_out_tokens, ...)``."""
     labels = _array(where, "labels", labels)
-    if labels.ndim < 1 or len(labels) != n or labels.dtype.kind not in "biu":
-        raise ReservoirError(f"{where}: expected integer labels with {n} rows (one per input); found {labels.dtype} of "
-                             f"shape {labels.shape}")
+    if labels.ndim < 1 or len(labels) != n or labels.dtype.kind not in "biu" or 0 in labels.shape[1:]:
+        raise ReservoirError(f"{where}: expected integer labels with {n} rows (one per input), each at least one "
+                             f"label; found {labels.dtype} of shape {labels.shape}")
     if n_out_tokens > 1 and (labels.ndim < 2 or labels.shape[1] != n_out_tokens):
         raise ReservoirError(f"{where}: expected labels of shape ({n}, {n_out_tokens}, ...), one per output token; "
                              f"found {labels.shape}")

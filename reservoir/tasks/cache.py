@@ -5,8 +5,11 @@ arrays to ``<cache>/<name>-<key>/`` (one ``.npy`` file per array, plus
 ``task.json`` with the metadata and the fingerprint). The key hashes the task
 name, every parameter (defaults included), the package version and, for a task
 read from files (a ``data_dir`` parameter, ``~/.cache/reservoir/<name>`` when it
-is ``None``, or the ``data`` task's ``path``), each file's name, size and
-modification time, so edited data is never served from the cache. Later calls
+is ``None``, or the ``data`` task's ``path``), each file's name, size,
+modification time, inode and change time (which a copy or an edit in place
+sets, and ``os.utime`` cannot), so edited data is never served from the cache.
+An entry records its key: one found under another key (copied or moved there)
+is refused like a damaged one. Later calls
 memory-map the inputs copy-on-write (a large task is not read into memory until rows are
 used) and check them against the recorded fingerprint, and the metadata
 (``kind``, ``n_classes``, ...) against a digest that binds it to that
@@ -51,11 +54,8 @@ def task_cache_dir() -> Path | None:
 
 
 def _stamp(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns]
-
-
-def _data_stamp(st: os.stat_result) -> list[int]:
-    """A user's data file: also its inode and change time, which a copy or an edit sets and ``os.utime`` cannot."""
+    """A data file's size, modification time, inode and change time (a copy or an edit sets the last two, and
+    ``os.utime`` cannot)."""
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
@@ -65,14 +65,14 @@ def cache_key(name: str, params: dict[str, Any]) -> str:
     data_dir = params.get("data_dir")
     if data_dir is None and "data_dir" in params:  # the task reads its default folder (where download puts files)
         data_dir = data_folder(name, None, False, None, lambda folder: True)
-    for source, stamp in ((data_dir, _stamp), (params.get("path"), _data_stamp)):
-        root = Path(source) if source else None  # a folder of files; the data task's file or folder
+    for source in (data_dir, params.get("path")):
+        root = Path(source).expanduser() if source else None  # a folder of files; the data task's file or folder
         if root is not None and root.is_file():
-            files.append([root.name, *stamp(root.stat())])
+            files.append([root.name, *_stamp(root.stat())])
         elif root is not None and root.is_dir():
             for p in sorted(root.rglob("*")):
                 if p.is_file():
-                    files.append([str(p.relative_to(root)), *stamp(p.stat())])
+                    files.append([str(p.relative_to(root)), *_stamp(p.stat())])
     key = {"name": name, "params": params, "version": __version__, "files": files}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -107,10 +107,11 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
     if folder is None or params.get("download"):
         return get_task(name, **params)
     full = resolve_params(name, params)
-    entry = folder / f"{name}-{cache_key(name, full)}"
+    key = cache_key(name, full)
+    entry = folder / f"{name}-{key}"
     label = task_label(name, full)  # data-<file stem> for a data file
     if entry.is_dir():
-        task = _read(entry)
+        task = _read(entry, key)
         if task is not None:
             log.info("task %s: loaded from the task cache %s (fingerprint %s)", label, entry, task.fingerprint[:12])
             return task
@@ -119,7 +120,7 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
         shutil.rmtree(entry, ignore_errors=True)
     task = get_task(name, **params)
     try:
-        if _write(task, entry):
+        if _write(task, entry, key):
             log.info("task %s: built and saved to the task cache %s", label, entry)
         else:
             log.info("task %s: built; another process saved it to the task cache %s first", label, entry)
@@ -128,7 +129,7 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
     return task
 
 
-def _write(task: TaskData, entry: Path) -> bool:
+def _write(task: TaskData, entry: Path, key: str) -> bool:
     """Write the task under a temporary name, then rename it into place (readers never see half an entry); ``False``
     when another process saved the same entry first."""
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +140,8 @@ def _write(task: TaskData, entry: Path) -> bool:
                 np.save(tmp / f"{split_name}.{a}.npy", np.ascontiguousarray(getattr(split, a)))
         meta = {"name": task.name, "params": task.params, "kind": task.kind, "d_in": task.d_in,
                 "n_classes": task.n_classes, "n_out_tokens": task.n_out_tokens, "vocab": task.vocab,
-                "splits": list(task.splits), "fingerprint": task.fingerprint, "reservoir_version": __version__}
+                "splits": list(task.splits), "fingerprint": task.fingerprint, "reservoir_version": __version__,
+                "key": key}
         meta["digest"] = _digest(meta)
         (tmp / "task.json").write_text(json.dumps(meta, indent=1))
         os.rename(tmp, entry)
@@ -158,11 +160,12 @@ def _digest(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def _read(entry: Path) -> TaskData | None:
-    """The cached task, or ``None`` when the entry is unreadable or its arrays do not hash to its fingerprint."""
+def _read(entry: Path, key: str) -> TaskData | None:
+    """The cached task, or ``None`` when the entry is unreadable, was written under another key than ``key``, or
+    its arrays do not hash to its fingerprint."""
     try:
         meta = read_json(entry / "task.json", "the task cache's metadata")
-        if not isinstance(meta, dict) or meta.get("digest") != _digest(meta):
+        if not isinstance(meta, dict) or meta.get("digest") != _digest(meta) or meta.get("key") != key:
             return None
         splits = {}
         for s in meta["splits"]:

@@ -77,12 +77,20 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
         which splits are present.
     """
     pa = _pyarrow(source)
+    if inputs == labels:
+        raise ReservoirError(f"{source}: expected the inputs and the labels in two columns; found {inputs!r} named for "
+                             "both (--input-column, --label-column)")
     wanted = {inputs: "--input-column", labels: "--label-column"}
     single = {**wanted, SPLIT_COLUMN: "a single table names each row's split"}
     if source.is_dir():
         loaded = _load_from_disk(source)
         if isinstance(loaded, dict):  # a DatasetDict
             return _named_splits(source, loaded, wanted)
+    if SPLIT_COLUMN in wanted:
+        flag = wanted[SPLIT_COLUMN]
+        raise ReservoirError(f"{source}: column {SPLIT_COLUMN!r}: expected another column for {flag}; found "
+                             f"{SPLIT_COLUMN!r}, which names each row's split in a single table")
+    if source.is_dir():
         _has_columns(source, "", loaded.column_names, single)
         table = loaded.select_columns(list(single)).with_format("arrow")[:]
     elif source.suffix.lower() in (".parquet", ".pq"):
@@ -96,11 +104,15 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
     else:
         import pyarrow.csv as pacsv
 
-        try:
-            table = pacsv.read_csv(source)
+        try:  # the inputs as text, parsed below: a cell of one number is a sequence of one, not an int column
+            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types={inputs: pa.string()}))
         except (OSError, pa.ArrowException) as err:
             raise ReservoirError(f"{source}: expected a CSV file with a header row; found {one_line(err)}") from None
         _has_columns(source, "", table.column_names, single)
+        for name in single:
+            if table.column_names.count(name) > 1:
+                raise _fail(source, f"column {name!r}", "it once in the header row",
+                            f"it {table.column_names.count(name)} times")
     return _split_column(source, table.select(list(single)))
 
 

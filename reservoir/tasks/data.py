@@ -152,27 +152,24 @@ def _npz_fields(source: Path) -> dict[str, np.ndarray]:
     for split in SPLITS:
         names = {p: f"{split}_{p}" for p in PARTS}
         if names["inputs"] in headers and names["labels"] in headers:
-            check_layout(source, names, *(headers.get(names[p]) for p in ("inputs", "lengths", "labels")))
-    check_memory(str(source), sum(h.nbytes for h in headers.values()))
-    try:
-        archive = np.load(source, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ReservoirError(f"{source}: expected {expected}; found {one_line(err)}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ReservoirError(f"{source}: expected {expected}; found a single array (.npy content)")
+            check_layout(source, names, *(headers[names[p]][0] if names[p] in headers else None
+                                          for p in ("inputs", "lengths", "labels")))
+    check_memory(str(source), sum(h.nbytes for h, _ in headers.values()))
     out = {}
-    with archive:
-        for name in headers:
-            try:
-                out[name] = archive[name]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-                raise ReservoirError(f"{source}: {name}: expected a numeric array; found {one_line(err)}") from None
+    try:
+        with zipfile.ZipFile(source) as archive:
+            for name, (_, info) in headers.items():  # the very members whose headers were checked
+                with archive.open(info) as member:
+                    out[name] = np.lib.format.read_array(member, allow_pickle=False)
+    except (OSError, ValueError, EOFError, RuntimeError, zipfile.BadZipFile, NotImplementedError) as err:
+        raise ReservoirError(f"{source}: expected {expected}; found {one_line(err)}") from None
     return out
 
 
-def _npz_headers(source: Path, expected: str) -> dict[str, ArrayHeader]:
-    """The headers of the fields the task reads, each checked against its member's declared size (no data read)."""
-    out = {}
+def _npz_headers(source: Path, expected: str) -> dict[str, tuple[ArrayHeader, zipfile.ZipInfo]]:
+    """The headers of the fields the task reads and their members, each checked against the member's declared size
+    (no data read). A field stored twice (``x`` and ``x.npy``) is refused: which one a reader takes is not ours."""
+    out: dict[str, tuple[ArrayHeader, zipfile.ZipInfo]] = {}
     try:
         with zipfile.ZipFile(source) as archive:
             for info in archive.infolist():
@@ -184,9 +181,12 @@ def _npz_headers(source: Path, expected: str) -> dict[str, ArrayHeader]:
                                          f"{split}_lengths (the fields of split {split!r}); found {name!r}")
                 if not m and name != "vocab_size":
                     continue
-                with archive.open(info) as member:
-                    out[name] = npy_header(member, f"{source}: {name}", info.file_size)
-    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as err:
+                if name in out:
+                    raise ReservoirError(f"{source}: {name}: expected each field once; found the members "
+                                         f"{out[name][1].filename!r} and {info.filename!r}")
+                with archive.open(info) as member:  # RuntimeError: an encrypted member
+                    out[name] = (npy_header(member, f"{source}: {name}", info.file_size), info)
+    except (OSError, EOFError, RuntimeError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as err:
         raise ReservoirError(f"{source}: expected {expected}; found {one_line(err)}") from None
     return out
 

@@ -7,6 +7,7 @@ number of dims, then one uint32 per dim) and the unsigned bytes.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 import zlib
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.io import check_memory, check_regular
 from reservoir.tasks.files import data_folder, download_file, one_line
 
 __all__ = ["IDX_IMAGES_MAGIC", "IDX_LABELS_MAGIC", "MNIST_FILES", "MNIST_URLS", "find_mnist", "read_idx", "read_mnist"]
@@ -45,29 +47,33 @@ def read_idx(path: str, magic: int) -> np.ndarray:
         A missing, truncated or corrupted file, another magic number or a size
         that does not match the header raises ReservoirError (one line).
     """
-    try:
-        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise ReservoirError(f"IDX file {path}: expected it to exist; found no such file") from None
-    except (OSError, EOFError, zlib.error) as err:
-        kind = "gzip-compressed IDX data" if path.endswith(".gz") else "a readable IDX file"
-        raise ReservoirError(f"IDX file {path}: expected {kind}; found a corrupted file ({one_line(err)})") from None
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
-    found = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else None
-    if found is not None and found != magic:
-        raise ReservoirError(f"IDX file {path}: expected magic number 0x{magic:08X} (unsigned bytes, {ndim} dims); "
-                             f"found 0x{found:08X}")  # fmt: skip
-    if len(raw) < header:
-        raise ReservoirError(f"IDX file {path}: expected a header of {header} bytes; found a {len(raw)}-byte file")
-    dims = struct.unpack(f">{ndim}I", raw[4:header])
-    size = header + int(np.prod(dims, dtype=np.int64))
-    if len(raw) != size:
-        state = "truncated" if len(raw) < size else "trailing bytes"
-        raise ReservoirError(f"IDX file {path}: expected {size} bytes for dims {'x'.join(map(str, dims))}; "
-                             f"found {len(raw)} ({state})")  # fmt: skip
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+    kind = "gzip-compressed IDX data" if path.endswith(".gz") else "a readable IDX file"
+    if not os.path.exists(path):
+        raise ReservoirError(f"IDX file {path}: expected it to exist; found no such file")
+    check_regular(path, kind)
+    try:  # the header first: the data are read only as far as it says (a small .gz can inflate to gigabytes)
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            head = f.read(header)
+            found = struct.unpack(">I", head[:4])[0] if len(head) >= 4 else None
+            if found is not None and found != magic:
+                raise ReservoirError(f"IDX file {path}: expected magic number 0x{magic:08X} (unsigned bytes, {ndim} "
+                                     f"dims); found 0x{found:08X}")  # fmt: skip
+            if len(head) < header:
+                raise ReservoirError(f"IDX file {path}: expected a header of {header} bytes; found a "
+                                     f"{len(head)}-byte file")
+            dims = struct.unpack(f">{ndim}I", head[4:header])
+            n_bytes = math.prod(dims)  # Python ints: no product wraps
+            check_memory(path, n_bytes)
+            data = f.read(n_bytes + 1)  # one byte more tells trailing bytes apart
+    except (OSError, EOFError, zlib.error) as err:
+        raise ReservoirError(f"IDX file {path}: expected {kind}; found a corrupted file ({one_line(err)})") from None
+    if len(data) != n_bytes:
+        state = f"found {header + len(data)} (truncated)" if len(data) < n_bytes else "found trailing bytes"
+        raise ReservoirError(f"IDX file {path}: expected {header + n_bytes} bytes for dims "
+                             f"{'x'.join(map(str, dims))}; {state}")  # fmt: skip
+    return np.frombuffer(data, dtype=np.uint8).reshape(dims)
 
 
 def _idx_path(folder: str, name: str) -> str | None:
