@@ -282,6 +282,14 @@ def test_probe_predicts_another_store_and_refuses_another_backbone(stores, tmp_p
     assert not (tmp_path / "c.npz").exists()
 
 
+def test_table_columns_stay_in_line_when_an_interval_reaches_100():
+    from reservoir.cli.readouts import _cell
+
+    cells = [_cell(0.5, (0.4, 0.6)), _cell(1.0, (0.974, 1.0)), _cell(None, None)]
+    assert [len(c) for c in cells] == [24, 24, 24] and all(c.endswith(" ") for c in cells)
+    assert cells[0] == " 50.00% [40.00, 60.00]  " and cells[1] == "100.00% [97.40, 100.00] "
+
+
 def test_cli_prints_intervals_timing_and_learning_curve(stores, tmp_path):
     res = CliRunner().invoke(main, ["fit-linear", str(stores["a"]), "--train-sizes", "100,all",
                                     "--results", str(tmp_path)])

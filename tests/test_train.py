@@ -443,7 +443,7 @@ def test_from_store_refuses_settings_the_store_fixes(tmp_path):
     assert (config.backbone, config.init, config.seed) == ("tiny-gpt2", "pretrained", 0)
 
 
-def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_path, capsys):
+def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_path, capsys, monkeypatch):
     params = {"n_train": 60, "n_test": 20, "n_bits": 3}
     store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", task_params=params,
                                       out=str(tmp_path / "l.zarr")), progress=False)
@@ -454,6 +454,11 @@ def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_pa
     assert r.cached is True and r.parameters == {"output": n, "trainable": n, "total": n}
     assert f"trainable params: {n:,} || all params: {n:,} || trainable%: 100.0000" in capsys.readouterr().out
     assert TrainResult.read(tmp_path / "r" / "results.json").parameters["total"] == n
+    import reservoir.backbones.load as bl
+
+    monkeypatch.setitem(bl.SHORT_NAMES, "tg", "tiny-gpt2")  # a backbone with a short name: its run named by it
+    config = config_for_store(store, finetune="output")
+    assert config.backbone == "tg" and "-tg-" in config.default_out()
 
 
 def test_split_point_store_errors(tmp_path):

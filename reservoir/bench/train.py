@@ -227,7 +227,7 @@ def format_train(r: BenchResult) -> str:
     def mem(side):
         return "" if side["peak_device_mb"] is None else f"{side['peak_device_mb']:14,.0f}"
 
-    head = f"{'':<30} {'step ms':>9} {'steps/s':>9}" + ("" if p["peak_device_mb"] is None else f" {'peak device MB':>14}")
+    head = f"{'':<32} {'step ms':>9} {'steps/s':>9}" + ("" if p["peak_device_mb"] is None else f" {'peak device MB':>14}")
     q2 = r.get("plain_autocast")
     lines = [
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
@@ -235,12 +235,12 @@ def format_train(r: BenchResult) -> str:
         f"{r['batch_size']}, {r['device']} ({r.get('compute_path', r['compute_dtype'])}), {r['torch_threads']} threads",
         f"project step: {mode}",
         head,
-        f"{'project (reservoir train)':<30} {p['step_ms']:9.3f} {p['steps_per_s']:9.1f} {mem(p)}".rstrip(),
-        f"{'plain (HF model, Adam, ' + q.get('compute_dtype', r['compute_dtype']) + ')':<30} {q['step_ms']:9.3f} "
+        f"{'project (reservoir train)':<32} {p['step_ms']:9.3f} {p['steps_per_s']:9.1f} {mem(p)}".rstrip(),
+        f"{'plain (HF model, Adam, ' + q.get('compute_dtype', r['compute_dtype']) + ')':<32} {q['step_ms']:9.3f} "
         f"{q['steps_per_s']:9.1f} {mem(q)}".rstrip(),
     ]
     if q2 is not None:
-        lines.append(f"{'plain under autocast (' + q2['compute_dtype'] + ')':<30} {q2['step_ms']:9.3f} "
+        lines.append(f"{'plain under autocast (' + q2['compute_dtype'] + ')':<32} {q2['step_ms']:9.3f} "
                      f"{q2['steps_per_s']:9.1f} {mem(q2)}".rstrip())
     lines.append(f"project step / plain step = {r['ratio']:.3f}")
     if q2 is not None:

@@ -24,7 +24,7 @@ from reservoir.errors import ReservoirError
 def _live_options(f):
     """The task (or data file), backbone, init and depth of a benchmark that trains: bench speedup, bench train."""
     for option in reversed([
-        train_option("task", default=None),
+        train_option("task", default=None, help="Task name (see `reservoir tasks`); or --data PATH."),
         data_options,
         train_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None),
         train_option("backbone"),

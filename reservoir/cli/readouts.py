@@ -27,6 +27,12 @@ def _pct(value: float | None) -> str:
     return f"{100 * value:6.2f}%"
 
 
+def _cell(accuracy: float, interval) -> str:
+    """``accuracy [low, high]`` and the space to the next column, 24 characters (at least one space): an interval
+    reaching 100.00 takes one of the two spaces, so the columns stay in line."""
+    return f"{_pct(accuracy) + ' ' + ci(interval) + ' ':<24}"
+
+
 def _parse_sizes(value: str | None) -> list[int | None] | None:
     """``--train-sizes 100,1000,all`` -> ``[100, 1000, None]``."""
     if value is None:
@@ -86,9 +92,9 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
                        f"{'fit s':>6}")
             return
         m = r.metrics
-        click.echo(f"{r.config['layer']:>5}  {_pct(m['train_accuracy'])}  {_pct(m['val_accuracy'])} "
-                   f"{ci(m['val_interval'])}  {_pct(m['test_accuracy'])} {ci(m['test_interval'])}  "
-                   f"{m['alpha']:7.0e}  {r.timings['fit_s']:6.1f}")
+        val, test = (_cell(m[f"{s}_accuracy"], m[f"{s}_interval"]) for s in ("val", "test"))
+        click.echo(f"{r.config['layer']:>5}  {_pct(m['train_accuracy'])}  {val}{test}{m['alpha']:7.0e}  "
+                   f"{r.timings['fit_s']:6.1f}")
 
     results = run_fit(store, layers, readout, seed=seed, device=device, final_norm=not no_final_norm,
                       stream={"off": False, "on": True, "auto": "auto"}[stream], train_sizes=sizes, pooling=pooling,
@@ -115,8 +121,8 @@ def _show_curves(results, readout: str, folder: Path) -> None:
     click.echo("learning curve: test accuracy [95% CI] by training rows")
     click.echo((f"{'layer':>5}  " + "  ".join(f"{f'{s:,} rows':<22}" for s in sizes)).rstrip())
     for r in results:
-        cells = [f"{_pct(p['test_accuracy'])} {ci(p['test_interval'])}" for p in r.metrics["learning_curve"]]
-        click.echo(f"{r.config['layer']:>5}  " + "  ".join(cells))
+        cells = [_cell(p["test_accuracy"], p["test_interval"]) for p in r.metrics["learning_curve"]]
+        click.echo((f"{r.config['layer']:>5}  " + "".join(cells)).rstrip())
     png = plot_learning_curves(results, folder / f"{readout}-learning-curve.png",
                                title=f"{folder.name}: {readout} readout")
     click.echo(f"learning curve plot: {png}")

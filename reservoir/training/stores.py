@@ -70,8 +70,11 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
                             "init": store_fields["init"]}
     if layer is not None:
         store_fields["split_layer"] = held["split_layer"] = layer
-    else:  # the features are this backbone's, whatever name was given
-        store_fields["backbone"] = held["backbone"] = a["backbone"]["id"]
+    else:  # the features are this backbone's, whatever name was given (named as a live run names it)
+        from reservoir.backbones.load import SHORT_NAMES
+
+        held["backbone"] = a["backbone"]["id"]
+        store_fields["backbone"] = next((k for k, v in SHORT_NAMES.items() if v == held["backbone"]), held["backbone"])
     if "seed" not in asked:
         store_fields["seed"] = a["backbone"]["seed"]
     if layer is None:  # the head alone, on stored features: settings of the backbone's forward have nothing to act on
