@@ -227,7 +227,8 @@ def format_train(r: BenchResult) -> str:
     def mem(side):
         return "" if side["peak_device_mb"] is None else f"{side['peak_device_mb']:14,.0f}"
 
-    head = f"{'':<32} {'step ms':>9} {'steps/s':>9}" + ("" if p["peak_device_mb"] is None else f" {'peak device MB':>14}")
+    head = f"{'':<32} {'step ms':>9} {'steps/s':>9}"
+    head += "" if p["peak_device_mb"] is None else f" {'peak device MB':>14}"
     q2 = r.get("plain_autocast")
     lines = [
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "
