@@ -442,6 +442,17 @@ def test_csv_columns_named_twice_or_for_two_roles_are_one_line_and_one_number_is
     assert not store.exists()
 
 
+def test_a_uint64_label_beyond_int64_is_named_as_it_is(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "u64.parquet"
+    pq.write_table(pa.table({"inputs": [[1, 2], [3], [1], [2]], "label": pa.array([0, 2**63 + 1, 0, 1], pa.uint64()),
+                             "split": ["train", "train", "test", "test"]}), path)
+    assert_one_line(invoke("fit-raw", "--data", path), "expected labels below 100,000",
+                    "found 9,223,372,036,854,775,809")  # not wrapped to a negative int64
+
+
 def test_missing_optional_package_says_how_to_install(tmp_path, monkeypatch):
     pytest.importorskip("pyarrow")
     parquet = write_columnar(tmp_path / "t.parquet", token_rows(n=(4, 2)), "parquet")

@@ -301,4 +301,5 @@ def label_array(source: Path, field: str, column: Any) -> np.ndarray:
     if arr.null_count:
         row = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
         raise _fail(source, field, "a label in every row", f"a missing value at row {row}")
-    return arr.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = arr.to_numpy(zero_copy_only=False)
+    return values if values.dtype.kind in "iu" else values.astype(np.int64)  # a uint64 checked as it is, not wrapped
