@@ -442,6 +442,19 @@ def test_csv_columns_named_twice_or_for_two_roles_are_one_line_and_one_number_is
     assert not store.exists()
 
 
+def test_one_long_row_that_would_pad_beyond_memory_is_refused_before_padding(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    import reservoir.io as rio
+
+    long_row = " ".join(["1"] * 2000)
+    rows = "".join(f"{long_row if i == 0 else 2},{i % 2},{'train' if i < 3000 else 'test'}\n" for i in range(4000))
+    (tmp_path / "long.csv").write_text("inputs,label,split\n" + rows)
+    monkeypatch.setattr(rio, "available_memory", lambda: 16 * 2**20)  # 3,000 x 2,000 int64 ids are 45.8 MiB
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "long.csv"), "split 'train', column 'inputs'",
+                    "expected padded sequences (3,000 rows x 2,000 positions) that fit in the 16.0 MiB of memory "
+                    "available; found 45.8 MiB")
+
+
 def test_a_uint64_label_beyond_int64_is_named_as_it_is(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line, read_json
+from reservoir.io import check_memory, one_line, read_json
 
 __all__ = ["SPLIT_COLUMN", "label_array", "read_tables", "sequence_arrays"]
 
@@ -259,7 +259,12 @@ def sequence_arrays(source: Path, field: str, column: Any) -> tuple[np.ndarray, 
         found = "a missing value inside a sequence" if values.null_count else f"values of type {t}"
         raise _fail(source, field, "numbers inside each sequence (integers: token ids)", found)
     flat = values.to_numpy(zero_copy_only=False)
-    if d is None and pa.types.is_integer(t):
+    tokens = d is None and pa.types.is_integer(t)
+    width = int(lengths.max()) if len(lengths) else 0
+    # the padded array, before it is made: one long row pads every other row to its length
+    check_memory(f"{source}: {field}", len(lengths) * width * (8 if tokens else 4 * (d or 1)),
+                 f"padded sequences ({len(lengths):,} rows x {width:,} positions)")
+    if tokens:
         return _pad(flat.astype(np.int64, copy=False), lengths), lengths
     return _pad(flat.astype(np.float32, copy=False).reshape(-1, d or 1), lengths), lengths
 
