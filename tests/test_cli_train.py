@@ -48,16 +48,18 @@ def test_a_run_folder_is_resumed_only_on_its_own_data_and_course(tmp_path):
 
     write(0)
     args = ["train", "--data", data, *TINY, "--steps", 10, "--eval-every", 5, "--out", tmp_path / "run"]
-    assert run(*args).exit_code == 0
-    assert run(*args).exit_code == 0  # the finished run, tested again
+    assert run(*args, "--amp", "bf16").exit_code == 0
+    assert run(*args, "--amp", "bf16").exit_code == 0  # the finished run, tested again
     line = one_error_line(run(*args, "--amp", "none"))
-    assert line == f"Error: {tmp_path / 'run'} holds a run with amp='auto', this run has 'none'; pass another --out"
-    assert "holds a run with eval_every=5, this run has 2" in one_error_line(run(*args, "--eval-every", 2))
+    assert line == (f"Error: {tmp_path / 'run'} holds a run with amp='bfloat16', this run has 'float32'; pass "
+                    "another --out")  # the dtype each --amp computes in here
+    assert "holds a run with eval_every=5, this run has 2" in one_error_line(run(*args, "--amp", "bf16",
+                                                                                 "--eval-every", 2))
     write(1)
-    line = one_error_line(run(*args))
+    line = one_error_line(run(*args, "--amp", "bf16"))
     assert re.fullmatch(r"Error: .* holds a run trained on other data \(task='[0-9a-f]{12}\.\.\.', this run has "
                         r"'[0-9a-f]{12}\.\.\.'\); pass another --out", line), line
-    assert TrainResult.read(tmp_path / "run" / "results.json").config["amp"] == "auto"  # left as trained
+    assert TrainResult.read(tmp_path / "run" / "results.json").config["amp"] == "bf16"  # left as trained
 
 
 def test_a_cached_run_never_replaces_another_run(tmp_path):
@@ -75,9 +77,11 @@ def test_a_cached_run_never_replaces_another_run(tmp_path):
     assert TrainResult.read(tmp_path / "c" / "results.json").metrics == first.metrics
     assert "holds a run with lr=0.001, this run has 0.1" in one_error_line(run(*cached, "--lr", 0.1, "--out",
                                                                               tmp_path / "c"))
-    for args in (["--dropout", 0.1], ["--amp", "bf16"], ["--compile"], ["--cuda-graphs", "on"]):
+    for args, expected in ((["--dropout", 0.1], "--dropout 0.0"), (["--amp", "bf16"], "--amp auto or --amp none"),
+                           (["--compile"], "no --compile"),
+                           (["--cuda-graphs", "on"], "--cuda-graphs auto or --cuda-graphs off")):
         line = one_error_line(run(*cached, *args, "--out", tmp_path / "forward"))  # the head alone runs no forward
-        assert f"{' '.join(map(str, args))} with --from-store {store}: expected no {args[0]}" in line
+        assert f"{' '.join(map(str, args))} with --from-store {store}: expected {expected} (a last-token" in line
     assert not (tmp_path / "forward").exists()
     assert run(*cached, "--amp", "none", "--cuda-graphs", "off", "--out", tmp_path / "forward").exit_code == 0
 

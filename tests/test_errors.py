@@ -175,10 +175,15 @@ def test_idx_headers_are_checked_before_the_data_is_read(tmp_path, monkeypatch):
     with pytest.raises(ReservoirError, match="expected arrays that fit in the 64.0 MiB of memory available; found "
                                              "953.7 MiB"):
         read_idx(str(bomb), 0x803)
-    huge = folder / "huge"
-    huge.write_bytes(struct.pack(">IIII", 0x803, 2**31, 2**31, 4))
+    huge = folder / "huge.gz"
+    with gzip.open(huge, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 2**31, 2**31, 4))
     with pytest.raises(ReservoirError, match="memory available"):  # 2^64 bytes, not a product wrapped to 0
         read_idx(str(huge), 0x803)
+    (folder / "huge").write_bytes(struct.pack(">IIII", 0x803, 2**31, 2**31, 4))  # plain: its size says truncated
+    with pytest.raises(ReservoirError, match="expected 18446744073709551632 bytes for dims 2147483648x2147483648x4; "
+                                             "found 16 \\(truncated\\)"):
+        read_idx(str(folder / "huge"), 0x803)
     monkeypatch.undo()
     trailing = folder / "trailing"
     trailing.write_bytes(struct.pack(">II", 0x801, 3) + bytes(4))

@@ -514,8 +514,9 @@ def test_a_full_disk_during_train_is_one_line_and_the_run_resumes(tmp_path, full
             "--steps", 20, "--eval-every", 10, "--quiet", "--out", run]
     r = invoke(*args)
     assert_bad_input(r)
-    assert f"{run}/best.pt: could not write the checkpoint (No space left on device); none was written" in r.stderr
-    assert _leftovers(run) == [] and not (run / "best.pt").exists() and not (run / "results.json").exists()
+    assert f"{run}/last.pt: could not write the checkpoint (No space left on device); none was written" in r.stderr
+    assert _leftovers(run) == [] and not (run / "last.pt").exists() and not (run / "best.pt").exists()
+    assert not (run / "results.json").exists()
     full_disk["bytes"] = 10**9
     assert invoke(*args).exit_code == 0 and (run / "results.json").is_file()
 

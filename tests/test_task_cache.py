@@ -84,6 +84,17 @@ def test_an_entry_is_served_only_under_its_own_key_and_only_if_readable(tmp_path
     caplog.clear()
     _same(load_task("listops", PARAMS, cache_dir=tmp_path), get_task("listops", **PARAMS))
     assert "refused and rebuilt" in caplog.text
+    import json
+
+    from reservoir.tasks.cache import _digest
+
+    meta = json.loads((mine / "task.json").read_text())
+    del meta["key"]
+    meta["digest"] = _digest(meta)
+    (mine / "task.json").write_text(json.dumps(meta))  # as an earlier version wrote it: rebuilt, not "refused"
+    caplog.clear()
+    _same(load_task("listops", PARAMS, cache_dir=tmp_path), get_task("listops", **PARAMS))
+    assert "was written by an earlier version; rebuilt" in caplog.text and "refused" not in caplog.text
     header = mine / "train.labels.npy"
     header.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': (    \n")  # a header dict that never closes
     _same(load_task("listops", PARAMS, cache_dir=tmp_path), get_task("listops", **PARAMS))

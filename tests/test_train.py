@@ -459,6 +459,8 @@ def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_pa
     monkeypatch.setitem(bl.SHORT_NAMES, "tg", "tiny-gpt2")  # a backbone with a short name: its run named by it
     config = config_for_store(store, finetune="output")
     assert config.backbone == "tg" and "-tg-" in config.default_out()
+    with pytest.raises(ReservoirError, match="--amp bf16 with --from-store .*: expected --amp auto or --amp none"):
+        run(replace(config, amp="bf16"), progress=False)  # the Python API refuses what the CLI refuses
 
 
 def test_split_point_store_errors(tmp_path):

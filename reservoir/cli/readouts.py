@@ -63,7 +63,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
                    "per layer).")
 @click.option("--train-sizes", default=None, metavar="N,N,...,all",
               help="Also fit on nested, seeded subsets of the training rows (a learning curve): a table and "
-                   "<readout>-learning-curve.png.")
+                   "<readout>[-<pooling>][-nonorm]-learning-curve.png.")
 @click.option("--pooling", default=None, metavar="last|first|mean",
               help="Which pooling of the store to read (extract --pooling); default the store's first.")
 @click.option("--save", is_flag=True, help="Keep each fitted readout as a probe beside its results file "
@@ -79,7 +79,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @storage_option(store="STORE")
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
-    from reservoir.readouts.run import fit_linear as run_fit, results_folder
+    from reservoir.readouts.run import fit_linear as run_fit, result_stem, results_folder
 
     layers = "all" if layer == "all" else _parse_layers(layer, "--layer")
     if isinstance(layers, list):
@@ -105,7 +105,7 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     click.echo(f"fits: {fit_s:.1f} s for {len(results)} layer(s), {strengths} L2 strength(s) each; "
                f"store read {load_s:.1f} s")
     folder = results_folder(results_dir, results[0].config["store"])
-    stem = readout if results[0].config["pooling"] == "last" else f"{readout}-{results[0].config['pooling']}"
+    stem = result_stem(readout, results[0].config["pooling"], not no_final_norm)
     if sizes:
         _show_curves(results, stem, folder)
     if save:

@@ -53,9 +53,7 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
     if from_store is not None:  # the store says which task and init (and split layer, or backbone); --seed is ours
         given = _explicit(click.get_current_context(), {"task": "task", "data": "task", "params": "task_params",
                                                         "init": "init", "seed": "seed", "backbone": "backbone",
-                                                        "split_layer": "split_layer", "dropout": "dropout",
-                                                        "amp": "amp", "compiled": "compile",
-                                                        "cuda_graphs": "cuda_graphs"})
+                                                        "split_layer": "split_layer"})
         if "task" in given:
             given.add("task_params")
         config = config_for_store(from_store, given=given, task=task, task_params=task_params, init=init, seed=seed,

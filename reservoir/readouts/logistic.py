@@ -261,7 +261,7 @@ class LogisticReadout(base.LinearReadout):
         full = stream(train_chunks)
         fit_source, n_fit, val = train_chunks, moments.n, None
         g, fraction = self.group_rows, self.val_fraction
-        if carve:  # a few rows: the hash may hold none, or all, out
+        if carve and not 0 < n_val < moments.n:  # a few rows: the hash held none, or all, out
             fraction = carve_fraction(moments.n, self.val_fraction, seed, g)
             if fraction != self.val_fraction:
                 n_val = int(holdout_mask(0, moments.n, fraction, seed, g).sum())

@@ -179,7 +179,7 @@ class RidgeReadout(base.LinearReadout):
         carve = val_chunks is None and (self.alphas is None or len(self.alphas) > 1)
         everything, held, y_shape = self._accumulate(train_chunks, seed if carve else None, self.val_fraction)
         fraction = self.val_fraction
-        if carve:  # a few rows: the hash may hold none, or all, out
+        if carve and not 0 < held.x.n < everything.x.n:  # a few rows: the hash held none, or all, out
             fraction = carve_fraction(everything.x.n, self.val_fraction, seed, self.group_rows)
             if fraction != self.val_fraction:
                 everything, held, y_shape = self._accumulate(train_chunks, seed, fraction)

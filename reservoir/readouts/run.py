@@ -180,11 +180,13 @@ def fit_linear(
         ``mean``; ``extract --pooling``); default the store's first.
     results_dir : path, optional
         When given, each result is also written to
-        ``results_dir/<store name>/<readout>-layer<K>.json`` (``<readout>-<pooling>-layer<K>.json`` for a
-        pooling other than ``last``; the folder is proved writable before any fit). Nothing is written without it.
+        ``results_dir/<store name>/<stem>-layer<K>.json``, the stem
+        :func:`result_stem` (``logistic``, ``logistic-mean``,
+        ``logistic-nonorm``, ...; the folder is proved writable before any
+        fit). Nothing is written without it.
     save : bool
         Also keep each fitted readout as a probe beside its results file
-        (``<readout>-layer<K>.safetensors`` and ``.probe.json``;
+        (``<stem>-layer<K>.safetensors`` and ``.probe.json``;
         :mod:`reservoir.readouts.probes`). Needs ``results_dir``.
     on_result : callable, optional
         Called with ``None`` once every layer has been checked (and
@@ -225,8 +227,7 @@ def fit_linear(
             raise ReservoirError(f"{st.path}: expected distinct train sizes; found {st.n_rows('train'):,} and 'all', "
                                  f"which are both the store's {st.n_rows('train'):,} training rows")
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
-        # results of each pooling, and of raw features, beside the others: logistic-mean-nonorm-layer2.json
-        stem = readout + ("" if pooled == "last" else f"-{pooled}") + ("" if final_norm else "-nonorm")
+        stem = result_stem(readout, pooled, final_norm)
         folder = None if results_dir is None else results_folder(results_dir, st.path)
         if folder is not None:  # refused now, not after the fits
             writable_folder(folder)
@@ -264,6 +265,18 @@ def fit_linear(
             if on_result is not None:
                 on_result(result)
         return results
+
+
+def result_stem(readout: str, pooling: str, final_norm: bool) -> str:
+    """The name of a fit's files less ``-layer<K>.json``: the readout, then the pooling unless ``last``, then
+    ``nonorm`` for raw features, so every kind of fit of a layer sits beside the others.
+
+    Examples
+    --------
+    >>> result_stem("logistic", "last", True), result_stem("ridge", "mean", False)
+    ('logistic', 'ridge-mean-nonorm')
+    """
+    return readout + ("" if pooling == "last" else f"-{pooling}") + ("" if final_norm else "-nonorm")
 
 
 def store_stem(store: object) -> str:

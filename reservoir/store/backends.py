@@ -125,7 +125,7 @@ class Backend:
         """``array(name)[sel]``; a failed read waits for the requests it left running before it raises."""
         try:
             return self.array(name)[sel]
-        except BaseException:
+        except Exception:  # not Ctrl-C: that one stops at once
             self.settle()
             raise
 
@@ -221,7 +221,8 @@ class ZarrBackend(Backend):
     def settle(self):
         """Zarr reads and writes the chunks of one call as concurrent tasks on its event-loop thread, and one failing
         chunk does not cancel the others: left running, their callbacks would land in a loop closed at exit (a
-        flood of tracebacks, at worst a crash). Wait for them (2 minutes at most), their outcomes ignored."""
+        flood of tracebacks, at worst a crash). Wait for them (2 minutes at most), their outcomes ignored; the wait
+        takes in whatever else runs on Zarr's loop then (another thread's reads or writes), which go on as before."""
         import asyncio
 
         from zarr.core import sync

@@ -13,6 +13,7 @@ present.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -116,6 +117,12 @@ def gather_splits(splits: Mapping[str, Any] | None, train: Any = None, val: Any 
     return named
 
 
+#: What a split may be called: a name a store holds as a group, a file name, a results key.
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Names of a validation split other than ``val``, which training and readouts would not read.
+VALIDATION_ALIASES = ("validation", "valid", "dev")
+
+
 def checked_task(name: str, splits: Mapping[str, Any], *, kind: str | None = None, d_in: int | None = None,
                  n_classes: int | None = None, n_out_tokens: int = 1, vocab: Sequence[str] | None = None,
                  params: Mapping[str, Any] | None = None) -> TaskData:
@@ -126,11 +133,13 @@ def checked_task(name: str, splits: Mapping[str, Any], *, kind: str | None = Non
         found = list(splits) if isinstance(splits, Mapping) else type(splits).__name__
         raise ReservoirError(f"{where}: expected splits, a mapping from split names (str) including 'train' and "
                              f"'test'; found {found}")
-    unknown = [s for s in splits if s not in SPLIT_NAMES]
-    if unknown:  # nothing reads another name: a 'validation' split would go unused without a word
-        hint = " (the validation split is 'val')" if unknown[0].lower() in ("validation", "valid", "dev") else ""
-        raise ReservoirError(f"{where}: expected split names among {', '.join(map(repr, SPLIT_NAMES))}; found "
-                             f"{unknown[0]!r}{hint}")
+    for s in splits:  # a name a store can hold; a validation split under another name than 'val' would go unused
+        if s.lower() in VALIDATION_ALIASES:
+            raise ReservoirError(f"{where}: expected the validation split named 'val' (what training and readouts "
+                                 f"select on); found {s!r}")
+        if not _SPLIT_NAME.fullmatch(s):
+            raise ReservoirError(f"{where}: expected split names of letters, digits, '_' and '-' ('train', 'val', "
+                                 f"'test', 'test_ood', ...); found {s!r}")
     if kind is not None and kind not in KINDS:
         raise ReservoirError(f"{where}: expected kind one of {', '.join(map(repr, KINDS))} or None; found {kind!r}")
     n_out_tokens = int_param(name, "n_out_tokens", n_out_tokens, 1)
@@ -144,10 +153,6 @@ def checked_task(name: str, splits: Mapping[str, Any], *, kind: str | None = Non
     n_classes = _n_classes(name, out, n_classes)
     return TaskData(name=name, params=params, kind=kind, d_in=d_in, n_classes=n_classes, splits=out,
                     n_out_tokens=n_out_tokens, vocab=None if vocab is None else list(vocab))
-
-
-#: The splits a task may have: what training, readouts and stores read (``val`` optional).
-SPLIT_NAMES = ("train", "val", "test")
 
 
 def _is_str(key: Any) -> bool:

@@ -124,8 +124,9 @@ class TaskData:
             ``"arrays"``); not a registered task's name.
         splits : mapping of str to tuple or Split, optional
             ``{"train": (inputs, lengths, labels), "test": ...}`` (``"train"``
-            and ``"test"`` required, ``"val"`` optional and no other name,
-            order kept). ``(inputs, labels)`` or ``lengths=None`` means every
+            and ``"test"`` required, ``"val"`` the validation split, others
+            such as ``"test_ood"`` extracted and predicted too; names of
+            letters, digits, ``_`` and ``-``; order kept). ``(inputs, labels)`` or ``lengths=None`` means every
             sequence is full length. Inputs are token ids, integers ``(N, L)``
             (right-padded; every id, padding included, in ``0..d_in-1``), or
             vectors ``(N, L, d_in)`` of numbers. Lengths are integers ``(N,)``

@@ -115,8 +115,11 @@ def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | 
         if task is not None:
             log.info("task %s: loaded from the task cache %s (fingerprint %s)", label, entry, task.fingerprint[:12])
             return task
-        log.warning("task %s: the cached copy %s is unreadable or does not match its fingerprint; refused and rebuilt",
-                    label, entry)
+        if _earlier(entry):
+            log.info("task %s: the cached copy %s was written by an earlier version; rebuilt", label, entry)
+        else:
+            log.warning("task %s: the cached copy %s is unreadable or does not match its fingerprint; refused and "
+                        "rebuilt", label, entry)
         shutil.rmtree(entry, ignore_errors=True)
     task = get_task(name, **params)
     try:
@@ -158,6 +161,15 @@ def _digest(meta: dict[str, Any]) -> str:
     among them, so an edited ``n_classes`` or ``kind`` no longer matches."""
     fields = {k: v for k, v in meta.items() if k != "digest"}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _earlier(entry: Path) -> bool:
+    """Whether an entry was written before entries recorded their key (its metadata otherwise whole)."""
+    try:
+        meta = read_json(entry / "task.json", "the task cache's metadata")
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "key" not in meta and meta.get("digest") == _digest(meta)
 
 
 def _read(entry: Path, key: str) -> TaskData | None:

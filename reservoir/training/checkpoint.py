@@ -165,22 +165,25 @@ def new_state() -> dict[str, Any]:
     return {"step": 0, "curve": [], "best_val": -1.0, "best_step": 0, "train_seconds": 0.0}
 
 
-def course(config: TrainConfig) -> dict[str, Any]:
-    """The settings outside the run's key that a resume may not change (:data:`~reservoir.training.config.COURSE`)."""
-    from reservoir.training.config import COURSE
+def course(config: TrainConfig, device) -> dict[str, Any]:
+    """What a resume may not change though it is outside the run's key (``last.pt`` records it as ``course``):
+    the dtype its steps compute in on ``device`` (``--amp`` as it resolves there: ``auto`` and ``bf16`` are one
+    course where ``auto`` is bf16) and when it validates."""
+    from reservoir.runtime import compute_dtype
 
-    return {k: getattr(config, k) for k in COURSE}
+    return {"amp": str(compute_dtype(device, config.amp)).removeprefix("torch."), "eval_every": config.eval_every}
 
 
-def check_same_run(ckpt: dict[str, Any], where: Path, config: TrainConfig, data: dict[str, Any] | None) -> None:
-    """Refuse (one line) a checkpoint of another run: other settings, another course, or other data.
+def check_same_run(ckpt: dict[str, Any], where: Path, config: TrainConfig, data: dict[str, Any] | None,
+                   device: Any = "cpu") -> None:
+    """Refuse (one line) a checkpoint of another run: other settings, another course on ``device``, or other data.
 
     ``data`` is the data's identity (:meth:`~reservoir.training.data.TrainData.identity`); checkpoints written
-    before it was recorded hold none, and are compared by their settings alone.
+    before it and the course were recorded hold neither, and are compared by their settings alone.
     """
     diff = differing(ckpt["config"], config)
     if diff is None and isinstance(ckpt.get("course"), dict):
-        now = course(config)
+        now = course(config, device)
         found = settings.first_difference(ckpt["course"], now, keys=now)
         diff = None if found is None else settings.describe_difference(found)
     if diff is not None:
@@ -202,7 +205,7 @@ def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.O
     do not: they resume with the CUDA generators as they are).
     """
     ckpt = load(last, LAST_KEYS, device)
-    check_same_run(ckpt, last.parent, config, data)
+    check_same_run(ckpt, last.parent, config, data, device)
     load_trainable(model, ckpt["trainable"], last)
     try:
         opt.load_state_dict(ckpt["optimizer"])
@@ -217,17 +220,20 @@ def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.O
     if not isinstance(state, dict) or not new_state().keys() <= state.keys():
         found = f"keys {', '.join(map(str, state))}" if isinstance(state, dict) else f"a {type(state).__name__}"
         raise ReservoirError(f"{last}: expected a loop state with {', '.join(new_state())}, found {found}")
-    _complete_best(last, ckpt, state, device)
+    _complete_best(last, ckpt, state)
     return state
 
 
-def _complete_best(last: Path, ckpt: dict[str, Any], state: dict[str, Any], device) -> None:
+def _complete_best(last: Path, ckpt: dict[str, Any], state: dict[str, Any]) -> None:
     """Write ``best.pt`` from ``last.pt`` when the run stopped between the two writes of its best step (``last.pt``
-    is written first, so that is the one way they disagree)."""
+    is written first, so that is the one way they disagree; a ``best.pt`` left unreadable is written again too)."""
     if state["step"] == 0 or state["best_step"] != state["step"]:
         return
     best = last.parent / "best.pt"
-    if best.exists() and load(best, BEST_KEYS, device)["step"] == state["step"]:
-        return
+    try:
+        if load(best, BEST_KEYS)["step"] == state["step"]:
+            return
+    except ReservoirError:  # missing, or cut short by the stop
+        pass
     save(best, {"config": ckpt["config"], **({"data": ckpt["data"]} if "data" in ckpt else {}),
                 "trainable": ckpt["trainable"], "step": state["step"]})

@@ -124,9 +124,6 @@ class TrainConfig:
         return json.loads(json.dumps(d, default=float))
 
 
-#: Settings outside a run's key that it may still not change midway: how its steps compute, when it validates.
-COURSE = ("amp", "eval_every")
-
 #: The constraint of every number of :class:`TrainConfig` (recipes check their cells against it too).
 BOUNDS: dict[str, options.Constraint] = {
     f.name: f.metadata["setting"].constraint for f in dataclasses.fields(TrainConfig)

@@ -134,7 +134,8 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     dropout), with Adam, gradient-norm clipping and CUDA autocast as
     ``settings`` say. Frozen linear weights are stored in the compute dtype
     for the run (what autocast computes with) and the original tensors put
-    back when it ends, so ``model`` is left in its own dtype, trained.
+    back when it ends, so ``model`` is left in its own dtype, trained (the
+    originals wait in host memory meanwhile).
 
     Parameters
     ----------
@@ -165,19 +166,23 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     >>> r.metrics["steps"]
     20
     """
-    weights = {name: p.data for name, p in model.named_parameters()}  # the caller's tensors, put back at the end
+    weights = {name: p.data for name, p in model.named_parameters()}  # the caller's tensors
+    counts, opt = ready_to_train(model, data, settings)
+    # the originals of the frozen weights cast for the run, kept on the host (not beside their copies on a GPU)
+    cast = {name: weights[name].cpu() for name, p in model.named_parameters() if p.dtype != weights[name].dtype}
+    del weights
     try:
-        return _train(model, data, settings, out, progress, extra)
+        return _train(model, data, settings, counts, opt, out, progress, extra)
     finally:
         with torch.no_grad():
-            for name, p in model.named_parameters():  # frozen weights cast for the run: the originals, not rounded
-                if name in weights and p.data.dtype != weights[name].dtype:
-                    p.data = weights[name]
+            for name, p in model.named_parameters():  # the originals again, not the rounded copies
+                if name in cast:
+                    p.data = cast[name].to(p.device)
 
 
-def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, out: str | os.PathLike | None,
-           progress: bool, extra: dict[str, Any] | None) -> TrainResult:
-    counts, opt = ready_to_train(model, data, settings)
+def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, counts: dict[str, int],
+           opt: torch.optim.Optimizer, out: str | os.PathLike | None, progress: bool, extra: dict[str, Any] | None
+           ) -> TrainResult:
     print(describe(counts))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     with run_folder_lock(folder):  # one writer per run folder
@@ -319,7 +324,8 @@ def _checkpoint(folder: Path, settings: TrainConfig, data: dict[str, Any], train
     generator's state and, for a run on CUDA, every CUDA generator's (dropout draws there).
     """
     key = settings.key()
-    last = {"config": key, "data": data, "course": ckpt.course(settings), "trainable": trainable,
+    device = next(iter(trainable.values())).device
+    last = {"config": key, "data": data, "course": ckpt.course(settings, device), "trainable": trainable,
             "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "state": state}
     if any(t.is_cuda for t in trainable.values()):
         last["cuda_rng"] = torch.cuda.get_rng_state_all()

@@ -77,15 +77,6 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
         store_fields["backbone"] = next((k for k, v in SHORT_NAMES.items() if v == held["backbone"]), held["backbone"])
     if "seed" not in asked:
         store_fields["seed"] = a["backbone"]["seed"]
-    if layer is None:  # the head alone, on stored features: settings of the backbone's forward have nothing to act on
-        for name, acts in (("dropout", lambda v: v != 0), ("amp", lambda v: v in ("bf16", "fp16")),
-                           ("compile", bool), ("cuda_graphs", lambda v: v == "on")):
-            if name in asked and acts(settings[name]):
-                flag = options.label_of(name, options.field_setting(TrainConfig, name))
-                value = "" if isinstance(settings[name], bool) else f" {settings[name]}"
-                raise ReservoirError(f"{flag}{value} with --from-store {path}: expected no {flag} (a last-token "
-                                     "store trains the output layer alone on its features, in float32; nothing "
-                                     "runs a forward for it to act on)")
     for name in [n for n in held if n in asked]:
         if not _agrees(name, settings[name], held[name]):
             flag = options.label_of(name, options.field_setting(TrainConfig, name))
@@ -183,6 +174,7 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
         raise ReservoirError(f"{config.from_store}: expected a split-point store (extract --full-seq-layer S) to "
                              f"train --finetune {config.finetune}; found last-token features only, which train the "
                              "output layer alone (--finetune output)")
+    _check_headless(config)
     device = resolve_device(config.device)
     splits, attrs, fingerprint = _resident_splits(config, device)
     (X, Y), (Xv, Yv) = splits["train"], splits["val"]
@@ -218,6 +210,24 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
             ckpt.save(folder / "best.pt", {"config": config.key(), "data": identity, "head": best, "step": best_step})
             result.write(folder / "results.json")
         return result
+
+
+#: Settings of a forward, each with the values a head trained on stored features honours (it runs no forward).
+_FORWARD_ONLY = {"dropout": (0.0,), "amp": ("auto", "none"), "compile": (False,), "cuda_graphs": ("auto", "off")}
+
+
+def _check_headless(config: TrainConfig) -> None:
+    """Refuse (one line) settings that act on a forward: the head alone, on a last-token store's features, in
+    float32, runs none, so they would be ignored."""
+    for name, honoured in _FORWARD_ONLY.items():
+        value = getattr(config, name)
+        if value not in honoured:
+            flag = options.label_of(name, options.field_setting(TrainConfig, name))
+            found = flag if isinstance(value, bool) else f"{flag} {value}"
+            allowed = " or ".join(f"{flag} {v}" for v in honoured if not isinstance(v, bool)) or f"no {flag}"
+            raise ReservoirError(f"{found} with --from-store {config.from_store}: expected {allowed} (a last-token "
+                                 "store trains the output layer alone on its features, in float32; no forward runs "
+                                 "for it to act on)")
 
 
 def _check_cached_folder(folder: Path, config: TrainConfig, identity: dict[str, Any]) -> None:

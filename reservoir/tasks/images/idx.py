@@ -65,15 +65,24 @@ def read_idx(path: str, magic: int) -> np.ndarray:
                                      f"{len(head)}-byte file")
             dims = struct.unpack(f">{ndim}I", head[4:header])
             n_bytes = math.prod(dims)  # Python ints: no product wraps
+            if not path.endswith(".gz"):  # a plain file's size says at once whether the data are all there
+                _check_size(path, dims, header + n_bytes, os.fstat(f.fileno()).st_size)
             check_memory(path, n_bytes)
             data = f.read(n_bytes + 1)  # one byte more tells trailing bytes apart
     except (OSError, EOFError, zlib.error) as err:
         raise ReservoirError(f"IDX file {path}: expected {kind}; found a corrupted file ({one_line(err)})") from None
     if len(data) != n_bytes:
-        state = f"found {header + len(data)} (truncated)" if len(data) < n_bytes else "found trailing bytes"
-        raise ReservoirError(f"IDX file {path}: expected {header + n_bytes} bytes for dims "
-                             f"{'x'.join(map(str, dims))}; {state}")  # fmt: skip
+        _check_size(path, dims, header + n_bytes, header + len(data))
     return np.frombuffer(data, dtype=np.uint8).reshape(dims)
+
+
+def _check_size(path: str, dims: tuple[int, ...], expected: int, found: int) -> None:
+    """Refuse (one line) an IDX file of another size than its header's dims make (``found`` past ``expected`` as far
+    as it was read)."""
+    if found != expected:
+        state = f"found {found} (truncated)" if found < expected else "found trailing bytes"
+        raise ReservoirError(f"IDX file {path}: expected {expected} bytes for dims {'x'.join(map(str, dims))}; "
+                             f"{state}")
 
 
 def _idx_path(folder: str, name: str) -> str | None:
