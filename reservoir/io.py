@@ -7,6 +7,7 @@ Nothing here knows about tasks, stores or models; everything above imports it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -184,11 +185,27 @@ def replaceable(dest: str | os.PathLike) -> None:
     try:
         with open(dest, "rb") as f:
             head = f.read(8)
+            held = _held(f.fileno())
     except OSError:
         return  # unreadable: the write itself says why it fails, if it does
+    if held:
+        raise ReservoirError(f"{dest}: expected a file path to write; found a file a running process holds locked "
+                             "(a store's or a run's lock), which is never replaced by an output")
     if head == HDF5_MAGIC:
         raise ReservoirError(f"{dest}: expected a file path to write; found an HDF5 file (a feature store?), which is "
                              "never replaced by an output: remove it first or choose another path")
+
+
+def _held(fd: int) -> bool:
+    """Whether another open file holds an exclusive ``flock`` on the file (a writer's lock file)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as err:
+        return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:

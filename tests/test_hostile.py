@@ -1002,6 +1002,25 @@ def test_an_output_never_replaces_an_hdf5_store(saved_probe, tmp_path):
     assert "found an HDF5 file (a feature store?)" in line and other.read_bytes() == before
 
 
+def test_an_output_never_replaces_a_held_lock_file_a_folder_figure_or_a_bench_step_beyond_the_limit(saved_probe,
+                                                                                                    tmp_path):
+    from reservoir.store.lock import StoreLock
+
+    store, probe = saved_probe
+    with StoreLock(tmp_path / "busy.zarr") as lock:  # a writer's lock: replacing it would let a second writer in
+        line = assert_bad_input(invoke("predict", f"{probe}.probe.json", store, "--out", lock.path))
+        assert "found a file a running process holds locked" in line and lock.path.read_bytes()
+    (tmp_path / "figures").mkdir()
+    from reservoir.errors import ReservoirError
+    from reservoir.training.attention import figure_path
+
+    with pytest.raises(ReservoirError, match="expected a figure file path; found a folder"):
+        figure_path(tmp_path / "figures")
+    line = assert_bad_input(invoke("bench", "train", "--task", "bit-xor", "--backbone", "tiny-gpt2", "--warmup",
+                                   10**9 + 1))
+    assert "--warmup: expected 1..1,000,000,000, found 1,000,000,001" in line
+
+
 def test_bench_readout_refuses_train_rows_of_one_class_after_the_validation_carve(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(12, 6, 4)).astype(np.float32)

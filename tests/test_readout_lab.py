@@ -1,6 +1,7 @@
 """The readout lab: the batched L2 path, intervals, learning curves, probes kept and applied."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,6 +249,24 @@ def test_results_of_raw_features_sit_beside_those_of_normed_ones(stores, tmp_pat
         assert saved["config"]["final_norm"] is norm  # (the CLI's run of raw features refitted the same)
         assert saved["metrics"]["test_accuracy"] == result.metrics["test_accuracy"]
         assert json.loads((tmp_path / "a" / f"{name}.probe.json").read_text())["final_norm"] is norm
+
+
+def test_a_results_folder_has_one_writer_and_lies_outside_the_store(stores, tmp_path):
+    """Two fit-linear runs into one folder would leave one's results beside the other's probes: the second is
+    refused naming the first; and results are never written inside the store they read."""
+    import os
+
+    from reservoir.store.lock import StoreLock
+
+    with StoreLock(tmp_path / "a"):  # another fit-linear writing this store's results folder
+        with pytest.raises(ReservoirError, match=f"{tmp_path / 'a'} is being written by pid {os.getpid()}"):
+            fit_linear(stores["a"], layers=[1], results_dir=tmp_path, save=True)
+    assert not list((tmp_path / "a").glob("*.json"))
+    with pytest.raises(ReservoirError, match="expected a results folder outside the input .*a.zarr; found one "
+                                             "inside it"):
+        fit_linear(stores["a"], layers=[1], results_dir=stores["a"])
+    assert not (Path(stores["a"]) / "a").exists()  # nothing was written into the store
+    assert fit_linear(stores["a"], layers=[1], results_dir=tmp_path)[0].config["layer"] == 1  # free again
 
 
 def test_read_layers_reads_each_chunk_once_and_equals_load_layer(stores, monkeypatch):

@@ -19,6 +19,7 @@ from reservoir.cli.common import (
     train_option,
 )
 from reservoir.errors import ReservoirError
+from reservoir.training.config import MAX_STEPS
 
 
 def _live_options(f):
@@ -132,8 +133,8 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
     task, task_params = _task_from(task, data, input_column, label_column, params)
     _check_out(out, *task_inputs(task_params))
     for name, value in (("--steps", steps), ("--warmup", warmup)):
-        if value < 1:
-            raise click.BadParameter(f"expected at least 1, found {value}", param_hint=name)
+        if not 1 <= value <= MAX_STEPS:
+            raise click.BadParameter(f"expected 1..{MAX_STEPS:,}, found {value:,}", param_hint=name)
     config = TrainConfig(task=task, task_params=task_params, backbone=backbone, init=init, layers=layers,
                          finetune=finetune, batch_size=batch_size, lr=lr, seed=seed, device=device, amp=amp,
                          cuda_graphs=cuda_graphs, compile=compiled)

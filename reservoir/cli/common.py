@@ -39,15 +39,22 @@ class _Group(click.Group):
                        "memory (use smaller inputs or raise the limit)", err=True)
             ctx.exit(2)
         except Terminated as stop:
-            click.echo("Terminated; rerun the same command to resume.", err=True)
+            click.echo(f"Terminated; {_again(ctx)}.", err=True)
             ctx.exit(128 + stop.signum)
         except KeyboardInterrupt:
-            click.echo("Interrupted; rerun the same command to resume.", err=True)
+            click.echo(f"Interrupted; {_again(ctx)}.", err=True)
             ctx.exit(130)
 
 
 #: Longest error line printed: past it, the middle is cut (a value read from a file can be of any size).
 MAX_ERROR_CHARS = 2000
+
+
+def _again(ctx: click.Context) -> str:
+    """What rerunning the stopped command does: a benchmark measures again, anything else resumes its work."""
+    if ctx.invoked_subcommand == "bench":
+        return "rerun the same command to measure again"
+    return "rerun the same command to resume"
 
 
 def error_line(err: BaseException) -> str:

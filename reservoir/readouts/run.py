@@ -9,6 +9,7 @@ folder) writes the result there with :meth:`FitResult.write`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -27,6 +28,7 @@ from reservoir.readouts.sweep import make_readout, test_metrics, validation_metr
 from reservoir.results import Result
 from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
+from reservoir.store.lock import run_folder_lock
 
 if TYPE_CHECKING:
     from reservoir.tasks import TaskData
@@ -212,7 +214,7 @@ def fit_linear(
     if save and results_dir is None:
         raise ReservoirError("expected a results_dir to save the probes beside their results; found none")
     seed, device = check_seed(seed), str(resolve_device(device))
-    with opened(store) as st:
+    with opened(store) as st, contextlib.ExitStack() as held:
         if not st.complete:
             raise ReservoirError(f"{st.path}: expected a complete store, found an unfinished extraction (rerun it)")
         if "train" not in st.splits or "test" not in st.splits:
@@ -230,7 +232,11 @@ def fit_linear(
         stem = result_stem(readout, pooled, final_norm)
         folder = None if results_dir is None else results_folder(results_dir, st.path)
         if folder is not None:  # refused now, not after the fits
+            if _inside(folder, st.path):
+                raise ReservoirError(f"{results_dir}: expected a results folder outside the input {st.path}; found "
+                                     "one inside it")
             writable_folder(folder)
+            held.enter_context(run_folder_lock(folder))  # one writer: each results file beside its own probe
             _check_owner(folder, stem, source)
         if on_result is not None:
             on_result(None)
@@ -265,6 +271,13 @@ def fit_linear(
             if on_result is not None:
                 on_result(result)
         return results
+
+
+def _inside(path: Path, container: object) -> bool:
+    """Whether ``path`` lies in ``container`` (a store on local disk; never a URL), both resolved."""
+    if not isinstance(container, (str, os.PathLike)) or "://" in os.fspath(container):
+        return False
+    return Path(path).resolve().is_relative_to(Path(os.fspath(container)).resolve())
 
 
 def result_stem(readout: str, pooling: str, final_norm: bool) -> str:

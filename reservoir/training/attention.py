@@ -127,6 +127,9 @@ def figure_path(path: str | os.PathLike) -> Path:
     from matplotlib.backend_bases import FigureCanvasBase
 
     out = Path(path)
+    if out.exists() and not out.is_file():  # a folder or a device: never a figure written beside it
+        found = "a folder" if out.is_dir() else "a device or other special file"
+        raise ReservoirError(f"--out {out}: expected a figure file path; found {found}")
     if not out.suffix:
         return out.with_name(out.name + ".png")
     kinds = FigureCanvasBase.get_supported_filetypes()
