@@ -169,7 +169,7 @@ def test_bench_train_cli(tmp_path):
     assert f"project step / plain step under autocast = {b['ratio_autocast']:.3f}" in r.output
     assert b["project"]["final_loss"] == pytest.approx(b["plain_autocast"]["final_loss"], rel=2e-2)
     bad = invoke("bench", "train", "--task", "bit-xor", "--backbone", "tiny-gpt2", "--steps", "0")
-    assert bad.exit_code == 2 and "expected at least 1, found 0" in bad.output
+    assert bad.exit_code == 2 and "--steps: expected 1..1,000,000,000, found 0" in bad.output
     lstm = invoke("bench", "train", "--task", "bit-xor", "-p", "n_train=60", "-p", "n_test=20", "--backbone",
                   "lstm-1x16", "--init", "random", "--device", "cpu", "--steps", "1", "--warmup", "1")
     assert lstm.exit_code == 2 and "has none" in lstm.output
