@@ -322,7 +322,12 @@ MAX_NAME_BYTES = 230
 
 
 def check_name(path: str | os.PathLike) -> None:
-    """Refuse (one line) an output whose name is too long for the filesystem once the toolkit's suffixes are added."""
+    """Refuse (one line) an output whose name is too long for the filesystem once the toolkit's suffixes are added,
+    or whose path holds a control character (a newline would split every line that names it)."""
+    text = os.fspath(path)
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(text)):
+        raise ReservoirError(f"expected an output path without control characters (newlines, tabs, ...); found "
+                             f"{str(text)[:80]!r}")
     name = os.fsencode(Path(path).name)
     if len(name) > MAX_NAME_BYTES:
         raise ReservoirError(f"{str(path)[:60]}...: expected an output name of at most {MAX_NAME_BYTES} bytes, found "

@@ -1021,6 +1021,15 @@ def test_an_output_never_replaces_a_held_lock_file_a_folder_figure_or_a_bench_st
     assert "--warmup: expected 1..1,000,000,000, found 1,000,000,001" in line
 
 
+def test_an_output_path_with_a_control_character_is_one_line(tmp_path):
+    """A newline in --out would split the "wrote ..." line, and every error naming the path, in two."""
+    for args in ((*STORE, "--out", tmp_path / "nl\nx.zarr"), ("fit-raw", "--task", "digits", "--out",
+                                                               tmp_path / "tab\tr.json")):
+        line = assert_bad_input(invoke(*args))
+        assert "expected an output path without control characters (newlines, tabs, ...); found" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_readout_refuses_train_rows_of_one_class_after_the_validation_carve(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(12, 6, 4)).astype(np.float32)
