@@ -154,6 +154,12 @@ def check_inside(path: str | os.PathLike, root: str | os.PathLike, expected: str
                              f"to {doing} it")
 
 
+def within(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether ``path``, resolved, is the folder ``root`` (resolved) or lies inside it."""
+    resolved, top = Path(path).resolve(), Path(root).resolve()
+    return resolved == top or top in resolved.parents
+
+
 def check_regular(path: str | os.PathLike, expected: str) -> int:
     """Refuse (one line) to read ``path`` unless it is a regular file (a FIFO or a device would block or never end);
     return its size."""
@@ -324,10 +330,10 @@ MAX_NAME_BYTES = 230
 def check_name(path: str | os.PathLike) -> None:
     """Refuse (one line) an output whose name is too long for the filesystem once the toolkit's suffixes are added,
     or whose path holds a control character (a newline would split every line that names it)."""
-    text = os.fspath(path)
-    if any(ord(c) < 32 or ord(c) == 127 for c in str(text)):
+    text = str(os.fspath(path))
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise ReservoirError(f"expected an output path without control characters (newlines, tabs, ...); found "
-                             f"{str(text)[:80]!r}")
+                             f"{text[:80]!r}")
     name = os.fsencode(Path(path).name)
     if len(name) > MAX_NAME_BYTES:
         raise ReservoirError(f"{str(path)[:60]}...: expected an output name of at most {MAX_NAME_BYTES} bytes, found "

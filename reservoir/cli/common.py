@@ -148,7 +148,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 def _check_out(out: str | None, *inputs: Any) -> None:
     """Refuse an --out file that cannot be written before the work whose result it will hold, or that is one of the
     command's ``inputs`` (files or folders; ``None`` and URLs are skipped) or lies inside one."""
-    from reservoir.io import check_name, replaceable, writable_folder
+    from reservoir.io import check_name, replaceable, within, writable_folder
     from reservoir.store.remote import is_url
 
     if out is None:
@@ -163,9 +163,8 @@ def _check_out(out: str | None, *inputs: Any) -> None:
     for source in inputs:
         if source is None or is_url(str(source)):
             continue
-        src = Path(source).resolve()
-        if target == src or src in target.parents:
-            where = "is" if target == src else "lies inside"
+        if within(target, source):
+            where = "is" if target == Path(source).resolve() else "lies inside"
             raise ReservoirError(f"{out}: expected an output apart from the command's inputs; found it {where} the "
                                  f"input {source}")
     replaceable(out)

@@ -21,7 +21,7 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import writable_folder
+from reservoir.io import within, writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
 from reservoir.readouts.sweep import make_readout, test_metrics, validation_metrics
@@ -29,6 +29,7 @@ from reservoir.results import Result
 from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
 from reservoir.store.lock import run_folder_lock
+from reservoir.store.remote import StoreURL
 
 if TYPE_CHECKING:
     from reservoir.tasks import TaskData
@@ -232,7 +233,7 @@ def fit_linear(
         stem = result_stem(readout, pooled, final_norm)
         folder = None if results_dir is None else results_folder(results_dir, st.path)
         if folder is not None:  # refused now, not after the fits
-            if _inside(folder, st.path):
+            if not isinstance(st.path, StoreURL) and within(folder, st.path):
                 raise ReservoirError(f"{results_dir}: expected a results folder outside the input {st.path}; found "
                                      "one inside it")
             writable_folder(folder)
@@ -271,13 +272,6 @@ def fit_linear(
             if on_result is not None:
                 on_result(result)
         return results
-
-
-def _inside(path: Path, container: object) -> bool:
-    """Whether ``path`` lies in ``container`` (a store on local disk; never a URL), both resolved."""
-    if not isinstance(container, (str, os.PathLike)) or "://" in os.fspath(container):
-        return False
-    return Path(path).resolve().is_relative_to(Path(os.fspath(container)).resolve())
 
 
 def result_stem(readout: str, pooling: str, final_norm: bool) -> str:

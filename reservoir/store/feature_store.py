@@ -528,11 +528,10 @@ class FeatureStore:
                     self._b.write_rows(f"{split}/done", chunks[i], np.ones(j - i, bool))
                 self._b.flush()
                 self._sums.pop(split, None)
-        except ReservoirError:
-            self._b.settle()
-            raise
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
             self._b.settle()
+            if isinstance(err, ReservoirError):  # the lock lost: its own line
+                raise
             spans_text = ", ".join(f"{chunks[i]}-{chunks[j - 1]}" if j - i > 1 else str(chunks[i]) for i, j in runs)
             which = f"chunk {chunks[0]}" if len(chunks) == 1 else f"chunks {spans_text}"
             raise ReservoirError(f"{self.path}: could not write {which} of split {split!r} "

@@ -82,7 +82,8 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
                              "both (--input-column, --label-column)")
     wanted = {inputs: "--input-column", labels: "--label-column"}
     single = {**wanted, SPLIT_COLUMN: "a single table names each row's split"}
-    if source.is_dir():
+    folder = source.is_dir()
+    if folder:
         loaded = _load_from_disk(source)
         if isinstance(loaded, dict):  # a DatasetDict
             return _named_splits(source, loaded, wanted)
@@ -90,7 +91,7 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
         flag = wanted[SPLIT_COLUMN]
         raise ReservoirError(f"{source}: column {SPLIT_COLUMN!r}: expected another column for {flag}; found "
                              f"{SPLIT_COLUMN!r}, which names each row's split in a single table")
-    if source.is_dir():
+    if folder:
         _has_columns(source, "", loaded.column_names, single)
         table = loaded.select_columns(list(single)).with_format("arrow")[:]
     elif source.suffix.lower() in (".parquet", ".pq"):
