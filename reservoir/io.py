@@ -25,7 +25,7 @@ from reservoir.errors import ReservoirError
 __all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_memory", "check_name",
            "check_regular", "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header", "one_line",
            "process_alive", "publish", "read_json", "replaceable", "request_stop", "scratch_folder", "size_text",
-           "stop_deferred", "unwritable", "writable_folder"]
+           "stop_deferred", "unwritable", "within", "writable_folder", "zarr_store_around"]
 
 
 def one_line(err: Any) -> str:
@@ -178,7 +178,11 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 def replaceable(dest: str | os.PathLike) -> None:
     """Refuse (one line) to write ``dest`` unless nothing is there or a regular file is: never over a folder, a
-    link, a device or a FIFO."""
+    link, a device or a FIFO, a held lock file or an HDF5 file, and never inside a Zarr store."""
+    store = zarr_store_around(dest)
+    if store is not None:
+        raise ReservoirError(f"{dest}: expected a file path to write outside any feature store; found it inside the "
+                             f"Zarr store {store}, whose files (chunks, metadata) an output never replaces or joins")
     try:
         mode = os.lstat(dest).st_mode
     except (FileNotFoundError, NotADirectoryError):  # nothing there (a file in the way of its folder is for the
@@ -200,6 +204,20 @@ def replaceable(dest: str | os.PathLike) -> None:
     if head == HDF5_MAGIC:
         raise ReservoirError(f"{dest}: expected a file path to write; found an HDF5 file (a feature store?), which is "
                              "never replaced by an output: remove it first or choose another path")
+
+
+#: The files that make a folder a Zarr group or array (format 3, and format 2's).
+ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
+
+
+def zarr_store_around(path: str | os.PathLike) -> Path | None:
+    """The outermost Zarr group or array (a folder holding :data:`ZARR_MARKERS`) that ``path``, resolved, lies inside,
+    or ``None``."""
+    found = None
+    for folder in Path(path).resolve().parents:
+        if any(os.path.isfile(folder / m) for m in ZARR_MARKERS):
+            found = folder
+    return found
 
 
 def _held(fd: int) -> bool:

@@ -157,6 +157,34 @@ def test_lock_left_by_a_dead_process_is_taken_over(tmp_path, reference):
     assert_identical(out, reference["zarr"])
 
 
+def test_a_lock_file_removed_under_a_writer_stops_it_and_its_release_spares_the_next_writers(tmp_path, monkeypatch):
+    import reservoir.store.files
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)  # 3-row chunks
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
+             "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
+    path, rows = tmp_path / "s.zarr", np.ones((10, 2, 1, 3), np.float32)
+
+    def writer():
+        return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
+
+    first = writer()
+    n = first.chunk_rows("train")
+    first.write_chunk("train", 0, rows[:n], np.zeros(n), np.ones(n))
+    lock_path(path).unlink()  # by hand: the path no longer names the locked file
+    second = StoreLock(path).acquire()  # what a second extraction would now be let in by
+    with pytest.raises(ReservoirError, match=r"expected this writer's lock file .*s\.zarr\.lock in place; found it "
+                                             r"removed or replaced while writing"):
+        first.write_chunk("train", 1, rows[n:2 * n], np.zeros(n), np.ones(n))
+    with pytest.raises(ReservoirError, match="removed or replaced"):
+        first.mark_complete()
+    first.close()
+    assert holder(path)["pid"] == os.getpid() and lock_path(path).exists()  # the second writer's lock stands
+    second.release()
+    with writer() as st:  # a rerun resumes: chunk 0 done, chunk 1 never written
+        assert n == 3 and st.done("train").tolist() == [True, False, False, False]
+
+
 def test_two_concurrent_writers_leave_one_correct_store(tmp_path, reference):
     """``RACES`` times: two identical extractions start together into one path. Each race ends with the
     uninterrupted store and either one clean refusal or, when one run finished before the other took the

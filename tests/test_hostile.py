@@ -1021,6 +1021,20 @@ def test_an_output_never_replaces_a_held_lock_file_a_folder_figure_or_a_bench_st
     assert "--warmup: expected 1..1,000,000,000, found 1,000,000,001" in line
 
 
+def test_an_output_never_replaces_or_joins_the_files_of_a_zarr_store(saved_probe, tmp_path):
+    import shutil
+
+    store, probe = saved_probe
+    other = tmp_path / "other.zarr"  # a store the command does not read
+    shutil.copytree(store, other)
+    chunk = next(p for p in sorted((other / "train").rglob("*")) if p.is_file() and "/c/" in p.as_posix())
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    for out in (chunk, other / "zarr.json", other / "train" / "preds.npz"):
+        line = assert_bad_input(invoke("predict", f"{probe}.probe.json", store, "--out", out))
+        assert f"to write outside any feature store; found it inside the Zarr store {other}" in line
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before
+
+
 def test_an_output_path_with_a_control_character_is_one_line(tmp_path):
     """A newline in --out would split the "wrote ..." line, and every error naming the path, in two."""
     for args in ((*STORE, "--out", tmp_path / "nl\nx.zarr"), ("fit-raw", "--task", "digits", "--out",

@@ -539,7 +539,8 @@ class FeatureStore:
                                  "fix the cause (e.g. free disk space) and rerun the same command to resume") from err
 
     def _check_lock(self) -> None:
-        """Refuse to write once the write lock is not ours any more (a lease lost, rank 0's lock gone)."""
+        """Refuse to write once the write lock is not ours any more (a lease lost, rank 0's lock gone, the lock file
+        removed)."""
         check = getattr(self._lock, "check", None)
         if check is not None:
             check()

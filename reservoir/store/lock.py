@@ -7,6 +7,9 @@ its pid, host and start time into the file so that a refused writer, or a
 reader of an unfinished store, can say who is writing. The file is removed on
 release; a writer that locked a file another process has just removed
 notices (the path no longer names the locked file) and locks the new one.
+A writer checks before each write that the path still names its locked file,
+so a lock file removed by hand stops the writer rather than letting a second
+one in beside it.
 """
 
 from __future__ import annotations
@@ -133,12 +136,23 @@ class StoreLock:
         mine = os.fstat(fd)
         return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
+    def check(self) -> None:
+        """Refuse to write once the lock file is not this holder's any more: removed by hand, or removed and
+        created again, in which case another writer may hold the new one."""
+        if self._fd is None or self._still_current(self._fd):
+            return
+        raise ReservoirError(f"{self.store}: expected this writer's lock file {self.path} in place; found it removed "
+                             "or replaced while writing, so another writer may have started: stopping, rerun the "
+                             "same command to resume once no other writer runs")
+
     def release(self) -> None:
-        """Remove the lock file and unlock (in that order, so no one locks a file about to vanish)."""
+        """Remove the lock file and unlock (in that order, so no one locks a file about to vanish). A lock file
+        that is not this holder's any more (removed, or another writer's since) is left alone."""
         if self._fd is None:
             return
         try:
-            self.path.unlink(missing_ok=True)
+            if self._still_current(self._fd):
+                self.path.unlink(missing_ok=True)
         finally:
             os.close(self._fd)
             self._fd = None
