@@ -321,6 +321,29 @@ def test_a_run_stopped_between_its_two_checkpoints_resumes_with_its_best_step(tm
     assert all(torch.equal(best["a"]["trainable"][k], best["b"]["trainable"][k]) for k in best["a"]["trainable"])
 
 
+def test_a_run_whose_folder_lock_file_is_removed_stops_before_its_next_checkpoint(tmp_path, monkeypatch):
+    import reservoir.training.loop as tr
+    from reservoir.store.lock import lock_path
+
+    cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=6, eval_every=2, task_params=XOR, device="cpu",
+               out=str(tmp_path / "run"))
+    evaluate, calls = tr.evaluate, []
+
+    def lock_removed_after_the_first(*a, **kw):  # by hand, while the run trains: a second run could now start
+        calls.append(1)
+        if len(calls) == 2:
+            lock_path(tmp_path / "run").unlink()
+        return evaluate(*a, **kw)
+
+    monkeypatch.setattr(tr, "evaluate", lock_removed_after_the_first)
+    with pytest.raises(ReservoirError, match=r"expected this writer's lock file .*run\.lock in place; found it "
+                                             "removed or replaced while writing"):
+        run(TrainConfig(**cfg), progress=False)
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["state"]["step"] == 2
+    monkeypatch.setattr(tr, "evaluate", evaluate)
+    assert run(TrainConfig(**cfg), progress=False).metrics["steps"] == 6  # resumed from step 2
+
+
 def test_cpu_checkpoints_hold_no_cuda_generator_and_resume_from_one_that_does(tmp_path):
     cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu")
     run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)

@@ -22,7 +22,7 @@ from torch import nn
 
 from reservoir.errors import ReservoirError
 from reservoir.io import stop_deferred, writable_folder
-from reservoir.store.lock import run_folder_lock
+from reservoir.store.lock import StoreLock, run_folder_lock
 from reservoir.results import Result
 from reservoir.runtime import attention_backends, autocast, cast_frozen_matmuls, compute_dtype
 from reservoir.training import checkpoint as ckpt
@@ -185,7 +185,7 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
            ) -> TrainResult:
     print(describe(counts))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
-    with run_folder_lock(folder):  # one writer per run folder
+    with run_folder_lock(folder) as lock:  # one writer per run folder
         device = next(model.parameters()).device
         steps = settings.total_steps(len(data.train))
         flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
@@ -193,7 +193,7 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
         if folder is not None and (folder / "last.pt").exists():
             state = ckpt.resume(folder / "last.pt", settings, model, opt, device, data.identity())
             restore_optimizer_flags(opt, *flags)
-        best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress)
+        best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress, lock)
         if folder is not None:  # the best step may predate a resume
             best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
         ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
@@ -222,7 +222,8 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
             step_mode=step_mode,
             extra=dict(extra or {}),
         )
-        if folder is not None:
+        if folder is not None and lock is not None:
+            lock.check()
             result.write(folder / "results.json")
         return result
 
@@ -265,7 +266,7 @@ def _set_dropout(model: nn.Module, p: float) -> None:
 
 
 def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainData, settings: TrainConfig,
-          steps: int, state: dict[str, Any], folder: Path | None, progress: bool
+          steps: int, state: dict[str, Any], folder: Path | None, progress: bool, lock: StoreLock | None = None
           ) -> tuple[dict[str, torch.Tensor] | None, str]:
     """Optimizer steps from ``state["step"]`` to ``steps``, validating every ``eval_every`` and at the end.
 
@@ -273,7 +274,7 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
     ahead, loss on the device, CUDA graphs where they apply); the host reads
     the device only at validations. Updates ``state`` (step, curve, best,
     seconds) in place and, with a ``folder``, checkpoints it after each
-    validation. Returns the trained tensors of the best step validated in this
+    validation, once its ``lock`` is found still held. Returns the trained tensors of the best step validated in this
     call (``None`` if none beat the resumed best) and how the steps ran
     (``"eager"`` or ``"cuda-graph"``).
     """
@@ -309,6 +310,8 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                 if stepper.scaler is not None:  # fp16: a resumed run goes on with the same loss scale
                     state["grad_scaler"] = stepper.scaler.state_dict()
                 if folder is not None:
+                    if lock is not None:
+                        lock.check()  # the folder's lock file still this run's: no second run writes beside it
                     _checkpoint(folder, settings, data.identity(), trainable, opt, state, is_best)
         mode = stepper.mode
     finally:

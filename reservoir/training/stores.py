@@ -189,7 +189,7 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     steps = config.total_steps(len(X))
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     identity = data_identity({"task": attrs["task"], "store": fingerprint})
-    with run_folder_lock(folder):  # one writer per run folder
+    with run_folder_lock(folder) as lock:  # one writer per run folder
         if folder is not None:
             _check_cached_folder(folder, config, identity)
         t0 = time.perf_counter()
@@ -206,7 +206,8 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
             curve=curve, timings={"train_s": train_s, "step_ms": 1e3 * train_s / steps}, rows=rows,
             extra=dict(extra or {}),
         )
-        if folder is not None:
+        if folder is not None and lock is not None:
+            lock.check()  # the folder's lock file still this run's: no second run writes beside it
             ckpt.save(folder / "best.pt", {"config": config.key(), "data": identity, "head": best, "step": best_step})
             result.write(folder / "results.json")
         return result
