@@ -455,6 +455,32 @@ def test_one_long_row_that_would_pad_beyond_memory_is_refused_before_padding(tmp
                     "available; found 45.8 MiB")
 
 
+def test_a_table_that_would_decode_beyond_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """A Parquet column of one repeated run is a few KiB on disk and 32 MB decoded: its footer is checked against
+    memory before pyarrow decodes it (and a CSV file's size before pyarrow reads it)."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    import reservoir.io as rio
+
+    n = 4000
+    pq.write_table(pa.table({"inputs": [[1] * 1000] * n, "label": [i % 2 for i in range(n)],
+                             "split": ["train" if i < 3000 else "test" for i in range(n)]}), tmp_path / "runs.parquet")
+    assert (tmp_path / "runs.parquet").stat().st_size < 2**20
+    monkeypatch.setattr(rio, "available_memory", lambda: 16 * 2**20)
+    line = assert_one_line(invoke("fit-raw", "--data", tmp_path / "runs.parquet"),
+                           "expected decoded columns that fit in the 16.0 MiB of memory available; found")
+    assert float(line.rsplit("found ", 1)[1].split()[0]) >= 30  # about 32 MB of int64 values, in MiB
+    write_columnar(tmp_path / "t.csv", token_rows(n=(40, 20)), "csv")
+    size = (tmp_path / "t.csv").stat().st_size
+    monkeypatch.setattr(rio, "available_memory", lambda: size)
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "t.csv"),
+                    "expected columns read as a table (about twice the file's size) that fit in the")
+    monkeypatch.setattr(rio, "available_memory", lambda: 64 * 2**20)
+    ok = invoke("extract", "--data", tmp_path / "t.csv", *TINY, "--out", tmp_path / "t.zarr")
+    assert ok.exit_code == 0, ok.output  # with memory enough, the same file is read
+
+
 def test_a_uint64_label_beyond_int64_is_named_as_it_is(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

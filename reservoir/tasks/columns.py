@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import check_memory, one_line, read_json
+from reservoir.io import check_memory, check_regular, one_line, read_json
 
 __all__ = ["SPLIT_COLUMN", "label_array", "read_tables", "sequence_arrays"]
 
@@ -99,12 +99,17 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
 
         try:
             _has_columns(source, "", pq.read_schema(source).names, single)
+            check_memory(str(source), _parquet_bytes(pq.ParquetFile(source).metadata, set(single)),
+                         "decoded columns")
             table = pq.read_table(source, columns=list(single))
         except (OSError, pa.ArrowException) as err:
             raise ReservoirError(f"{source}: expected a Parquet file; found {one_line(err)}") from None
     else:
         import pyarrow.csv as pacsv
 
+        # the table holds the file's text once, with offsets and numbers beside it: at most about twice its size
+        check_memory(str(source), 2 * check_regular(source, "a CSV file"),
+                     "columns read as a table (about twice the file's size)")
         try:  # the inputs as text, parsed below: a cell of one number is a sequence of one, not an int column
             table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types={inputs: pa.string()}))
         except (OSError, pa.ArrowException) as err:
@@ -115,6 +120,21 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
                 raise _fail(source, f"column {name!r}", "it once in the header row",
                             f"it {table.column_names.count(name)} times")
     return _split_column(source, table.select(list(single)))
+
+
+def _parquet_bytes(meta: Any, columns: set[str]) -> int:
+    """About how many bytes the ``columns`` of a Parquet file take decoded, from its footer alone: each column
+    chunk's uncompressed pages, or 8 bytes a value where its encoding (a run of one value, a dictionary) is
+    smaller than that."""
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            path = chunk.path_in_schema  # a list column's values: "<name>.list.element"
+            if any(path == name or path.startswith(name + ".") for name in columns):
+                total += max(chunk.total_uncompressed_size, 8 * chunk.num_values)
+    return total
 
 
 def _load_from_disk(source: Path) -> Any:
