@@ -45,6 +45,7 @@ class Row:
     pooled: list[list[float]] = field(default_factory=list)  # an lr sweep's interval of its seeds' mean, when recorded
     per_row: list[tuple[np.ndarray, int]] = field(default_factory=list)  # each seed's correct heads per test row
     fingerprints: set[str] = field(default_factory=set)  # the task(s) whose test rows were scored
+    unsettled: int = 0  # train seeds whose last validation ended more than 1 point below their best
 
     @property
     def paper(self) -> PaperValue | None:
@@ -160,6 +161,7 @@ def collect(results_dir: Path, recipe: Recipe,
     from reservoir.readouts import FitResult
     from reservoir.recipes.runner import file_state
     from reservoir.training import SweepResult, TrainResult
+    from reservoir.training.loop import steps_to_converge
     from reservoir.training.sweeps import run_name
 
     rows: dict[tuple, Row] = {}
@@ -218,10 +220,14 @@ def collect(results_dir: Path, recipe: Recipe,
                 if res is not None:
                     _keep_rows(row, res, path)
                 if run.kind == "train" and res is not None:
-                    if res.metrics.get("steps_to_converge") is not None:
+                    if res.curve:  # from the curve: one definition, whichever version wrote the file
+                        curve = _curve(res.to_dict(), path)
+                        curves.append({"label": label, "seed": run.seed, "curve": curve})
+                        settled = steps_to_converge(curve)
+                        row.more("steps_to_converge", settled)
+                        row.unsettled += settled is None
+                    elif res.metrics.get("steps_to_converge") is not None:
                         row.more("steps_to_converge", _field(res.metrics, path, "steps_to_converge"))
-                    if res.curve:
-                        curves.append({"label": label, "seed": run.seed, "curve": _curve(res.to_dict(), path)})
     out = list(rows.values())
     for row in out:
         row.papers = {m: p for m in METRICS if (p := recipe.paper_value(row.label, m)) is not None}
@@ -273,9 +279,15 @@ def _measured(row: Row) -> str:
     if "speedup" in ex:
         return (f"{ex['speedup']:.0f}x faster cached (output only); "
                 f"{ex.get('layernorm_speedup', float('nan')):.1f}x from a split-point store (top layernorm)")
+    said = []
     if "steps_to_converge" in ex:
-        return f"within 1 point of best from step {ex['steps_to_converge']:.0f}"
-    return ""
+        n = len(row.extra["steps_to_converge"])
+        of = f" (mean of {n} seeds)" if n > 1 else ""
+        said.append(f"within 1 point of best from step {ex['steps_to_converge']:.0f}{of}")
+    if row.unsettled:
+        said.append("last validation more than 1 point below its best" if len(row.seeds) == 1 else
+                    f"{row.unsettled} of {len(row.seeds)} seeds ended more than 1 point below their best")
+    return "; ".join(said)
 
 
 def markdown_table(rows: list[Row]) -> str:

@@ -35,6 +35,21 @@ def test_train_writes_results(tmp_path):
     assert [p["step"] for p in saved.curve] == [10, 20]
     assert f"test accuracy {saved.metrics['test_accuracy']:.2%}" in r.stdout
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best.pt", "last.pt", "results.json"]
+    m = saved.metrics
+    settled = (f"within 1 point of best from step {m['steps_to_converge']})" if m["steps_to_converge"] is not None
+               else f"the last validation {m['final_val_accuracy']:.2%} is more than 1 point below it)")
+    assert settled in r.stdout and ("None" not in r.stdout)
+
+
+def test_train_says_when_a_run_ended_off_its_best(tmp_path, monkeypatch):
+    import reservoir.training.loop as loop
+
+    accuracies = iter([0.9, 0.5])
+    monkeypatch.setattr(loop, "evaluate", lambda *a, **kw: next(accuracies))
+    r = run("train", *XOR, *TINY, "--steps", 20, "--eval-every", 10, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    assert "at step 10; the last validation 50.00% is more than 1 point below it)" in r.stdout
+    assert TrainResult.read(tmp_path / "run" / "results.json").metrics["steps_to_converge"] is None
 
 
 def test_a_run_folder_is_resumed_only_on_its_own_data_and_course(tmp_path):

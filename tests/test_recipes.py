@@ -270,6 +270,25 @@ def test_store_with_other_provenance_is_refused(tiny_run, tmp_path):
         assert (a / "zarr.json").is_file()
 
 
+def test_report_gives_the_step_from_which_validation_stays_within_a_point_of_its_best(tiny_run, tmp_path):
+    """Computed from each run's curve (whichever version wrote the file): a curve that reaches its best, leaves it
+    and comes back converges at its return; one that ends off its best is said not to have."""
+    import shutil
+
+    shutil.copytree(tiny_run[0] / "results", tmp_path / "results")
+    path = tmp_path / "results" / "train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0" / "results.json"
+    saved = json.loads(path.read_text())
+    cases = {(0.5, 0.995, 0.9, 1.0, 0.995): "within 1 point of best from step 40 |",
+             (0.5, 1.0, 0.98): "last validation more than 1 point below its best |"}
+    for accuracies, said in cases.items():
+        saved["curve"] = [{"step": 10 * (i + 1), "train_loss": 0.1, "val_accuracy": a}
+                          for i, a in enumerate(accuracies)]
+        saved["metrics"]["steps_to_converge"] = 20  # what the first step within a point of the best would say
+        path.write_text(json.dumps(saved))
+        (line,) = [ln for ln in report(tmp_path / "results").markdown.splitlines() if "train fpt, lr 0.001" in ln]
+        assert f"| 1 | {said}" in line
+
+
 def test_report_table_and_plots(tiny_run):
     root, _ = tiny_run
     rep = report(root / "results")

@@ -70,9 +70,10 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
                    f"{s.metrics['test_accuracy_std']:.2%} over {seeds} seed(s) {ci(s.metrics['test_interval'])}")
         return
     m = run(config, progress=not quiet).metrics
+    settled = (f"within 1 point of best from step {m['steps_to_converge']}" if m["steps_to_converge"] is not None
+               else f"the last validation {m['final_val_accuracy']:.2%} is more than 1 point below it")
     click.echo(f"test accuracy {m['test_accuracy']:.2%} {ci(m['test_interval'])} (best val "
-               f"{m['best_val_accuracy']:.2%} {ci(m['best_val_interval'])} at step {m['best_step']}; within 1 point "
-               f"of best from step {m['steps_to_converge']})")
+               f"{m['best_val_accuracy']:.2%} {ci(m['best_val_interval'])} at step {m['best_step']}; {settled})")
     click.echo(f"results in {Path(config.out or config.default_out()) / 'results.json'}")
 
 

@@ -108,18 +108,30 @@ def evaluate_rows(model: ReservoirClassifier, data: Feeder, device, batch_size: 
 
 
 def steps_to_converge(curve: list[dict[str, float]], tolerance: float = 0.01) -> int | None:
-    """First step whose validation accuracy is within ``tolerance`` of the best (Lu et al. Table 6).
+    """The step from which validation accuracy stays within ``tolerance`` of its best (Lu et al. Table 6): the
+    first validated step after which no validation falls further below the best. ``None`` when the last validation
+    is itself further below (the run ended off its best: not converged).
 
     Examples
     --------
     >>> steps_to_converge([{"step": 10, "val_accuracy": 0.5}, {"step": 20, "val_accuracy": 0.995},
     ...                    {"step": 30, "val_accuracy": 1.0}])
     20
+    >>> steps_to_converge([{"step": 10, "val_accuracy": 0.995}, {"step": 20, "val_accuracy": 0.9},
+    ...                    {"step": 30, "val_accuracy": 1.0}])  # reached at step 10, left at 20: from step 30
+    30
+    >>> print(steps_to_converge([{"step": 10, "val_accuracy": 1.0}, {"step": 20, "val_accuracy": 0.5}]))
+    None
     """
     if not curve:
         return None
     best = max(p["val_accuracy"] for p in curve)
-    return next(int(p["step"]) for p in curve if p["val_accuracy"] >= best - tolerance)
+    settled = None
+    for p in reversed(curve):
+        if p["val_accuracy"] < best - tolerance:
+            break
+        settled = int(p["step"])
+    return settled
 
 
 def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
