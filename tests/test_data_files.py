@@ -236,6 +236,42 @@ def test_recipe_cell_reads_a_data_file_beside_the_recipe(tmp_path, monkeypatch):
         Recipe.from_dict({"cells": [{"kind": "fit-raw", "task": "data"}]})
 
 
+def test_a_recipe_redoes_the_runs_whose_data_file_changed_and_its_report_says_so(tmp_path, monkeypatch):
+    """A data file rewritten at the same path: its runs are redone, not skipped, and until then the report counts
+    them as not run; without the data (results copied elsewhere) the results stand."""
+    from reservoir.recipes import load_recipe, run_recipe
+    from reservoir.report import report
+
+    monkeypatch.setenv("RESERVOIR_TASK_CACHE", str(tmp_path / "tasks"))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3, 2)).astype(np.float32)
+
+    def write(labels):
+        np.savez(tmp_path / "d.npz", train_inputs=x[:40], train_labels=labels[:40], test_inputs=x[40:],
+                 test_labels=labels[40:])
+
+    write((x[:, 0, 0] > 0).astype(np.int64))
+    # an absolute path: the report reads the results folder's copy of the recipe, where a relative one would
+    # name a file beside that copy
+    (tmp_path / "r.yaml").write_text(f"cells:\n  - {{kind: fit-raw, task: data, task_params: {{path: "
+                                     f"'{tmp_path / 'd.npz'}'}}}}\n")
+    recipe, out = load_recipe(tmp_path / "r.yaml"), tmp_path / "out"
+    kw = dict(out=out, progress=False, cache_dir=tmp_path / "stores", device="cpu")
+    (run,) = recipe.runs()
+    assert run_recipe(recipe, **kw)["ran"] == [run.id]
+    assert run_recipe(recipe, **kw)["skipped"] == [run.id]  # the same data: skipped
+    before = json.loads((out / run.id / "logistic.json").read_text())["recipe"]["data"]
+    write(rng.integers(0, 2, 60))  # other labels, same path
+    assert "not run" in report(out).markdown
+    assert "(computed on other data (data digest " in invoke("recipe", "run", tmp_path / "r.yaml", "--out", out,
+                                                                  "--dry-run").output
+    assert run_recipe(recipe, **kw)["ran"] == [run.id]
+    after = json.loads((out / run.id / "logistic.json").read_text())["recipe"]["data"]
+    assert len(before) == len(after) == 64 and before != after
+    (tmp_path / "d.npz").unlink()  # the results, read without their data
+    assert "not run" not in report(out).markdown
+
+
 # ------------------------------------------------------------ Python: the keyword form
 
 

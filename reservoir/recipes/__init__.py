@@ -61,7 +61,9 @@ folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
 fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
 sweep ``sweep.json``, bench ``speedup.json``; each results file records its run's id and settings
 (:meth:`Run.settings`). Runs whose results exist with the recipe's current settings are skipped (``force``
-redoes them); results of another run, or of this run before its cell was edited, are computed again. Every path the runner writes or removes is resolved first and refused unless it lies inside the
+redoes them); results of another run, of this run before its cell was edited, or of a task read from files
+whose data changed since (its recorded fingerprint, :func:`~reservoir.recipes.runner.data_fingerprint`), are
+computed again. Every path the runner writes or removes is resolved first and refused unless it lies inside the
 output (or cache) folder, so neither an id nor a symbolic link can send a write, or ``force``'s removal,
 elsewhere. fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
 over everything in the store key (task fingerprint, backbone, init, seed,

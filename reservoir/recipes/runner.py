@@ -68,8 +68,10 @@ def run_state(run: Run, folder: Path) -> tuple[str, str]:
     settings, :meth:`Run.settings`, where the file records them); ``todo``: a
     file is missing or does not validate (an interrupted run resumes there);
     ``foreign``: a file is another run's; ``stale``: a file is this run's
-    with other settings (the recipe was edited since). Only ``done`` is
-    skipped; a ``foreign`` or ``stale`` folder is cleared first.
+    with other settings (the recipe was edited since), or of a task read from
+    files that now hold other data (:func:`data_fingerprint`; data that cannot
+    be read leaves the results as they are). Only ``done`` is skipped; a
+    ``foreign`` or ``stale`` folder is cleared first.
     """
     states = [file_state(run, path) for path in result_files(run, folder)]
     return next((s for want in ("todo", "foreign", "stale") for s in states if s[0] == want), ("done", ""))
@@ -85,10 +87,43 @@ def file_state(run: Run, path: Path) -> tuple[str, str]:
         found = record.get("run") if isinstance(record, dict) else None
         return "foreign", f"{path.name} holds {'run ' + repr(found) if found else 'no recipe run'}"
     recorded = record.get("settings")
-    if recorded is None:  # written before results recorded their run's settings; its run id matched
+    if recorded is not None:  # (files written before results recorded their run's settings have none)
+        diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
+        if diff is not None:
+            return "stale", f"computed with {describe_difference(diff)}"
+    try:
+        now = data_fingerprint(run)
+    except ReservoirError:  # the data is not here (results copied elsewhere): the results stand as they are
         return "done", ""
-    diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
-    return ("stale", f"computed with {describe_difference(diff)}") if diff is not None else ("done", "")
+    if now is None:  # a task made from its parameters alone: the settings said everything
+        return "done", ""
+    then = record.get("data")
+    if then is not None and then != now:  # (a file of an earlier version, which recorded none, is taken as it is)
+        return "stale", f"computed on other data (data digest {str(then)[:12]}, the data now {now[:12]})"
+    return "done", ""
+
+
+#: The digest of a task read from files, by its task cache key (which stamps every file it reads).
+_DIGESTS: dict[str, str] = {}
+
+
+def data_fingerprint(run: Run) -> str | None:
+    """The digest of the data ``run``'s task reads now, for a task read from files (a data file, a ``data_dir``):
+    its fingerprint (:func:`~reservoir.tasks.base.fingerprint`) with the files' location left out, so a project
+    moved elsewhere keeps its results. Loaded through the task cache, once per state of the files. ``None`` for a
+    task made from its parameters alone; data that can no longer be read is one line (:class:`ReservoirError`)."""
+    from reservoir.tasks.base import fingerprint, resolve_params
+    from reservoir.tasks.cache import cache_key, load_task
+
+    params = resolve_params(run.task, dict(run.cell.task_params))
+    where = ("path", "data_dir")
+    if not any(k in params for k in where):
+        return None
+    key = f"{run.task}-{cache_key(run.task, params)}"
+    if key not in _DIGESTS:
+        task = load_task(run.task, dict(run.cell.task_params))
+        _DIGESTS[key] = fingerprint(task.name, {k: v for k, v in task.params.items() if k not in where}, task.splits)
+    return _DIGESTS[key]
 
 
 def _checked(recipe: Recipe, out_dir: Path) -> list[Run]:
@@ -316,6 +351,9 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
                 _clear(folder)
             meta = {"name": recipe.name, "run": run.id, "cell": run.cell.where, "seed": run.seed, "label": run.label(),
                     "settings": run.settings()}
+            data = data_fingerprint(run)
+            if data is not None:  # what file_state checks the data against, in every results file of the run
+                meta["data"] = data
             summary = _execute(run, folder, cache, device, force, meta)
             ran.append(run.id)
             if progress:
