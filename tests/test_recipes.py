@@ -766,3 +766,32 @@ def test_pairs_of_other_seed_counts_are_named_and_figures_of_rows_gone_are_remov
         (out / name).write_bytes(b"an earlier render's figure")
     assert report(out).files == [out / "report.md"]
     assert not (out / "curves.png").exists() and not (out / "depth.png").exists()
+
+
+def test_an_interrupted_run_of_a_cell_edited_since_is_begun_again_not_resumed(tmp_path, monkeypatch):
+    """A train run stopped before its results, then its cell edited (steps): the folder's checkpoint is of the old
+    settings, which training refuses to resume; the run is redone in a cleared folder. The same settings resume."""
+    import reservoir.training.loop as loop
+
+    cell = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2", "finetune": "fpt", "steps": 6,
+            "eval_every": 2, "task_params": {"n_train": 40, "n_test": 20, "n_bits": 2}}
+    out, evaluate, calls = tmp_path / "out", loop.evaluate, []
+
+    def stopped_at_the_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return evaluate(*a, **kw)
+
+    monkeypatch.setattr(loop, "evaluate", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(make({"cells": [cell]}), out=out, progress=False, device="cpu")
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    assert (folder / "last.pt").is_file() and not (folder / "results.json").exists()
+    assert [(r["state"], r["why"]) for r in plan(make({"cells": [cell]}), out)] == [("todo", "")]  # resumable
+    edited = make({"cells": [{**cell, "steps": 4}]})
+    ((state, why),) = [(r["state"], r["why"]) for r in plan(edited, out)]
+    assert state == "stale" and why.startswith("an interrupted run with steps")
+    assert run_recipe(edited, out=out, progress=False, device="cpu")["ran"] == [folder.name]
+    assert json.loads((folder / "results.json").read_text())["metrics"]["steps"] == 4

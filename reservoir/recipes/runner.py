@@ -74,7 +74,48 @@ def run_state(run: Run, folder: Path) -> tuple[str, str]:
     ``foreign`` or ``stale`` folder is cleared first.
     """
     states = [file_state(run, path) for path in result_files(run, folder)]
-    return next((s for want in ("todo", "foreign", "stale") for s in states if s[0] == want), ("done", ""))
+    state = next((s for want in ("todo", "foreign", "stale") for s in states if s[0] == want), ("done", ""))
+    if state[0] == "todo":  # an interrupted run resumes there, unless it was begun with other settings or data
+        begun = _begun_otherwise(run, folder)
+        if begun is not None:
+            return "stale", begun
+    return state
+
+
+#: What the runner writes into a run folder before the run starts: the settings (and data digest) it runs with.
+BEGUN = ".recipe-run.json"
+
+
+def _begin(run: Run, folder: Path, meta: dict[str, Any]) -> None:
+    """Record in ``folder`` what the run about to start runs with (:data:`BEGUN`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_write(folder / BEGUN, "the run's settings", text=True) as f:
+        json.dump({"run": run.id, "settings": meta["settings"], "data": meta.get("data")}, f)
+
+
+def _begun_otherwise(run: Run, folder: Path) -> str | None:
+    """Why the unfinished run in ``folder`` cannot be resumed by ``run`` (begun with other settings, or on other
+    data), or ``None`` (nothing begun there, a folder of an earlier version, or the same run)."""
+    from reservoir.io import read_json
+
+    if not (folder / BEGUN).is_file():
+        return None
+    try:
+        begun = read_json(folder / BEGUN, "the settings of a run begun there")
+    except ReservoirError as err:  # a damaged record: begin again rather than resume what it cannot vouch for
+        return f"an interrupted run whose record is unreadable ({err})"
+    if not isinstance(begun, dict):
+        return "an interrupted run whose record is not a JSON object"
+    diff = first_difference(begun.get("settings") if isinstance(begun.get("settings"), dict) else {}, run.settings())
+    if diff is not None:
+        return f"an interrupted run with {describe_difference(diff)}"
+    try:
+        now = data_fingerprint(run)
+    except ReservoirError:
+        return None  # the run itself says why its data cannot be read
+    if now is not None and begun.get("data") not in (None, now):
+        return "an interrupted run on other data"
+    return None
 
 
 def file_state(run: Run, path: Path) -> tuple[str, str]:
@@ -268,7 +309,8 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
 
 def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None,
          force: bool = False) -> list[dict[str, Any]]:
-    """What :func:`run_recipe` would do, without loading data or models: one dict per run.
+    """What :func:`run_recipe` would do, without loading models (a task read from files is loaded, through the task
+    cache, only to check the results already there against its data): one dict per run.
 
     Each has ``id``, ``kind``, ``done`` (its results exist under ``out``; never with ``force``), ``state`` and
     ``why`` (:func:`run_state`) and
@@ -354,6 +396,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
             data = data_fingerprint(run)
             if data is not None:  # what file_state checks the data against, in every results file of the run
                 meta["data"] = data
+            _begin(run, folder, meta)
             summary = _execute(run, folder, cache, device, force, meta)
             ran.append(run.id)
             if progress:
