@@ -18,12 +18,14 @@ swept variant (log x).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import atomic_write, check_inside, read_json, save_figure
 from reservoir.pairs import Scored, compare, markdown_pairs
@@ -125,18 +127,25 @@ def _field(res: dict[str, Any], path: Path, dotted: str, kind: type | tuple[type
     if isinstance(value, bool) or not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise ReservoirError(f"{path}: expected {dotted} to be {names}; found {type(value).__name__} {value!r:.40}")
+    if isinstance(value, (int, float)) and not (math.isfinite(value) and 0 <= value <= 1e15):
+        # accuracies, steps, learning rates, speedups: none is negative, none astronomic
+        raise ReservoirError(f"{path}: expected {dotted} to be a number in [0, 1e15]; found {options.shown(value)}")
     return value
 
 
-def _numbers(values, path: Path, what: str) -> list[float]:
-    """``values`` as floats; anything but numbers is one line naming the file and ``what``."""
+def _numbers(values, path: Path, what: str, at_least: int = 0) -> list[float]:
+    """``values`` as floats, at least ``at_least`` of them; anything but finite numbers is one line naming the file
+    and ``what``."""
     values = list(values)
     try:
         if not any(isinstance(v, bool) for v in values):
-            return [float(v) for v in values]
+            numbers = [float(v) for v in values]
+            if len(numbers) >= at_least and all(math.isfinite(v) for v in numbers):
+                return numbers
     except (TypeError, ValueError):
         pass
-    raise ReservoirError(f"{path}: expected {what} to hold numbers; found {values!r:.60}")
+    some = f"at least {at_least} " if at_least else ""
+    raise ReservoirError(f"{path}: expected {what} to hold {some}finite numbers; found {values!r:.60}")
 
 
 def _curve(res: dict[str, Any], path: Path) -> list[dict[str, Any]]:
@@ -144,8 +153,8 @@ def _curve(res: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     curve = _field(res, path, "curve", list)
     for point in curve:
         values = [point.get(k) for k in ("step", "val_accuracy")] if isinstance(point, dict) else [None]
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
-            raise ReservoirError(f"{path}: expected curve to be a list of {{step, val_accuracy}} numbers; "
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e15 for v in values):
+            raise ReservoirError(f"{path}: expected curve to be a list of {{step, val_accuracy}} numbers >= 0; "
                                  f"found an entry {point!r:.60}")
     return curve
 
@@ -210,7 +219,7 @@ def collect(results_dir: Path, recipe: Recipe,
                     if pooled is not None and None not in pooled:  # sweeps written before intervals have none
                         row.pooled.append(_numbers(pooled, path, "metrics.test_interval"))
                     by_lr = sweep.mean_val_by_lr
-                    sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr"),
+                    sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr", 1),
                                    "val": _numbers(by_lr.values(), path, "mean_val_by_lr"), "best_lr": sweep.best_lr})
             else:  # fit-linear, fit-raw, train: one test accuracy per seed
                 if res is not None:
@@ -290,6 +299,12 @@ def _measured(row: Row) -> str:
     return "; ".join(said)
 
 
+def _cell(text: str) -> str:
+    """A Markdown table cell: ``|`` escaped, line breaks and other control characters as spaces (one row a
+    line)."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text).replace("|", "\\|")
+
+
 def markdown_table(rows: list[Row]) -> str:
     """The results table (one line per row)."""
     head = ["task", "backbone", "init", "layer", "setting", "test accuracy", "seeds", "also measured", "paper",
@@ -303,7 +318,7 @@ def markdown_table(rows: list[Row]) -> str:
         cells = [task, lab["backbone"] or "—", lab["init"] or "—", layer,
                  _setting(lab, row), _pct(row), str(len(row.seeds)), _measured(row) or "—",
                  " · ".join(p.format() for p in papers) or "—", "; ".join(dict.fromkeys(p.source for p in papers))]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 

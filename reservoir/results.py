@@ -76,8 +76,9 @@ R = TypeVar("R", bound="Result")
 
 def check_accuracies(data: Any, where: str = "") -> None:
     """Refuse (one line) a result whose accuracies are not what an accuracy can be: every value under a key naming
-    an accuracy is a number in [0, 1] (or ``None``: none), every interval two such numbers (``NaN`` too), at any
-    depth. (Earlier versions wrote a missing validation accuracy as ``NaN``: such a run is done again.)
+    an accuracy is a number in [0, 1] (or ``None``: none), every interval two such numbers (``NaN`` too), the low
+    one first, at any depth. (Earlier versions wrote a missing validation accuracy as ``NaN``: such a run is done
+    again.)
 
     Examples
     --------
@@ -91,19 +92,36 @@ def check_accuracies(data: Any, where: str = "") -> None:
         for key, value in data.items():
             path = f"{where}.{key}" if where else str(key)
             name = str(key)
-            if "accurac" in name or "interval" in name:
+            if name == "interval" and isinstance(value, str):
+                continue  # how the intervals were computed, in words
+            if "interval" in name:
+                _check_interval(value, path)
+            elif "accurac" in name:
                 for v in (value if isinstance(value, list) else [value]):
                     if isinstance(v, (dict, list)):
                         check_accuracies(v, path)
-                    elif isinstance(v, str) and "interval" in name:
-                        continue  # how the intervals were computed, in words
-                    elif not _a_fraction(v, nan_ok="interval" in name):
+                    elif not _a_fraction(v, nan_ok=False):
                         raise ReservoirError(f"expected accuracies in [0, 1], found {path} = {shown(v)}")
             else:
                 check_accuracies(value, path)
     elif isinstance(data, list):
         for i, v in enumerate(data[:100_000]):
             check_accuracies(v, f"{where}[{i}]")
+
+
+def _check_interval(value: Any, path: str) -> None:
+    """An interval's value: ``[low, high]``, each an accuracy (``None`` or ``NaN``: none), low <= high; or ``None``;
+    or a mapping of such."""
+    if value is None:
+        return
+    if isinstance(value, dict):
+        check_accuracies(value, path)
+        return
+    if isinstance(value, list) and len(value) == 2 and all(_a_fraction(v, nan_ok=True) for v in value):
+        lo, hi = value
+        if lo is None or hi is None or math.isnan(lo) or math.isnan(hi) or lo <= hi:
+            return
+    raise ReservoirError(f"expected an interval [low, high] of accuracies in [0, 1], found {path} = {shown(value)}")
 
 
 def _a_fraction(v: Any, nan_ok: bool) -> bool:

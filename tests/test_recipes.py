@@ -122,6 +122,62 @@ def test_bad_kind_missing_task_and_bad_values():
     assert "store depth" in error_of({"cells": [{"kind": "fit-linear", "task": "x"}]})
     assert "--lr-sweep expects" in error_of({"cells": [{"kind": "train", "task": "x", "lr_sweep": "1e-3"}]})
     assert "expected a non-empty list under 'cells'" in error_of({"name": "x"})
+    assert "readout in cells[0]: expected each value once, found 'logistic' twice" in error_of(
+        {"cells": [{"kind": "fit-raw", "task": "digits", "readout": ["logistic", "logistic"]}]})
+    assert "fit_layers in cells[0]: expected each value once, found 1 twice" in error_of(
+        {"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": [1, 1]}]})
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({"n_train": "abc"}, "task 'bit-xor': n_train must be an integer >= 1; found 'abc'"),
+    ({"n_train": -5}, "task 'bit-xor': n_train must be an integer >= 1; found -5"),
+    ({"n_train": 1.5}, "task 'bit-xor': n_train must be an integer >= 1; found 1.5"),
+    ({"n_bits": 0}, "task 'bit-xor': n_bits must be an integer in [1, 256]; found 0"),
+    ({"n_train": 10**12}, "task 'bit-xor': n_train must be at most 100,000,000"),
+])
+def test_task_parameters_are_checked_when_the_recipe_is_loaded(tmp_path, params, expected):
+    """Before any run: a bad value in the second cell is refused before the first cell's run writes anything."""
+    cells = [{"kind": "fit-raw", "task": "digits"}, {"kind": "fit-raw", "task": "bit-xor", "task_params": params}]
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({"cells": cells}))
+    for args in (("--dry-run",), ()):
+        r = invoke("recipe", "run", tmp_path / "r.yaml", "--out", tmp_path / "out", *args)
+        assert r.exit_code == 2 and f"task_params in cells[1]: {expected}" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_task_checks_its_parameters_as_its_builder_does():
+    """Each registered task's check takes its defaults, and refuses what its builder refuses, with the same line."""
+    from reservoir.tasks import TASKS, get_task
+    from reservoir.tasks.base import check_params
+
+    bad = {"bit-xor": {"n_test": 0}, "bit-memory": {"n_bits": 7, "bits_per_token": 2},
+           "listops": {"min_length": 5, "max_length": 5}, "mnist": {"patch": 3}, "fashion-mnist": {"size": 0},
+           "digits": {"test_fraction": 1.0}, "cifar10": {"patch": 5}, "cifar10-lra": {"n_test": 0},
+           "remote-homology": {"format": "csv"}}
+    for name, spec in TASKS.items():
+        if name == "data":  # a file's path and column names: text, checked as such
+            continue
+        assert spec.check is not None, name
+        check_params(name, {})
+        with pytest.raises(ReservoirError) as checked:
+            check_params(name, bad[name])
+        with pytest.raises(ReservoirError) as built:
+            get_task(name, **bad[name])
+        assert str(checked.value) == str(built.value)
+
+
+def test_a_key_written_twice_is_refused_and_a_merge_key_is_not(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second top-level ``cells`` dropped the whole first block."""
+    cases = {"cells:\n  - {kind: train, task: bit-xor, steps: 20000, steps: 5}\n": "'steps' at line 2 and again at "
+             "line 2", "cells:\n  - {kind: fit-raw, task: digits}\npaper: []\ncells:\n  - {kind: fit-raw, task: "
+             "bit-xor}\n": "'cells' at line 1 and again at line 4"}
+    for text, where in cases.items():
+        (tmp_path / "r.yaml").write_text(text)
+        with pytest.raises(ReservoirError, match=f"recipe r.yaml: expected each key once in a mapping; found {where}"):
+            load_recipe(tmp_path / "r.yaml")
+    (tmp_path / "m.yaml").write_text("cells:\n  - &a {kind: fit-raw, task: digits}\n  - {<<: *a, task: bit-xor}\n")
+    assert [c.task for c in load_recipe(tmp_path / "m.yaml").cells] == [["digits"], ["bit-xor"]]
+    assert all(load_recipe(name) for name, _ in list_recipes())  # every bundled recipe: each key once
 
 
 def test_yaml_numbers_and_defaults():
@@ -795,3 +851,47 @@ def test_an_interrupted_run_of_a_cell_edited_since_is_begun_again_not_resumed(tm
     assert state == "stale" and why.startswith("an interrupted run with steps")
     assert run_recipe(edited, out=out, progress=False, device="cpu")["ran"] == [folder.name]
     assert json.loads((folder / "results.json").read_text())["metrics"]["steps"] == 4
+
+
+@pytest.mark.parametrize("name, field, value, expected", [
+    ("train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0/results.json", "metrics.test_interval", [0.9],
+     "expected an interval [low, high] of accuracies in [0, 1], found metrics.test_interval = [0.9]"),
+    ("train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0/results.json", "metrics.test_interval", "x",
+     "expected an interval [low, high] of accuracies in [0, 1], found metrics.test_interval = 'x'"),
+    ("train__bit-xor__tiny-gpt2__pretrained__dall__fpt__lr0.001__seed0/results.json", "metrics.test_interval",
+     [0.9, 0.1], "expected an interval [low, high] of accuracies in [0, 1], found metrics.test_interval = [0.9, 0.1]"),
+    ("bench__bit-xor__tiny-gpt2__pretrained__d2__seed0/speedup.json", "output_only.speedup", -7,
+     "expected output_only.speedup to be a number in [0, 1e15]; found -7"),
+])
+def test_a_tampered_results_file_is_one_line_in_the_report_and_redone_by_the_run(tiny_run, tmp_path, name, field,
+                                                                                  value, expected):
+    shutil.copytree(tiny_run[0] / "results", tmp_path / "results")
+    path = tmp_path / "results" / name
+    saved = json.loads(path.read_text())
+    *parents, last = field.split(".")
+    node = saved
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    path.write_text(json.dumps(saved))
+    r = invoke("report", tmp_path / "results", "--no-plots")
+    assert r.exit_code == 2 and expected in r.output and "Traceback" not in r.output, r.output
+    if "interval" in field:  # what the run reads as not done: computed again
+        assert [p["state"] for p in plan(tmp_path / "results" / "recipe.yaml", tmp_path / "results")
+                if p["id"] == name.split("/")[0]] == ["todo"]
+
+
+def test_paper_values_and_descriptions_that_no_report_can_print_are_refused():
+    train = {"cells": [{"kind": "train", "task": "bit-xor"}]}
+    percent = "expected a percentage in [0, 100] for test_accuracy, found"
+    for value, metric, expected in ((".nan", "test_accuracy", f"{percent} nan"),
+                                    (-40, "test_accuracy", f"{percent} -40"),
+                                    (-5, "steps_to_converge", "expected a number of steps in [0, 1e12]")):
+        entry = {"match": {"kind": "train"}, "value": float("nan") if value == ".nan" else value, "metric": metric}
+        assert f"paper[0].value: {expected}" in error_of({**train, "paper": [entry]})
+    entry = {"match": {"kind": "train"}, "value": 50, "source": "Table 1\n| x | y |"}
+    assert "paper[0].source: expected one line of text, found control characters" in error_of(
+        {**train, "paper": [entry]})
+    assert "description: expected text, found control characters" in error_of(
+        {**train, "description": "owned \x1b]0;title\x07"})
+    assert make({**train, "description": "two\nlines\tand a tab"}).description == "two\nlines\tand a tab"

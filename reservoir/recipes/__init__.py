@@ -47,14 +47,17 @@ other task parameters) so that its runs get distinct ids; like the recipe's
 both of the defaults'. ``null`` stands for the default only where it has one (``steps``, ``epochs``,
 ``batch_size``, ``split_layer``). Numbers are held to the bounds
 ``reservoir train`` applies (:data:`reservoir.training.BOUNDS`: ``lr`` > 0,
-``steps`` >= 1, ``dropout`` in [0, 1), ...), and every list axis names at
-least one value. A paper entry's
+``steps`` >= 1, ``dropout`` in [0, 1), ...), ``task_params`` are checked as the task's builder checks them
+(``n_train`` an integer >= 1, ...) without building it, every list axis names at least one value, and
+``readout`` and ``fit_layers`` name each value once. A key written twice in one mapping is refused (YAML would
+keep the last silently). A paper entry's
 ``match`` keys are row-label keys (:data:`LABEL_KEYS`); ``layer`` is the
 readout's depth (fit-linear: the fitted layer; train and bench: ``layers``).
 Its ``metric`` (:data:`METRICS`) says what ``value`` is: test accuracy in
 percent (default), ``steps_to_converge`` of a train row (Lu et al. Table 6) or
-the per-epoch ``speedup`` of a bench row (Table 10). Unknown keys anywhere are
-refused with one line naming the key and the allowed ones.
+the per-epoch ``speedup`` of a bench row (Table 10), each checked to be one (a percentage in [0, 100], steps in
+[0, 1e12], a ratio above 0); its ``source`` is one line, and the ``description`` holds no control characters
+but line breaks and tabs. Unknown keys anywhere are refused with one line naming the key and the allowed ones.
 
 Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
 folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,

@@ -47,6 +47,11 @@ def _loader(name: str):
                 raise ReservoirError(f"recipe {name}: expected at most {MAX_RECIPE_NODES:,} values with its aliases "
                                      f"expanded, found {'more than ' if found > 10 * MAX_RECIPE_NODES else ''}"
                                      f"{min(found, 10 * MAX_RECIPE_NODES):,}")
+            twice = _repeated_key(node)
+            if twice is not None:  # PyYAML keeps the last silently: a whole earlier block would vanish
+                key, first, again = twice
+                raise ReservoirError(f"recipe {name}: expected each key once in a mapping; found {key!r} at line "
+                                     f"{first} and again at line {again}")
             return node
 
     return Bounded
@@ -75,6 +80,32 @@ def _expanded(node, memo: dict[int, int]) -> int:
             break
     memo[id(node)] = n
     return n
+
+
+def _repeated_key(root) -> tuple[str, int, int] | None:
+    """The first key written twice in one mapping of a YAML node tree (``(key, first line, second line)``), or
+    ``None``; a merge key (``<<``) is YAML's own and is left to it."""
+    import yaml
+
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if (key.tag, key.value) in lines:
+                        return key.value, lines[(key.tag, key.value)], line
+                    lines[(key.tag, key.value)] = line
+                todo.extend((key, value))
+    return None
 
 
 def load_recipe(name_or_path: str | os.PathLike) -> Recipe:

@@ -152,7 +152,7 @@ class Cell:
 
     def __post_init__(self) -> None:
         from reservoir.tasks import TASKS
-        from reservoir.tasks.base import check_text_params
+        from reservoir.tasks.base import check_params
         from reservoir.training import BOUNDS, check_number, parse_lr_sweep
         from reservoir.training.freeze import parse_groups
 
@@ -171,6 +171,7 @@ class Cell:
         self.tag = None if self.tag is None else _check_id(self.tag, f"tag in {w}")
         self.init = _choices(_as_list(self.init), options.INITS, "init", w)
         self.readout = _choices(_as_list(self.readout), options.READOUTS, "readout", w)
+        _once(self.readout, "readout", w)
         _choices([self.dtype], options.DTYPES, "dtype", w)
         _choices([self.amp], options.AMPS, "amp", w)
         self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
@@ -194,6 +195,7 @@ class Cell:
                                      f"layers with fit_layers), found {self.layers}")
             if self.fit_layers != "all":
                 self.fit_layers = [_number(v, f"fit_layers in {w}", True) for v in _as_list(self.fit_layers)]
+                _once(self.fit_layers, "fit_layers", w)
                 if any(not 0 <= k <= self.layers[0] for k in self.fit_layers):
                     raise ReservoirError(f"fit_layers in {w} must be within 0..{self.layers[0]}, found "
                                          f"{self.fit_layers}")
@@ -226,8 +228,8 @@ class Cell:
             if bad is not None:
                 raise ReservoirError(f"task_params in {w}: task {t!r} has no parameter {bad!r}; expected one of: "
                                      f"{', '.join(sorted(TASKS[t].defaults))}")
-            try:
-                check_text_params(t, self.task_params)
+            try:  # every value as the task's builder checks it, before anything runs (no file read)
+                check_params(t, self.task_params)
             except ReservoirError as err:
                 raise ReservoirError(f"task_params in {w}: {err}") from None
             if self.task_params.get("download") and self.task_params.get("data_dir") is not None:
@@ -285,6 +287,14 @@ class PaperValue:
         self.value = _number(self.value, f"{self.where}.value")
         self.source = str(self.source or "")
         _choices([self.metric], METRICS, "metric", self.where)
+        lo, hi, what = {"test_accuracy": (0, 100, "a percentage in [0, 100]"),
+                        "steps_to_converge": (0, 1e12, "a number of steps in [0, 1e12]"),
+                        "speedup": (0, 1e12, "a ratio in (0, 1e12]")}[self.metric]
+        if not (lo <= self.value <= hi) or (self.metric == "speedup" and self.value == 0):
+            raise ReservoirError(f"{self.where}.value: expected {what} for {self.metric}, found {self.value:g}")
+        if any(ord(c) < 32 or ord(c) == 127 for c in self.source):
+            raise ReservoirError(f"{self.where}.source: expected one line of text, found control characters in "
+                                 f"{options.shown(self.source)}")
 
     def format(self) -> str:
         """The value as the report prints it (``38.4%``, ``500 steps``, ``500x``)."""
@@ -361,6 +371,13 @@ class Run:
         return [(self.label(), name)]
 
 
+def _once(values: list[Any], key: str, where: str) -> None:
+    """Refuse a value listed twice under ``key`` (one run's results files would be read twice, as two seeds)."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise ReservoirError(f"{key} in {where}: expected each value once, found {twice!r} twice")
+
+
 def fitted_layers(cell: Cell) -> list[int]:
     """The layers a fit-linear cell fits (``all``: 0..K, what a depth-K store holds)."""
     return list(range(cell.layers[0] + 1)) if cell.fit_layers == "all" else list(cell.fit_layers)
@@ -411,8 +428,11 @@ class Recipe:
                 paper.append(PaperValue(where=f"paper[{i}]", **p))
             what = "name" if data.get("name") else "name (the file's stem; set name: in the recipe)"
             name = _check_id(data.get("name") or Path(source).stem, what)
-            recipe = cls(name=name, cells=cells, description=str(data.get("description") or "").strip(),
-                         paper=paper, text=text, raw=data)
+            description = str(data.get("description") or "").strip()
+            if any((ord(c) < 32 and c not in "\n\t") or ord(c) == 127 for c in description):  # a terminal's escapes
+                raise ReservoirError(f"description: expected text, found control characters in "
+                                     f"{options.shown(description)}")
+            recipe = cls(name=name, cells=cells, description=description, paper=paper, text=text, raw=data)
             runs = recipe.runs()  # id collisions are a recipe error
             recipe._check_rows(runs)
             labels = [label for run in runs for label, _ in run.outputs()]

@@ -236,6 +236,9 @@ class TaskSpec:
     d_in: str = ""
     classes: str = ""
     splits: str = "train, test"
+    #: Checks the parameters (``build``'s keywords, defaults filled in) without building anything: one line naming
+    #: the first bad value, as ``build`` would raise it. What a recipe runs to refuse a cell when it is loaded.
+    check: Callable[[Mapping[str, Any]], Any] | None = None
 
     def __post_init__(self) -> None:
         for p in inspect.signature(self.build).parameters.values():
@@ -300,6 +303,26 @@ def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
         )
     check_text_params(name, params)
     return {**spec.defaults, **{k: v for k, v in params.items() if v is not None}}
+
+
+def check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A registered task's parameters (:func:`resolve_params`) checked as its builder checks them, without building
+    (reading no file, generating nothing); a bad value is one line naming the task and the parameter.
+
+    Examples
+    --------
+    >>> check_params("bit-xor", {"n_train": 64})["n_train"]
+    64
+    >>> check_params("bit-xor", {"n_bits": 0})
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: task 'bit-xor': n_bits must be an integer in [1, 256]; found 0
+    """
+    full = resolve_params(name, dict(params))
+    check = TASKS[name].check
+    if check is not None:
+        check(full)
+    return full
 
 
 def get_task(name: str, **params: Any) -> TaskData:

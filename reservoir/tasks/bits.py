@@ -21,6 +21,9 @@ continuous (``kind="continuous"``): every token is a small float32 vector.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from reservoir.errors import ReservoirError
@@ -75,20 +78,21 @@ def build_bit_xor(n_bits: int = 5, n_train: int = 4000, n_test: int = 1000, seed
     TaskData
         ``kind="continuous"``, ``d_in=1``, ``n_classes=2``, ``n_out_tokens=1``.
     """
-    name = "bit-xor"
-    n_bits = int_param(name, "n_bits", n_bits, 1, 256)
-    n_train = int_param(name, "n_train", n_train, 1)
-    n_test = int_param(name, "n_test", n_test, 1)
-    seed = int_param(name, "seed", seed, 0)
-    rng = np.random.default_rng(seed)
+    params = check_bit_xor({"n_bits": n_bits, "n_train": n_train, "n_test": n_test, "seed": seed})
+    rng = np.random.default_rng(params["seed"])
     splits = {
-        "train": make_bit_xor(rng, n_train, n_bits),
-        "test": make_bit_xor(rng, n_test, n_bits),
+        "train": make_bit_xor(rng, params["n_train"], params["n_bits"]),
+        "test": make_bit_xor(rng, params["n_test"], params["n_bits"]),
     }
-    params = {"n_bits": n_bits, "n_train": n_train, "n_test": n_test, "seed": seed}
     return TaskData(
-        name=name, params=params, kind="continuous", d_in=1, n_classes=2, splits=splits, n_out_tokens=1
+        name="bit-xor", params=params, kind="continuous", d_in=1, n_classes=2, splits=splits, n_out_tokens=1
     )
+
+
+def check_bit_xor(p: Mapping[str, Any]) -> dict[str, int]:
+    """The ``bit-xor`` parameters checked, as ints (one line naming the first bad one)."""
+    bounds = {"n_bits": (1, 256), "n_train": (1, None), "n_test": (1, None), "seed": (0, None)}
+    return {k: int_param("bit-xor", k, p[k], lo, hi) for k, (lo, hi) in bounds.items()}
 
 
 # ------------------------------------------------------------------------ memory
@@ -161,30 +165,32 @@ def build_bit_memory(
         ``kind="continuous"``, ``d_in=bits_per_token``, ``n_classes=2``,
         ``n_out_tokens=n_bits // bits_per_token``.
     """
+    params = check_bit_memory({"n_bits": n_bits, "n_patterns": n_patterns, "bits_per_token": bits_per_token,
+                               "n_train": n_train, "n_test": n_test, "seed": seed})
+    rng = np.random.default_rng(params["seed"])
+    args = (params["n_bits"], params["n_patterns"], params["bits_per_token"])
+    splits = {"train": make_bit_memory(rng, params["n_train"], *args),
+              "test": make_bit_memory(rng, params["n_test"], *args)}
+    return TaskData(name="bit-memory", params=params, kind="continuous", d_in=params["bits_per_token"], n_classes=2,
+                    splits=splits, n_out_tokens=params["n_bits"] // params["bits_per_token"])
+
+
+def check_bit_memory(p: Mapping[str, Any]) -> dict[str, int]:
+    """The ``bit-memory`` parameters checked, as ints (one line naming the first bad one)."""
     name = "bit-memory"
-    n_bits = int_param(name, "n_bits", n_bits, 1)
-    n_patterns = int_param(name, "n_patterns", n_patterns, 1)
-    bits_per_token = int_param(name, "bits_per_token", bits_per_token, 1)
-    n_train = int_param(name, "n_train", n_train, 1)
-    n_test = int_param(name, "n_test", n_test, 1)
-    seed = int_param(name, "seed", seed, 0)
-    if n_bits % bits_per_token:
-        raise ReservoirError(
-            f"task {name!r}: n_bits must be a multiple of bits_per_token={bits_per_token}; found n_bits={n_bits}"
-        )
-    rng = np.random.default_rng(seed)
-    args = (n_bits, n_patterns, bits_per_token)
-    splits = {"train": make_bit_memory(rng, n_train, *args), "test": make_bit_memory(rng, n_test, *args)}
-    params = {"n_bits": n_bits, "n_patterns": n_patterns, "bits_per_token": bits_per_token, "n_train": n_train,
-              "n_test": n_test, "seed": seed}
-    return TaskData(name=name, params=params, kind="continuous", d_in=bits_per_token, n_classes=2, splits=splits,
-                    n_out_tokens=n_bits // bits_per_token)
+    out = {k: int_param(name, k, p[k], 0 if k == "seed" else 1)
+           for k in ("n_bits", "n_patterns", "bits_per_token", "n_train", "n_test", "seed")}
+    if out["n_bits"] % out["bits_per_token"]:
+        raise ReservoirError(f"task {name!r}: n_bits must be a multiple of bits_per_token={out['bits_per_token']}; "
+                             f"found n_bits={out['n_bits']}")
+    return out
 
 
 register(
     TaskSpec(
         name="bit-xor",
         build=build_bit_xor,
+        check=check_bit_xor,
         summary="two 5-bit strings, one bit per token; predict their XOR",
         source="generated (seeded)",
         tokens="2*n_bits (10)",
@@ -197,6 +203,7 @@ register(
     TaskSpec(
         name="bit-memory",
         build=build_bit_memory,
+        check=check_bit_memory,
         summary="five 1000-bit ±1 patterns, then one of them half-masked, 50 bits per token; reproduce it",
         source="generated (seeded)",
         tokens="(n_patterns+1)*n_bits/bits_per_token (120); output: last 20",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
@@ -228,14 +228,9 @@ def build_remote_homology(
         letters; inputs uint8 ``(N, L)``, lengths int64, labels int64 ``(N,)``.
         ``params["dropped"]`` maps each split name to its count of dropped sequences.
     """
-    wanted = _split_names(splits)
-    if test_split not in HOLDOUTS:
-        raise _bad("test_split", f"one of {', '.join(HOLDOUTS)}", test_split)
-    if "train" not in wanted or test_split not in wanted:
-        raise _bad("splits", f"a list including 'train' and test_split={test_split!r}", wanted)
-    format = choice_param(NAME, "format", format, ("auto", "json", "lmdb"))
-    max_length = int_param(NAME, "max_length", max_length, 2)
-    n_per_split = int_param(NAME, "n_per_split", n_per_split, 1, none_ok=True)
+    wanted, format, max_length, n_per_split = check_remote_homology(
+        {"splits": splits, "test_split": test_split, "format": format, "max_length": max_length,
+         "n_per_split": n_per_split})
     if data_dir is None:
         raise ReservoirError(f"task {NAME!r}: expected data_dir, the folder holding TAPE's remote_homology_"
                              f"<split>.{_ext(format)} files (from {TAPE_URL}); found data_dir=None")  # fmt: skip
@@ -247,6 +242,20 @@ def build_remote_homology(
               "n_per_split": n_per_split, "dropped": dropped}  # fmt: skip
     return TaskData(name=NAME, params=params, kind="tokens", d_in=len(VOCAB), n_classes=N_FOLDS, splits=task_splits,
                     n_out_tokens=1, vocab=list(VOCAB))  # fmt: skip
+
+
+def check_remote_homology(p: Mapping[str, Any]) -> tuple[list[str], str, int, int | None]:
+    """The ``remote-homology`` parameters checked without reading a file (one line naming the first bad one): the
+    splits wanted, the format, the length bound and the per-split count."""
+    wanted = _split_names(p["splits"])
+    test_split = p["test_split"]
+    if test_split not in HOLDOUTS:
+        raise _bad("test_split", f"one of {', '.join(HOLDOUTS)}", test_split)
+    if "train" not in wanted or test_split not in wanted:
+        raise _bad("splits", f"a list including 'train' and test_split={test_split!r}", wanted)
+    return (wanted, choice_param(NAME, "format", p["format"], ("auto", "json", "lmdb")),
+            int_param(NAME, "max_length", p["max_length"], 2),
+            int_param(NAME, "n_per_split", p["n_per_split"], 1, none_ok=True))
 
 
 def _ext(format: str) -> str:
@@ -281,6 +290,7 @@ register(
     TaskSpec(
         name=NAME,
         build=build_remote_homology,
+        check=check_remote_homology,
         summary="protein sequence (25 amino-acid letters, < 1024) -> one of 1195 folds (TAPE remote homology)",
         source="TAPE remote_homology_{split}.{json,lmdb} files (data_dir)",
         tokens="protein length, < max_length (1024)",

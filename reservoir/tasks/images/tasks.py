@@ -7,6 +7,7 @@ normalizes; the files are read by :mod:`~reservoir.tasks.images.idx` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
@@ -67,11 +68,7 @@ def _counts(task: str, n_train: Any, n_test: Any) -> tuple[int | None, int | Non
 def _build_idx_task(name: str, data_dir: Any, size: Any, patch: Any, download: bool, n_train: Any, n_test: Any,
                     default: str | None = None) -> TaskData:  # fmt: skip
     """An IDX task: images zero-padded to ``size`` x ``size``, /255, ``patch x patch`` tokens."""
-    size = int_param(name, "size", size, 1)
-    patch = int_param(name, "patch", patch, 1)
-    n_train, n_test = _counts(name, n_train, n_test)
-    if size % patch:
-        raise ReservoirError(f"task {name!r}: patch must divide size={size}; found patch={patch}")
+    size, patch, n_train, n_test = _check_idx(name, size, patch, n_train, n_test)
     folder = find_mnist(name, data_dir, download, default)
     splits = {}
     for split, n in (("train", n_train), ("test", n_test)):
@@ -89,6 +86,26 @@ def _build_idx_task(name: str, data_dir: Any, size: Any, patch: Any, download: b
         splits[split] = _split(tokens, labels)
     params = {"size": size, "patch": patch, "n_train": n_train, "n_test": n_test}
     return TaskData(name=name, params=params, kind="continuous", d_in=patch * patch, n_classes=10, splits=splits)
+
+
+def _check_idx(name: str, size: Any, patch: Any, n_train: Any, n_test: Any) -> tuple[int, int, int | None, int | None]:
+    """An IDX task's size, patch and counts checked (one line naming the first bad one)."""
+    size = int_param(name, "size", size, 1)
+    patch = int_param(name, "patch", patch, 1)
+    n_train, n_test = _counts(name, n_train, n_test)
+    if size % patch:
+        raise ReservoirError(f"task {name!r}: patch must divide size={size}; found patch={patch}")
+    return size, patch, n_train, n_test
+
+
+def check_mnist(p: Mapping[str, Any]) -> None:
+    """The ``mnist`` parameters checked, without reading a file."""
+    _check_idx("mnist", p["size"], p["patch"], p["n_train"], p["n_test"])
+
+
+def check_fashion_mnist(p: Mapping[str, Any]) -> None:
+    """The ``fashion-mnist`` parameters checked, without reading a file."""
+    _check_idx("fashion-mnist", p["size"], p["patch"], p["n_train"], p["n_test"])
 
 
 def build_mnist(data_dir: Any = None, size: int = 32, patch: int = 4, download: bool = False,
@@ -137,12 +154,7 @@ def build_digits(test_fraction: float = 0.2, seed: int = 0, patch: int = 2) -> T
     from sklearn.model_selection import train_test_split
 
     name = "digits"
-    seed = check_seed(seed, f"task {name!r}: seed")  # scikit-learn's random_state takes 0..2**32-1
-    patch = int_param(name, "patch", patch, 1)
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, Real) or not 0 < test_fraction < 1:
-        raise ReservoirError(f"task {name!r}: test_fraction must be a number in (0, 1); found {test_fraction!r}")
-    if 8 % patch:
-        raise ReservoirError(f"task {name!r}: patch must divide 8; found patch={patch}")
+    test_fraction, seed, patch = check_digits({"test_fraction": test_fraction, "seed": seed, "patch": patch})
     data = load_digits()
     images = (data.images / 16).astype(np.float32)  # (1797, 8, 8) in [0, 1]
     labels = data.target.astype(np.int64)  # (1797,)
@@ -152,6 +164,19 @@ def build_digits(test_fraction: float = 0.2, seed: int = 0, patch: int = 2) -> T
     splits = {"train": _split(tokens[idx_train], labels[idx_train]), "test": _split(tokens[idx_test], labels[idx_test])}
     params = {"test_fraction": float(test_fraction), "seed": seed, "patch": patch}
     return TaskData(name=name, params=params, kind="continuous", d_in=patch * patch, n_classes=10, splits=splits)
+
+
+def check_digits(p: Mapping[str, Any]) -> tuple[float, int, int]:
+    """The ``digits`` parameters checked (one line naming the first bad one): test fraction, seed, patch."""
+    name = "digits"
+    seed = check_seed(p["seed"], f"task {name!r}: seed")  # scikit-learn's random_state takes 0..2**32-1
+    patch = int_param(name, "patch", p["patch"], 1)
+    test_fraction = p["test_fraction"]
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, Real) or not 0 < test_fraction < 1:
+        raise ReservoirError(f"task {name!r}: test_fraction must be a number in (0, 1); found {test_fraction!r}")
+    if 8 % patch:
+        raise ReservoirError(f"task {name!r}: patch must divide 8; found patch={patch}")
+    return float(test_fraction), seed, patch
 
 
 def build_cifar10(data_dir: Any = None, *, download: bool = False, n_train: int | None = None,
@@ -177,10 +202,7 @@ def build_cifar10(data_dir: Any = None, *, download: bool = False, n_train: int 
         inputs float32 ``(N, (32/patch)**2, 3*patch**2)``, values ``patch[y, x, c]``; 64 x 48 at patch 4.
     """
     name = "cifar10"
-    patch = int_param(name, "patch", patch, 1)
-    if 32 % patch:
-        raise ReservoirError(f"task {name!r}: patch must divide 32; found patch={patch}")
-    n_train, n_test = _counts(name, n_train, n_test)
+    patch, n_train, n_test = check_cifar10({"patch": patch, "n_train": n_train, "n_test": n_test})
     raw = read_cifar10(name, data_dir, download, n_train, n_test)
     mean, std = np.array(CIFAR_MEAN, np.float32), np.array(CIFAR_STD, np.float32)
     splits = {}
@@ -193,6 +215,20 @@ def build_cifar10(data_dir: Any = None, *, download: bool = False, n_train: int 
         splits[split] = _split(tokens, labels)
     params = {"patch": patch, "n_train": n_train, "n_test": n_test}
     return TaskData(name=name, params=params, kind="continuous", d_in=3 * patch * patch, n_classes=10, splits=splits)
+
+
+def check_cifar10(p: Mapping[str, Any]) -> tuple[int, int | None, int | None]:
+    """The ``cifar10`` parameters checked (one line naming the first bad one): patch and counts."""
+    name = "cifar10"
+    patch = int_param(name, "patch", p["patch"], 1)
+    if 32 % patch:
+        raise ReservoirError(f"task {name!r}: patch must divide 32; found patch={patch}")
+    return (patch, *_counts(name, p["n_train"], p["n_test"]))
+
+
+def check_cifar10_lra(p: Mapping[str, Any]) -> None:
+    """The ``cifar10-lra`` parameters checked, without reading a file."""
+    _counts("cifar10-lra", p["n_train"], p["n_test"])
 
 
 def build_cifar10_lra(data_dir: Any = None, download: bool = False,
@@ -225,21 +261,21 @@ def build_cifar10_lra(data_dir: Any = None, download: bool = False,
 
 _IDX_FACTS = {"tokens": "(size/patch)**2 (64; 49 at size 28)", "d_in": "patch**2 (16)", "classes": "10"}
 for _spec in (
-    TaskSpec(name="mnist", build=build_mnist,
+    TaskSpec(name="mnist", build=build_mnist, check=check_mnist,
              summary="MNIST digits zero-padded to 32x32, 4x4 patches: 64 tokens x 16",
              source="IDX files (data_dir, or download=true: PyTorch mirror)", **_IDX_FACTS),
-    TaskSpec(name="fashion-mnist", build=build_fashion_mnist,
+    TaskSpec(name="fashion-mnist", build=build_fashion_mnist, check=check_fashion_mnist,
              summary="Fashion-MNIST zero-padded to 32x32, 4x4 patches: 64 tokens x 16",
              source=f"IDX files ({FASHION_MNIST_DIR}, data_dir, or download=true)", **_IDX_FACTS),
-    TaskSpec(name="digits", build=build_digits,
+    TaskSpec(name="digits", build=build_digits, check=check_digits,
              summary="scikit-learn 8x8 digits, 2x2 patches: 16 tokens x 4",
              source="bundled with scikit-learn (seeded stratified split)",
              tokens="(8/patch)**2 (16)", d_in="patch**2 (4)", classes="10"),
-    TaskSpec(name="cifar10", build=build_cifar10,
+    TaskSpec(name="cifar10", build=build_cifar10, check=check_cifar10,
              summary="CIFAR-10 colour, normalised per channel, 4x4x3 patches: 64 tokens x 48",
              source="CIFAR-10 python batches (data_dir, or download=true: Toronto)",
              tokens="(32/patch)**2 (64)", d_in="3*patch**2 (48)", classes="10"),
-    TaskSpec(name="cifar10-lra", build=build_cifar10_lra,
+    TaskSpec(name="cifar10-lra", build=build_cifar10_lra, check=check_cifar10_lra,
              summary="CIFAR-10 grayscale in [-1, 1], one pixel per token: 1024 tokens x 1",
              source="CIFAR-10 python batches (data_dir, or download=true: Toronto)",
              tokens="1024", d_in="1", classes="10"),

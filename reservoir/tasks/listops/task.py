@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from reservoir.errors import ReservoirError
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
@@ -61,24 +63,39 @@ def build_listops(
         ``kind="tokens"``, ``d_in=len(vocab)``, ``n_classes=10``; inputs uint8
         ``(N, L)`` right-padded with 0, lengths int64 ``(N,)``, labels int64 ``(N,)``.
     """
-    source = choice_param(NAME, "source", source, ("generate", "lra"))
-    tokenization = choice_param(NAME, "tokenization", tokenization, ("lra", "fpt"))
-    if max_tokens is not None:
-        max_tokens = int_param(NAME, "max_tokens", max_tokens, 1)
-    elif tokenization == "fpt":
-        max_tokens = FPT_MAX_TOKENS
+    checked = check_listops({"source": source, "tokenization": tokenization, "min_length": min_length,
+                             "max_length": max_length, "n_train": n_train, "n_val": n_val, "n_test": n_test,
+                             "seed": seed, "max_tokens": max_tokens})
+    source, tokenization, max_tokens = checked["source"], checked["tokenization"], checked["max_tokens"]
     vocab = LRA_VOCAB if tokenization == "lra" else FPT_VOCAB
     if source == "lra":
         splits = _read_files(data_dir, tokenization, max_tokens)
         params = {"source": source, "tokenization": tokenization, "max_tokens": max_tokens}
     else:
-        params = _generate_params(min_length, max_length, n_train, n_val, n_test, seed)
+        params = {k: v for k, v in checked.items() if k not in ("source", "tokenization", "max_tokens")}
         bounds = (params["min_length"], params["max_length"])
         splits = {name: generate_split(name, params[f"n_{name}"], params["seed"], *bounds, tokenization, max_tokens)
                   for name in ("train", "val", "test") if params[f"n_{name}"]}  # fmt: skip
         params = dict(source=source, tokenization=tokenization, **params, max_tokens=max_tokens)
     return TaskData(name=NAME, params=params, kind="tokens", d_in=len(vocab), n_classes=10, splits=splits,
                     n_out_tokens=1, vocab=list(vocab))  # fmt: skip
+
+
+def check_listops(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``listops`` parameters checked (one line naming the first bad one): the source, the tokenization, the
+    token cap (``None``: the tokenization's) and, for a generated task, the generator's."""
+    source = choice_param(NAME, "source", p["source"], ("generate", "lra"))
+    tokenization = choice_param(NAME, "tokenization", p["tokenization"], ("lra", "fpt"))
+    max_tokens = p["max_tokens"]
+    if max_tokens is not None:
+        max_tokens = int_param(NAME, "max_tokens", max_tokens, 1)
+    elif tokenization == "fpt":
+        max_tokens = FPT_MAX_TOKENS
+    out = {"source": source, "tokenization": tokenization, "max_tokens": max_tokens}
+    if source == "generate":
+        out.update(_generate_params(p["min_length"], p["max_length"], p["n_train"], p["n_val"], p["n_test"],
+                                    p["seed"]))
+    return out
 
 
 def _read_files(data_dir: str | os.PathLike | None, tokenization: str, max_tokens: int | None) -> dict[str, Split]:
@@ -114,6 +131,7 @@ register(
     TaskSpec(
         name=NAME,
         build=build_listops,
+        check=check_listops,
         summary="nested MIN/MAX/MED/SM expressions over digits (LRA ListOps); predict the value 0-9",
         source="generated (seeded, LRA process) or the LRA release files basic_{train,val,test}.tsv",
         tokens="min_length..max_length (20..300); LRA files up to 2000",
