@@ -1,5 +1,8 @@
 """Backbones: equality with Hugging Face's own forward, padding invariance, early exit, inits."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -200,3 +203,112 @@ def test_every_backbone_is_finished_the_same_way(name, init, n_layer):
 def test_weights_hash_is_of_the_loaded_weights():
     hf, _, _ = _load_hf("tiny-gpt2", "pretrained", 0, None, "sdpa")
     assert load_backbone("tiny-gpt2", d_in=1).info.weights_sha256 == weights_sha256(hf)
+
+
+def _saved(tmp_path, name="model", **config_changes):
+    """The tiny GPT-2's pretrained draw saved as a model folder (safetensors), its config.json edited."""
+    import json
+
+    hf, _, _ = _load_hf("tiny-gpt2", "pretrained", 0, None, "sdpa")
+    folder = tmp_path / name
+    hf.save_pretrained(folder)
+    if config_changes:
+        config = json.loads((folder / "config.json").read_text())
+        config.update(config_changes)
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_folder_saved_in_half_precision_loads_in_float32(tmp_path, dtype):
+    """Most hub checkpoints name bf16 or fp16 in config.json; transformers would load them so (and a float32 forward
+    then failed): weights are float32 whatever the config says, equal to the same folder without the entry."""
+    import json
+
+    plain = _saved(tmp_path, "plain")
+    half = _saved(tmp_path, "half", dtype=dtype)
+    config = json.loads((half / "config.json").read_text())
+    config["torch_dtype"] = config.pop("dtype")  # the older key as well
+    (tmp_path / "older").mkdir()
+    for f in plain.iterdir():
+        (tmp_path / "older" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "older" / "config.json").write_text(json.dumps(config))
+    want = load_backbone(str(plain), d_in=3)
+    for folder in (half, tmp_path / "older"):
+        for init in ("pretrained", "random"):
+            bb = load_backbone(str(folder), d_in=3, init=init)
+            assert {p.dtype for p in bb.parameters()} == {torch.float32}
+        bb = load_backbone(str(folder), d_in=3)
+        assert bb.info.weights_sha256 == want.info.weights_sha256
+        x = torch.randn(2, 5, 3)
+        torch.testing.assert_close(bb.embed(x), want.embed(x), rtol=0, atol=0)
+
+
+def test_model_folders_that_would_read_outside_or_unpickle_are_refused(tmp_path):
+    import json
+    import shutil
+
+    good = _saved(tmp_path, "good")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(good / "model.safetensors", outside / "w.safetensors")
+
+    def variant(name):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        return folder
+
+    linked = variant("linked")  # weights linked from outside the folder
+    (linked / "model.safetensors").unlink()
+    (linked / "model.safetensors").symlink_to(outside / "w.safetensors")
+    config_linked = variant("config_linked")
+    shutil.copy(good / "config.json", outside / "config.json")
+    (config_linked / "config.json").unlink()
+    (config_linked / "config.json").symlink_to(outside / "config.json")
+    cases = {linked: "expected its weights inside the model folder", config_linked: "expected config.json inside"}
+    for shard, name in (("../outside/w.safetensors", "dotdot"), (str(outside / "w.safetensors"), "absolute")):
+        folder = variant(name)
+        (folder / "model.safetensors").unlink()
+        keys = json.loads((good / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+            (good / "model.safetensors").read_bytes()[:8], "little")])
+        index = {"metadata": {}, "weight_map": {k: shard for k in keys if k != "__metadata__"}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        cases[folder] = "expected the weights index to name files inside the model folder"
+    pickled = variant("pickled")
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    cases[pickled] = "expected weights in safetensors files (model.safetensors); found only pickled weights"
+    for folder, message in cases.items():
+        with pytest.raises(ReservoirError, match=re.escape(message)):
+            load_backbone(str(folder), d_in=3)
+    # a Hugging Face cache snapshot links into its repository's blobs: that is its layout, and loads
+    repo = tmp_path / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    for f in good.iterdir():
+        shutil.copy(f, repo / "blobs" / f.name)
+        (snapshot / f.name).symlink_to(Path("../../blobs") / f.name)
+    same = load_backbone(str(good), d_in=3).info.weights_sha256
+    assert load_backbone(str(snapshot), d_in=3).info.weights_sha256 == same
+
+
+def test_sizes_and_values_no_model_can_have_are_refused_before_anything_is_built(tmp_path):
+    import time
+
+    from safetensors.torch import load_file, save_file
+
+    t0 = time.perf_counter()
+    with pytest.raises(ReservoirError, match=r"expected 1\.\.1,024 layers \(num_hidden_layers\); found 10000000"):
+        load_backbone(str(_saved(tmp_path, "deep", n_layer=10**7)), d_in=3)
+    with pytest.raises(ReservoirError, match=r"expected 1\.\.1,024 layers \(num_hidden_layers\); found 100000000"):
+        load_backbone("lstm-100000000x4", d_in=3, init="random")
+    assert time.perf_counter() - t0 < 60  # (building 10^7 blocks on the meta device grew without bound)
+    inf = _saved(tmp_path, "inf")
+    weights = load_file(inf / "model.safetensors")
+    weights["ln_f.weight"] = torch.full_like(weights["ln_f.weight"], float("inf"))
+    save_file(weights, inf / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ReservoirError, match="expected finite weights; found NaN or infinite values in ln_f.weight"):
+        load_backbone(str(inf), d_in=3)
+    for name in ("", "  "):
+        with pytest.raises(ReservoirError, match="expected a backbone: a built-in name, a model folder or a hub id"):
+            load_backbone(name, d_in=3)

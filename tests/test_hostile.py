@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1054,3 +1055,49 @@ def test_bench_readout_refuses_train_rows_of_one_class_after_the_validation_carv
                   "--out", store).exit_code == 0
     line = assert_bad_input(invoke("bench", "readout", store))
     assert "needs at least two classes in the train rows left after holding out validation rows" in line
+
+
+def test_bench_refuses_what_it_would_clip_or_overwrite(tmp_path, monkeypatch):
+    """An output inside the backbone's folder, a batch larger than the training rows, a layer twice, more path rows
+    than the fit has, a depth with no block to split at, the LSTM with no Hugging Face model to compare (before any
+    timing): one line each."""
+    from reservoir.backbones.load import _load_hf
+
+    hf, _, _ = _load_hf("tiny-gpt2", "pretrained", 0, None, "sdpa")
+    hf.save_pretrained(tmp_path / "model")
+    weights = (tmp_path / "model" / "model.safetensors").read_bytes()
+    xor = ["--task", "bit-xor", "-p", "n_train=60", "-p", "n_test=20"]
+    line = assert_bad_input(invoke("bench", "extract", *xor, "--backbone", tmp_path / "model", "--layers", 1,
+                                   "--out", tmp_path / "model" / "model.safetensors"))
+    assert "expected an output apart from the command's inputs; found it lies inside the input" in line
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    line = assert_bad_input(invoke("bench", "train", *xor, "--backbone", "tiny-gpt2", "--batch-size", 1000))
+    assert "--batch-size must be at most the 54 training rows (after the validation carve), found 1,000" in line
+    import reservoir.bench.train as bt
+
+    monkeypatch.setattr(bt, "build", lambda *a, **k: pytest.fail("timed before refusing"), raising=False)
+    line = assert_bad_input(invoke("bench", "train", *xor, "--backbone", "lstm-1x16", "--init", "random"))
+    assert "compares against a Hugging Face model; backbone 'lstm-1x16' (the LSTM baseline) has none" in line
+    store = tmp_path / "s.zarr"  # one label a row: what the scikit-learn comparison takes
+    assert invoke("extract", "--task", "digits", "--backbone", "tiny-gpt2", "--layers", 1, "--quiet", "--out",
+                  store).exit_code == 0
+    assert "--layer: expected each layer once, found [0, 0]" in assert_bad_input(
+        invoke("bench", "readout", store, "--layer", "0,0"))
+    assert re.search(r"--path-rows: expected at most the 1,\d{3} rows the readout fits on .*found 100,000",
+                     assert_bad_input(invoke("bench", "readout", store, "--path-rows", 100000)))
+    line = assert_bad_input(invoke("bench", "speedup", *xor, "--backbone", "tiny-gpt2", "--layers", 0))
+    assert "bench speedup needs a depth of at least 1 (--layers), found 0" in line
+
+
+def test_running_out_of_memory_in_torch_is_one_line(tmp_path, monkeypatch):
+    """The CPU allocator's failure is a RuntimeError, not a MemoryError: one line, exit 2, no store left."""
+    import reservoir.extract.passes as passes
+
+    def no_memory(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory:"
+                           " you tried to allocate 1048576000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(passes, "iter_windows", no_memory)
+    line = assert_bad_input(invoke(*STORE, "--out", tmp_path / "s.zarr"))
+    assert "expected batches that fit in the memory this process may use; found an allocation failed" in line
+    assert "use a smaller --batch-size or --max-tokens" in line and not (tmp_path / "s.zarr").exists()

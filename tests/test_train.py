@@ -196,7 +196,7 @@ def test_train_data_feeds_every_split_from_one_layer():
     a = Feeder(np.zeros((2, 3, 4), np.float32), np.array([3, 2]), np.array([0, 1]))
     b = replace(a, start=1)
     assert TrainData(b, b, b).start == 1
-    with pytest.raises(ReservoirError, match=r"fed from one layer, found layers \[0, 1, 0\]"):
+    with pytest.raises(ReservoirError, match="fed from one layer, found inputs, layer 1, inputs"):
         TrainData(a, b, a)
 
 
@@ -416,6 +416,27 @@ def test_split_point_store_equals_live_training(tmp_path, suffix):
     assert live.parameters == cached.parameters and cached.store["reservoir_version"]
 
 
+def test_a_split_point_store_at_layer_0_trains_from_its_states_as_live_training_does(tmp_path):
+    """Layer-0 states are the embedding's output: fed as they are (never embedded again, which failed on their
+    width), the blocks above train as a live run whose split layer is 0 (GPT-2: no embedding norm to differ)."""
+    params = {"n_train": 120, "n_test": 40, "max_length": 40}
+    store = run_extract(ExtractConfig(task="listops", backbone="tiny-gpt2", layers=2, full_seq_layer=0, dtype="float32",
+                                      amp="none", task_params=params, out=str(tmp_path / "s.zarr")), progress=False)
+    common = dict(backbone="tiny-gpt2", layers=2, finetune="layernorm,output", steps=20, eval_every=10, device="cpu",
+                  amp="none")
+    live = run(TrainConfig(task="listops", task_params=params, split_layer=0, out=str(tmp_path / "live"), **common),
+               progress=False)
+    cached = run(config_for_store(store, out=str(tmp_path / "cached"), **common), progress=False)
+    assert [p["val_accuracy"] for p in live.curve] == [p["val_accuracy"] for p in cached.curve]
+    np.testing.assert_allclose([p["train_loss"] for p in live.curve], [p["train_loss"] for p in cached.curve],
+                               rtol=1e-5)
+    assert live.parameters["trainable"] == cached.parameters["trainable"]
+    assert cached.parameters["input"] == cached.parameters["positions"] == 0  # below the states: never in the graph
+    with pytest.raises(ReservoirError, match="--finetune group 'input' lies below the split layer 0"):
+        run(config_for_store(store, out=str(tmp_path / "c2"), **{**common, "finetune": "input,output"}),
+            progress=False)
+
+
 def test_split_point_store_seeds_head_and_carve_with_the_run_seed(tmp_path):
     """The store fixes the backbone and projection (its seed); the head and the validation rows follow the run's
     seed, so seeds of a sweep from one store start apart, each as a live run with that seed does."""
@@ -538,11 +559,10 @@ def test_bench_speedup_reports_consistent_ratios(monkeypatch):
     # break-even counts what only caching pays once (pass + store read), not the setup a live run pays too
     assert r["setup_s"] == pytest.approx(r["task_s"] + r["model_s"]) and "extract_s" not in r
     assert a["cached_extra_s"] == pytest.approx(r["pass_s"] + a["store_read_s"])
-    saved = max(a["live_epoch_s"] - a["cached_epoch_s"], 1e-12)  # per epoch (none, on a busy machine: no break-even)
-    assert a["break_even_epochs"] == pytest.approx(a["cached_extra_s"] / saved)
+    for part, cached in ((a, "cached_epoch_s"), (b, "split_store_epoch_s")):  # what an epoch saves: none, never
+        saved = part["live_epoch_s"] - part[cached]  # (a busy machine can make caching save nothing)
+        assert part["break_even_epochs"] == (pytest.approx(part["cached_extra_s"] / saved) if saved > 0 else None)
     assert b["cached_extra_s"] == pytest.approx(b["split_pass_s"] + b["split_read_s"])
-    saved = max(b["live_epoch_s"] - b["split_store_epoch_s"], 1e-12)
-    assert b["break_even_epochs"] == pytest.approx(b["cached_extra_s"] / saved)
     # the large batch: one size for both sides, bounded by the 48 rows a live epoch is timed on
     assert r["large_batch"] == 48
     assert batches["live"][:2] == batches["cached"][:2] == [16, 48]
@@ -553,3 +573,11 @@ def test_bench_speedup_reports_consistent_ratios(monkeypatch):
     assert f"pass {r['pass_s']:.2f} s + store read {a['store_read_s']:.2f} s = {a['cached_extra_s']:.2f} s" in text
     with pytest.raises(ReservoirError, match="--split-layer must be within 0..1"):
         speedup("bit-xor", {"n_train": 32, "n_test": 16}, backbone="tiny-gpt2", split_layer=2, device="cpu")
+
+
+def test_break_even_is_never_when_caching_saves_nothing_per_epoch():
+    from reservoir.bench.speedup import _break_even, _epochs
+
+    assert _break_even(3.0, 1.5) == 2.0 and _epochs(_break_even(3.0, 1.5)) == "2.00"
+    for saved in (0.0, -0.2):  # a cached epoch no faster than a live one: no number of epochs repays the pass
+        assert _break_even(3.0, saved) is None and _epochs(None) == "never"

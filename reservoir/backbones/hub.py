@@ -99,6 +99,64 @@ def from_pretrained(name: str, source: str, **kwargs):
     return model
 
 
+#: Weight files that are pickles (``torch.load`` of a pickle can run code): never read.
+PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_folder(name: str, folder: Path) -> None:
+    """Refuse (one line) a model folder whose loading would read outside it or read a pickle.
+
+    ``config.json``, every ``*.safetensors`` file and every file a
+    ``model.safetensors.index.json`` names must resolve inside the folder
+    (symbolic links included; in a Hugging Face cache snapshot, links into the
+    repository's own ``blobs`` folder are its layout and allowed), the JSON
+    files be regular and at most :data:`~reservoir.io.MAX_JSON_BYTES`, and the
+    weights be safetensors: a folder with only pickled weights
+    (``pytorch_model.bin``) is refused rather than unpickled.
+    """
+    import os
+
+    from reservoir.io import check_regular, read_json
+
+    root = folder.resolve()
+    allowed = [root]
+    if folder.parent.name == "snapshots":  # models--org--name/snapshots/<rev>/file -> ../../blobs/<hash>
+        allowed.append((folder.parent.parent / "blobs").resolve())
+
+    def inside(path: Path, what: str) -> Path:
+        real = Path(os.path.realpath(path))
+        if not any(real == top or top in real.parents for top in allowed):
+            raise ReservoirError(f"backbone {name!r}: expected {what} inside the model folder {folder}; found "
+                                 f"{path.name} resolving to {real}")
+        return real
+
+    config = folder / "config.json"
+    if config.exists() or config.is_symlink():
+        check_regular(inside(config, "config.json"), "a config.json")
+        read_json(config, "a model's config.json")  # bounded: a huge file is one line, not gigabytes parsed
+    for weights in sorted(folder.glob("*.safetensors")):
+        inside(weights, "its weights")
+    index = folder / "model.safetensors.index.json"
+    if index.exists() or index.is_symlink():
+        inside(index, "its weights index")
+        data = read_json(index, "a safetensors index (a JSON object with a weight_map)")
+        shards = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(shards, dict) or not all(isinstance(f, str) for f in shards.values()):
+            raise ReservoirError(f"{index}: expected a safetensors index (a JSON object with a weight_map of file "
+                                 "names); found none")
+        for shard in sorted(set(shards.values())):
+            if os.path.isabs(shard) or ".." in Path(shard).parts:
+                raise ReservoirError(f"backbone {name!r}: expected the weights index to name files inside the "
+                                     f"model folder {folder}; found {shard!r}")
+            inside(folder / shard, "its weight shards")
+    if not any(folder.glob("*.safetensors")):
+        pickles = sorted(p.name for pattern in PICKLED for p in folder.glob(pattern))
+        if pickles:
+            raise ReservoirError(f"backbone {name!r}: expected weights in safetensors files (model.safetensors); "
+                                 f"found only pickled weights ({', '.join(pickles[:3])}), which are never read "
+                                 "(unpickling can run code): convert them to safetensors with a trusted copy")
+
+
 def load_error(name: str, source: str, is_folder: bool, err: Exception) -> ReservoirError:
     """One line for a backbone that transformers could not load, naming the folder (and weights file) or hub id."""
     from safetensors import SafetensorError

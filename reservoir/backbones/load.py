@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from reservoir.backbones.arch import arch_for, get_module
-from reservoir.backbones.hub import from_pretrained, hub_offline, load_error
+from reservoir.backbones.hub import check_folder, from_pretrained, hub_offline, load_error
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
 from reservoir import options
@@ -91,7 +91,7 @@ def backbone_names() -> list[str]:
     return sorted([*SHORT_NAMES, *TINY_CONFIGS, *LSTM_NAMES])
 
 
-def _lstm_spec(name: str) -> tuple[int, int] | None:
+def lstm_spec(name: str) -> tuple[int, int] | None:
     """``(layers, dim)`` for an ``lstm-LxD`` name, ``None`` for other names.
 
     Raises
@@ -127,6 +127,18 @@ def _seeded_init(make, seed: int):
         return make()
 
 
+#: Most blocks a backbone may have (the largest published transformers have under 200): checked before the model is
+#: built even on the meta device, which costs time and memory per block.
+MAX_LAYERS = 1024
+
+
+def _check_layers(name: str, n_layer: Any) -> None:
+    """Refuse (one line) a layer count that is not an integer in 1..:data:`MAX_LAYERS`."""
+    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or not 1 <= n_layer <= MAX_LAYERS:
+        raise ReservoirError(f"backbone {name!r}: expected 1..{MAX_LAYERS:,} layers (num_hidden_layers); found "
+                             f"{options.shown(n_layer)}")
+
+
 def _check_fits(name: str, make: Callable[[], nn.Module]) -> None:
     """Refuse (one line) a model whose weights would not fit in the memory available: ``make()`` is built on the meta
     device first, which allocates nothing, and its parameters and buffers counted."""
@@ -144,7 +156,9 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     hf_logging.disable_progress_bar()  # reservoir shows its own progress
     # No code from a model folder or the hub ever runs, and nothing asks: transformers prompts (and reads stdin)
     # only when trust_remote_code is left unset.
-    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, trust_remote_code=False)
+    # float32 whatever dtype the config names (bf16 and fp16 checkpoints say so): the weights are cast per run
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, trust_remote_code=False,
+                                  dtype=torch.float32)
     if name in TINY_CONFIGS:
         spec = dict(TINY_CONFIGS[name])
         config = CONFIG_MAPPING[spec.pop("model_type")](**spec)
@@ -161,20 +175,23 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
                              "found no such folder")
     if not is_folder and revision is None:
         revision = "main"
+    if is_folder:
+        check_folder(name, Path(source))
     offline = False if is_folder else hub_offline(name, revision, backbone_names())
     hub_kwargs: dict[str, Any] = {"trust_remote_code": False}
     if not is_folder:
         hub_kwargs.update(revision=revision, local_files_only=offline)
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
+        _check_layers(name, getattr(config, "num_hidden_layers", None))
         kwargs = _attention_for(name, config, kwargs)
         _check_fits(name, lambda: AutoModel.from_config(config, **kwargs))
         if init == "random":
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
             # parameters the checkpoint lacks (a pooler the task head replaced) get a fixed draw: same hash every load
-            model = _seeded_init(lambda: from_pretrained(name, source, **{**hub_kwargs, **kwargs}),
-                                 MISSING_WEIGHTS_SEED)
+            model = _seeded_init(lambda: from_pretrained(name, source, use_safetensors=True,
+                                                         **{**hub_kwargs, **kwargs}), MISSING_WEIGHTS_SEED)
     except ReservoirError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
@@ -286,12 +303,15 @@ def load_backbone(
     >>> bb.depth, bb.n_dim, bb.info.family
     (1, 32, 'bert')
     """
+    if not isinstance(name, str) or not name.strip():
+        raise ReservoirError(f"expected a backbone: a built-in name, a model folder or a hub id; found "
+                             f"{options.shown(name)}")
     if init not in INITS:
         raise ReservoirError(f"unknown init {init!r}; expected one of: {', '.join(INITS)}")
     seed = check_seed(seed)
     if projection_seed is not None:
         projection_seed = check_seed(projection_seed, "projection_seed")
-    lstm = _lstm_spec(name)
+    lstm = lstm_spec(name)
     if lstm is not None:
         return _load_lstm(name, *lstm, init=init, depth=depth, d_in=d_in, seed=seed, projection_gain=projection_gain,
                           projection_seed=projection_seed)
@@ -314,6 +334,7 @@ def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | N
     """The LSTM baseline: PyTorch's default LSTM init (and unit LayerNorms), seeded, frozen."""
     if init != "random":
         raise ReservoirError(f"backbone {name!r} has no pretrained weights; expected --init random, found {init!r}")
+    _check_layers(name, n_layer)
     _check_fits(name, lambda: LSTMStack(n_layer, n_dim))
     stack = _seeded_init(lambda: LSTMStack(n_layer, n_dim), seed)
     facts = {"id": name, "family": "lstm", "n_layer": n_layer, "n_dim": n_dim, "max_positions": LSTM_MAX_POSITIONS,
@@ -348,6 +369,9 @@ def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone],
     if not 0 <= depth <= n_layer:
         raise ReservoirError(f"depth {depth} is beyond backbone {name!r}: expected 0..{n_layer} layers, found {depth}")
     sha = weights_sha256(model)
+    bad = next((n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+    if bad is not None:  # (a NaN in a block would fail at the first stored chunk; one in the final norm, never)
+        raise ReservoirError(f"backbone {name!r}: expected finite weights; found NaN or infinite values in {bad}")
     model.eval()
     model.requires_grad_(False)
     proj_seed = seed if projection_seed is None else projection_seed

@@ -110,6 +110,8 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
         wanted = st.layers if layers == "all" else ([layers] if isinstance(layers, int) else list(layers))
         for k in wanted:
             st.layer_index(k)
+        if len(set(wanted)) != len(wanted):  # a layer fitted twice would count twice in the sweep's time
+            raise ReservoirError(f"--layer: expected each layer once, found {wanted}")
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         if st.attrs["task"]["label_shape"] or st.n_out_tokens != 1:
             raise ReservoirError(f"{source}: the scikit-learn comparison needs one label per row, found label shape "
@@ -127,6 +129,9 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
 
     per_layer = []
     t_rows, v_rows = carve_rows(len(y), 0.1, seed)  # the readout's own carve (val_fraction 0.1)
+    if path_rows is not None and path_rows > len(t_rows):  # what the path is fitted on, as printed
+        raise ReservoirError(f"--path-rows: expected at most the {len(t_rows):,} rows the readout fits on (train "
+                             f"rows less the validation carve), found {path_rows:,}; 'all' takes them all")
     if len(np.unique(y[t_rows])) < 2:
         raise ReservoirError(f"{source}: the comparison needs at least two classes in the train rows left after "
                              f"holding out validation rows; found one class in {len(t_rows)} row(s) of {len(y)}")

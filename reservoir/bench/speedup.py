@@ -144,6 +144,8 @@ def speedup(
                          seed=seed, device=device, dtype="float32", amp=amp)
     prep = prepare(base)
     data, dev, K = prep.task, prep.device, prep.backbone.depth
+    if K < 1:  # (b) trains the top block from the states below it: there must be one
+        raise ReservoirError(f"bench speedup needs a depth of at least 1 (--layers), found {K}")
     s = K - 1 if split_layer is None else split_layer
     if not 0 <= s < K:
         raise ReservoirError(f"--split-layer must be within 0..{K - 1} (below the depth {K}), found {s}")
@@ -196,13 +198,13 @@ class _Timing:
         """The train rows live epochs are timed on (sorted): a seeded ``max_live_rows`` of them."""
         return np.sort(np.random.default_rng(self.seed).permutation(self.n)[: self.max_live_rows])
 
-    def model(self, groups: tuple[str, ...], first_block: int = 0):
+    def model(self, groups: tuple[str, ...], first_block: int = 0, states: bool = False):
         from reservoir.training import ReservoirClassifier
         from reservoir.training.freeze import apply_freeze
 
         d = self.data
         model = ReservoirClassifier(self.live_bb, d.n_out_tokens, self.n_heads, d.n_classes, seed=self.seed)
-        apply_freeze(self.live_bb, model.head, groups, first_block=first_block)
+        apply_freeze(self.live_bb, model.head, groups, first_block=first_block, states=states)
         model = model.to(self.dev)
         cast_frozen_matmuls(self.live_bb, compute_dtype(self.dev, self.amp))  # as `reservoir train` does
         return model
@@ -211,7 +213,8 @@ class _Timing:
         """(a) Live forward + head vs the head on resident cached features, at the batch size and at the large batch.
 
         ``cached_extra_s`` is what only caching pays: the pass (``pass_s``) and reading the train features back
-        onto the device (``store_read_s``); ``break_even_epochs`` divides it by the saving per epoch.
+        onto the device (``store_read_s``); ``break_even_epochs`` divides it by the saving per epoch (``None``
+        where caching saves nothing per epoch: it never breaks even).
         """
         from reservoir.readouts.features import load_layer
         from reservoir.store import FeatureStore
@@ -236,7 +239,7 @@ class _Timing:
                         f"{key}cached_step_ms": 1e3 * t_cached / steps, f"{key}speedup": t_live / t_cached})
             if not key:
                 out.update(live_rows_timed=live_rows, live_step_mode=mode,
-                           break_even_epochs=out["cached_extra_s"] / max(t_live - t_cached, 1e-12))
+                           break_even_epochs=_break_even(out["cached_extra_s"], t_live - t_cached))
         out["head_768x10_step_ms"] = head_step_ms(batch_size=self.batch_size, device=self.dev)
         return out
 
@@ -250,7 +253,7 @@ class _Timing:
         from reservoir.store import FeatureStore
         from reservoir.training import Feeder
 
-        model = self.model(("layernorm", "output"), first_block=s)
+        model = self.model(("layernorm", "output"), first_block=s, states=True)  # one trained set, live and split
         b = min(self.batch_size, len(timed))
         seconds, rows, _ = _time_steps(model, Feeder.from_split(self.data.splits["train"], timed), b, self.seed,
                                        self.dev, self.amp)
@@ -267,7 +270,7 @@ class _Timing:
         return {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live, "split_store_epoch_s": t_split,
                 "speedup": t_live / t_split, "rows_timed": len(timed), "split_pass_s": split_pass_s,
                 "split_read_s": split_read_s, "cached_extra_s": extra,
-                "break_even_epochs": extra / max(t_live - t_split, 1e-12)}
+                "break_even_epochs": _break_even(extra, t_live - t_split)}
 
 
 def _subset(task, rows: np.ndarray):
@@ -279,6 +282,15 @@ def _subset(task, rows: np.ndarray):
     tr = task.splits["train"]
     sub = Split(np.asarray(tr.inputs[rows]), tr.lengths[rows], tr.labels[rows])
     return replace(task, splits={"train": sub}, fingerprint=f"{task.fingerprint}:rows{len(rows)}")
+
+
+def _break_even(once_s: float, saved_per_epoch_s: float) -> float | None:
+    """Epochs after which what caching pays once (``once_s``) is repaid, or ``None`` when an epoch saves nothing."""
+    return once_s / saved_per_epoch_s if saved_per_epoch_s > 0 else None
+
+
+def _epochs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}"
 
 
 def format_speedup(r: BenchResult) -> str:
@@ -298,13 +310,13 @@ def format_speedup(r: BenchResult) -> str:
         f"{b['split_read_s']:.2f} s = {b['cached_extra_s']:.2f} s (scaled from {b['rows_timed']} rows)",
         f"{'per epoch':<34} {'live s':>9} {'cached s':>9} {'step ms':>8} {'speedup':>9} {'break-even epochs':>18}",
         f"{'(a) output layer only':<34} {a['live_epoch_s']:9.2f} {a['cached_epoch_s']:9.4f} "
-        f"{a['cached_step_ms']:8.3f} {a['speedup']:8.0f}x {a['break_even_epochs']:18.2f}",
+        f"{a['cached_step_ms']:8.3f} {a['speedup']:8.0f}x {_epochs(a['break_even_epochs']):>18}",
         f"{'    at batch ' + str(big):<34} {a['large_batch_live_epoch_s']:9.2f} "
         f"{a['large_batch_cached_epoch_s']:9.4f} {a['large_batch_cached_step_ms']:8.3f} "
         f"{a['large_batch_speedup']:8.0f}x",
         f"{'(b) layernorm, blocks ' + str(b['blocks_trained'][0]) + '..' + str(b['blocks_trained'][-1]):<34} "
         f"{b['live_epoch_s']:9.2f} {b['split_store_epoch_s']:9.3f} {'':>8} {b['speedup']:8.1f}x "
-        f"{b['break_even_epochs']:18.2f}",
+        f"{_epochs(b['break_even_epochs']):>18}",
         f"(live epochs timed on {a['live_rows_timed']} rows ({a.get('live_step_mode', 'eager')} steps) and scaled to "
         f"{r['n_train']}; cached epochs repeated for 0.5 s and averaged; break-even epochs = what only caching pays "
         f"once / what it saves per epoch, the setup not counted)",

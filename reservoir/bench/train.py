@@ -38,6 +38,15 @@ from reservoir.runtime import autocast, compute_dtype, compute_path, resolve_dev
 from reservoir.runtime import synchronize as _sync
 
 
+def _check_plain(backbone: str) -> None:
+    """Refuse (one line) a backbone the plain loop cannot run: the LSTM baseline has no Hugging Face model."""
+    from reservoir.backbones.load import lstm_spec
+
+    if lstm_spec(backbone) is not None:
+        raise ReservoirError(f"bench train compares against a Hugging Face model; backbone {backbone!r} (the LSTM "
+                             "baseline) has none")
+
+
 class PlainLoop:
     """The obvious training loop over the bare Hugging Face model, with the project model's trainable groups.
 
@@ -69,9 +78,7 @@ class PlainLoop:
         from reservoir.training.freeze import apply_freeze, parse_groups
         from reservoir.training.loop import _set_dropout
 
-        if config.backbone.startswith("lstm-"):
-            raise ReservoirError(f"bench train compares against a Hugging Face model; backbone "
-                                 f"{config.backbone!r} (the LSTM baseline) has none")
+        _check_plain(config.backbone)
         hf = load_hf_model(config.backbone, config.init, config.seed, depth=info.depth)  # the same depth K
         projection = orthogonal_projection(task.d_in, int(hf.config.hidden_size), config.projection_gain, config.seed)
         view = Backbone(hf, arch=arch_for(hf.config.model_type), depth=info.depth, projection=projection, info=info)
@@ -169,8 +176,12 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
 
     if steps < 1 or warmup < 1:
         raise ReservoirError(f"bench train needs at least 1 timed and 1 warm-up step, found {steps} and {warmup}")
+    _check_plain(config.backbone)  # before the project's side is timed
     device = resolve_device(config.device)
     task, model, data = build(config, device)
+    if config.batch_size > len(data.train):  # a step would take every row, not the batch the result names
+        raise ReservoirError(f"--batch-size must be at most the {len(data.train):,} training rows (after the "
+                             f"validation carve), found {config.batch_size:,}")
     counts, opt = ready_to_train(model, data, config)
     stepper = Stepper(model, opt, data.train, device, config.batch_size, config.seed, amp=config.amp,
                       grad_clip=config.grad_clip, cuda_graphs=config.cuda_graphs, compile=config.compile)

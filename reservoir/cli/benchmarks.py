@@ -9,6 +9,7 @@ from reservoir.cli.common import (
     _check_out,
     _parse_layers,
     _task_from,
+    backbone_input,
     ci,
     data_options,
     extract_option,
@@ -70,7 +71,7 @@ def bench_extract(task, data, input_column, label_column, params, backbone, init
     if naive_rows < 1:
         raise click.BadParameter(f"expected a positive number of rows, found {naive_rows}", param_hint="--naive-rows")
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out, *task_inputs(task_params))
+    _check_out(out, *task_inputs(task_params), backbone_input(backbone))
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), format=fmt,
                            task_params=task_params, seed=seed, batch_size=batch_size,
                            max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp,
@@ -104,7 +105,7 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
     from reservoir.bench import format_speedup, speedup
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out, *task_inputs(task_params))
+    _check_out(out, *task_inputs(task_params), backbone_input(backbone))
     r = speedup(task, task_params, backbone, init, layers, split_layer, batch_size, max_live_rows, seed,
                 device, amp=amp)
     click.echo(format_speedup(r))
@@ -131,7 +132,7 @@ def bench_train(task, data, input_column, label_column, params, backbone, init, 
     from reservoir.training import TrainConfig
 
     task, task_params = _task_from(task, data, input_column, label_column, params)
-    _check_out(out, *task_inputs(task_params))
+    _check_out(out, *task_inputs(task_params), backbone_input(backbone))
     for name, value in (("--steps", steps), ("--warmup", warmup)):
         if not 1 <= value <= MAX_STEPS:
             raise click.BadParameter(f"expected 1..{MAX_STEPS:,}, found {value:,}", param_hint=name)

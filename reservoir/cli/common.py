@@ -38,6 +38,14 @@ class _Group(click.Group):
             click.echo("Error: expected inputs that fit in the memory this process may use; found it ran out of "
                        "memory (use smaller inputs or raise the limit)", err=True)
             ctx.exit(2)
+        except RuntimeError as err:  # torch's allocators: the CPU's, and CUDA's OutOfMemoryError
+            if not out_of_memory(err):
+                raise
+            where = "the GPU's memory" if "CUDA" in str(err) else "the memory this process may use"
+            click.echo(f"Error: expected batches that fit in {where}; found an allocation failed "
+                       f"({error_line(err)[:200]}): use a smaller --batch-size or --max-tokens, or smaller inputs",
+                       err=True)
+            ctx.exit(2)
         except Terminated as stop:
             click.echo(f"Terminated; {_again(ctx)}.", err=True)
             ctx.exit(128 + stop.signum)
@@ -55,6 +63,15 @@ def _again(ctx: click.Context) -> str:
     if ctx.invoked_subcommand == "bench":
         return "rerun the same command to measure again"
     return "rerun the same command to resume"
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is torch's failure to allocate (CUDA's ``OutOfMemoryError``, the CPU allocator's
+    RuntimeError)."""
+    import torch
+
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
 def error_line(err: BaseException) -> str:
@@ -169,6 +186,15 @@ def _check_out(out: str | None, *inputs: Any) -> None:
                                  f"input {source}")
     replaceable(out)
     writable_folder(Path(out).parent)
+
+
+def backbone_input(backbone: str | None) -> str | None:
+    """The model folder a ``--backbone`` names (what no --out may replace), or ``None`` for a built-in name or a
+    hub id."""
+    if not backbone:
+        return None
+    folder = os.path.expanduser(backbone)
+    return folder if os.path.isdir(folder) else None
 
 
 def task_inputs(task_params: dict[str, Any]) -> list[Any]:

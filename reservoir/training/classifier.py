@@ -53,18 +53,20 @@ class ReservoirClassifier(nn.Module):
         h = self.backbone.apply_final_norm(h[rows, idx])  # (B, n_out, n_dim)
         return self.head(h).view(B, self.n_out_tokens, self.n_heads, self.n_classes)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, start: int = 0, padded: bool | None = None
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, start: int | None = None, padded: bool | None = None
                 ) -> torch.Tensor:
         """Logits from inputs (token ids ``(B, L)`` or vectors ``(B, L, d_in)``), or from layer-``start`` states.
 
-        ``start`` > 0: ``x`` are the states ``(B, L, n_dim)`` at layer
-        ``start`` (a split-point store's), and blocks ``start+1..K`` run.
+        ``start`` None: ``x`` are inputs, embedded first. ``start`` >= 0: ``x``
+        are the states ``(B, L, n_dim)`` at layer ``start`` (a split-point
+        store's; layer 0 is the embedding's output), and blocks
+        ``start+1..K`` run.
         ``padded`` says whether any row is shorter than ``L`` when the caller
         knows it from host-side lengths; otherwise the mask asks the device
         (a host synchronisation, and nothing a CUDA graph can capture).
         """
-        if start == 0:
-            x = self.backbone.embed(x)  # (B, L, n_dim)
+        if start is None:
+            x, start = self.backbone.embed(x), 0  # (B, L, n_dim)
         return self.forward_from(x, lengths, start, padded)
 
     def forward_from(self, h: torch.Tensor, lengths: torch.Tensor, start: int, padded: bool | None = None

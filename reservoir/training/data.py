@@ -20,13 +20,14 @@ class Feeder:
     ----------
     inputs : np.ndarray or store array
         Task inputs ``(N, L)`` token ids or ``(N, L, d_in)`` vectors (``start``
-        0), or a store array of layer-``start`` states ``(N, L, n_dim)``.
+        None), or a store array of layer-``start`` states ``(N, L, n_dim)``.
     lengths : np.ndarray
         ``(N,)`` real lengths of the rows.
     labels : np.ndarray
         ``(N, ...)`` integer labels.
-    start : int
-        0: ``inputs`` are task inputs; ``s`` > 0: states at layer ``s``.
+    start : int or None
+        None: ``inputs`` are task inputs; ``s`` >= 0: states at layer ``s``
+        (layer 0: the embedding's output, never embedded again).
     index : np.ndarray, optional
         Rows of a store array ``inputs`` this split uses (store arrays are never copied).
 
@@ -40,7 +41,7 @@ class Feeder:
     inputs: Any
     lengths: np.ndarray
     labels: np.ndarray
-    start: int = 0
+    start: int | None = None
     index: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -107,7 +108,8 @@ class TrainData:
     def __post_init__(self) -> None:
         starts = [self.train.start, self.val.start, self.test.start]
         if len(set(starts)) != 1:
-            raise ReservoirError(f"expected train, val and test fed from one layer, found layers {starts}")
+            found = ", ".join("inputs" if s is None else f"layer {s}" for s in starts)
+            raise ReservoirError(f"expected train, val and test fed from one layer, found {found}")
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint records of its data, and a resume must find again: the task's fingerprint and, for a
@@ -116,8 +118,8 @@ class TrainData:
         return data_identity(self.provenance)
 
     @property
-    def start(self) -> int:
-        """The layer the feeders' arrays are at (0: task inputs)."""
+    def start(self) -> int | None:
+        """The layer the feeders' arrays are states of (``None``: task inputs)."""
         return self.train.start
 
     @classmethod

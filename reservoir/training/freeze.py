@@ -73,12 +73,15 @@ def _params(module: nn.Module | nn.Parameter | None, skip_norms: bool = False) -
     return [p for p in module.parameters() if id(p) not in norm_params]
 
 
-def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0) -> dict[str, list[nn.Parameter]]:
+def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0, states: bool = False
+                     ) -> dict[str, list[nn.Parameter]]:
     """Map each group to its parameters, structurally.
 
     ``first_block`` > 0 restricts the block-level groups (and the norms) to
     blocks ``first_block+1..depth`` plus the final norm: what a split-point
-    store at layer ``first_block`` can train.
+    store at layer ``first_block`` can train. ``states``: the model is fed
+    layer-``first_block`` states (layer 0 included), so the embedding (input
+    projection, positions, embedding norm) is never in the graph either.
     """
     blocks = list(backbone.blocks)[first_block:]
     groups: dict[str, list[nn.Parameter]] = {g: [] for g in GROUPS}
@@ -87,8 +90,10 @@ def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0)
     if arch is None:  # backbones outside the architecture table declare their own groups
         for name, params in backbone.parameter_groups(first_block).items():
             groups[name].extend(params)
+        if states:
+            groups["input"] = groups["positions"] = []
         return groups
-    if first_block == 0:
+    if first_block == 0 and not states:
         groups["input"] = _params(backbone.input)
         groups["positions"] = _params(backbone.positions)
         groups["layernorm"] += _params(backbone.embed_norm)
@@ -102,8 +107,10 @@ def parameter_groups(backbone: nn.Module, head: nn.Module, first_block: int = 0)
     return groups
 
 
-def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], first_block: int = 0) -> dict[str, int]:
-    """Freeze everything, then unfreeze ``groups``; return parameter counts.
+def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], first_block: int = 0,
+                 states: bool = False) -> dict[str, int]:
+    """Freeze everything, then unfreeze ``groups``; return parameter counts (``first_block``, ``states``: as for
+    :func:`parameter_groups`).
 
     Groups that hold no parameter of this backbone (``recurrent`` of a
     transformer, ``positions`` of a rotary family) train nothing; a choice of
@@ -115,17 +122,17 @@ def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], 
         ``{"trainable": n, "total": n, **{group: n}}`` (group counts are the
         parameters of that group, trained or not).
     """
-    by_group = parameter_groups(backbone, head, first_block)
+    by_group = parameter_groups(backbone, head, first_block, states)
     for p in [*backbone.parameters(), *head.parameters()]:
         p.requires_grad_(False)
     for g in groups:
-        if g in ("input", "positions") and first_block > 0:
+        if g in ("input", "positions") and (first_block > 0 or states):
             raise ReservoirError(f"--finetune group {g!r} lies below the split layer {first_block}, where nothing is "
                                  "trained: expected groups of the blocks above it or the head (layernorm, attention, "
                                  f"feedforward, recurrent, output), found {g!r}")
         for p in by_group[g]:
             p.requires_grad_(True)
-    if first_block == 0:
+    if first_block == 0 and not states:
         seen = [id(p) for ps in by_group.values() for p in ps]
         everything = {id(p) for p in [*backbone.parameters(), *head.parameters()]}
         if len(seen) != len(set(seen)) or set(seen) != everything:  # the architecture table misses a module type

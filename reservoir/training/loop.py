@@ -141,7 +141,7 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
 
     ``train`` freezes ``model`` itself: everything, then ``settings.finetune``'s
     groups are unfrozen in blocks above ``max(settings.split_layer,
-    data.start)`` (and printed as trainable / total counts). It trains where
+    data.start)`` (the embedding never, when fed states) (and printed as trainable / total counts). It trains where
     the model's parameters are, seeded by ``settings.seed`` (batch order,
     dropout), with Adam, gradient-norm clipping and CUDA autocast as
     ``settings`` say. Frozen linear weights are stored in the compute dtype
@@ -259,8 +259,9 @@ def _freeze(model: ReservoirClassifier, data: TrainData, settings: TrainConfig) 
     depth = model.backbone.depth
     if not 0 <= settings.split_layer <= depth:
         raise ReservoirError(f"split layer must be within 0..{depth} (the depth), found {settings.split_layer}")
-    first_block = max(settings.split_layer, data.start)
-    return apply_freeze(model.backbone, model.head, parse_groups(settings.finetune), first_block)
+    first_block = max(settings.split_layer, data.start or 0)
+    return apply_freeze(model.backbone, model.head, parse_groups(settings.finetune), first_block,
+                        states=data.start is not None)
 
 
 #: Float attributes through which Hugging Face modules apply dropout functionally (Llama-style attention, OPT layers).
