@@ -303,3 +303,21 @@ def test_other_ranks_open_the_store_rank_0_created_with_tuple_params(tmp_path):
         shared.write_chunk("train", 0, np.ones((2, 1, 1, 3), np.float32), np.zeros(2), np.ones(2))  # rank 0's lock
         shared.close()
         assert st.done("train").all()
+
+
+def test_a_rank_batching_otherwise_than_rank_0_is_refused(tmp_path):
+    """Batching shapes a row's features (its batch's padding): every rank must batch as rank 0 began the store."""
+    from types import SimpleNamespace
+
+    from reservoir.extract.sharded import _open_shared
+
+    attrs = {"backbone": {"n_dim": 3}, "projection": {}, "layers": [0], "dtype": "float32", "compute_dtype": None,
+             "task": {"name": "t", "label_shape": [], "params": {}}, "pooling": {"kinds": ["last"], "n_out_tokens": 1},
+             "full_seq_layer": None, "batching": {"batch_size": 64, "max_tokens": None}}
+    path = tmp_path / "s.zarr"
+    with FeatureStore.create(path, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+        other = {**attrs, "batching": {"batch_size": 5, "max_tokens": None}}
+        with pytest.raises(ReservoirError, match=r"rank 1: .* is batched by rank 0 with --batch-size 64; found "
+                                                 r"--batch-size 5 on this rank: expected one batching on every rank"):
+            _open_shared(path, SimpleNamespace(attrs=other), SimpleNamespace(rank=1), st.writer())
+        _open_shared(path, SimpleNamespace(attrs=attrs), SimpleNamespace(rank=1), st.writer()).close()

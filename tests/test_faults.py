@@ -247,6 +247,30 @@ def _h5_corrupt(store: Path, split: str, name: str, chunk: int) -> None:
         fh.write(b"\x7f" * 64)
 
 
+@pytest.mark.parametrize("name", ["done", "checksums"])
+def test_a_garbled_flag_or_checksum_file_costs_its_own_chunk_only(tmp_path, reference, monkeypatch, name):
+    """Flags and checksums are stored a chunk a file: one that does not decode marks that chunk damaged (listed by
+    `info --verify`, written again by the rerun), not the whole split."""
+    out = tmp_path / "s.zarr"
+    shutil.copytree(reference["zarr"], out)
+    _zarr_chunk(out, "train", name, 1).write_bytes(b"junkjunk")
+    verify = invoke("info", out, "--verify")
+    assert verify.exit_code == 2, verify.output
+    assert "verify     train: 2/3 written chunks match their checksums" in verify.stdout
+    assert f"chunk 1: train/{name} of chunk 1 unreadable" in verify.stdout
+    assert "1 damaged chunk(s), 0 damaged array(s)" in verify.stderr
+    written = []
+    original = FeatureStore.write_chunks
+    monkeypatch.setattr(FeatureStore, "write_chunks", lambda self, split, cs, *a, **k: (
+        written.extend((split, c) for c in cs), original(self, split, cs, *a, **k)))
+    result = invoke(*ARGS, "--out", out)
+    assert_ok(result)
+    assert "1 damaged chunk(s) and 0 damaged array(s) will be written again: train 1" in result.stdout
+    assert written == [("train", 1)]
+    assert_identical(out, reference["zarr"])
+    assert_ok(invoke("info", out, "--verify"))
+
+
 @pytest.mark.parametrize(
     "fmt, damage",
     [

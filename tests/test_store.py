@@ -482,3 +482,26 @@ def test_rows_in_any_order_and_step_are_read_checked_as_numpy_reads_them(tmp_pat
             with pytest.raises(error) as caught:
                 arr[key]
             assert "damaged" not in str(caught.value)
+
+
+def test_an_unfinished_store_resumes_only_with_the_batching_it_was_begun_with(tmp_path):
+    """How rows are batched shapes their features (each batch's padding): one store, one batching. A complete store
+    is read whatever batching made it; an unfinished one is refused another, naming the options that resume it."""
+    import zarr
+
+    out = tmp_path / "s.zarr"
+    run_extract(_config(out, batch_size=16), progress=False)
+    with FeatureStore.open(out) as st:
+        assert st.attrs["batching"] == {"batch_size": 16, "max_tokens": None}
+    run_extract(_config(out, batch_size=5), progress=False)  # complete: nothing to compute, nothing mixed
+    root = zarr.open_group(str(out), mode="r+")
+    root.attrs["complete"] = False  # as an interrupted run leaves it
+    root["test/done"][0] = False
+    with pytest.raises(ReservoirError, match=r"expected the batching this store was begun with \(--batch-size 16\); "
+                                             r"found --batch-size 5: .* rerun with --batch-size 16 to resume"):
+        run_extract(_config(out, batch_size=5), progress=False)
+    with pytest.raises(ReservoirError, match=r"begun with \(--batch-size 16\); found --max-tokens 4096"):
+        run_extract(_config(out, batch_size=None, max_tokens=4096), progress=False)
+    run_extract(_config(out, batch_size=16), progress=False)
+    with FeatureStore.open(out) as st:
+        assert st.complete and st.done("test").all()

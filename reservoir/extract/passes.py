@@ -29,7 +29,8 @@ import numpy as np
 
 from reservoir import distributed
 from reservoir.extract.engine import to_host
-from reservoir.extract.plan import Window, plan_order, plan_windows
+from reservoir.errors import ReservoirError
+from reservoir.extract.plan import Window, batching_flags, plan_order, plan_windows
 from reservoir.extract.prepare import ExtractionPlan
 from reservoir.extract.writer import ChunkWriter, FinishedWindow, write_window
 
@@ -80,7 +81,7 @@ def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = Tr
     from reservoir.store import FeatureStore
 
     task = plan.task
-    return FeatureStore.create(
+    store = FeatureStore.create(
         out,
         plan.attrs,
         splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
@@ -92,6 +93,24 @@ def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = Tr
         progress=progress,
         job=os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID"),
     )
+    try:
+        check_same_batching(store, plan.attrs.get("batching"), str(out))
+    except ReservoirError:
+        store.close()
+        raise
+    return store
+
+
+def check_same_batching(store: FeatureStore, batching: dict[str, Any] | None, where: str) -> None:
+    """Refuse (one line) to write more of an unfinished ``store`` with another batching than it was begun with:
+    a row's features depend on the rows batched with it (their padding), so one store holds one batching. A
+    store of an earlier version that recorded none is taken as it is."""
+    begun = store.attrs.get("batching")
+    if store.complete or begun is None or batching is None or begun == batching:
+        return
+    raise ReservoirError(f"{where}: expected the batching this store was begun with ({batching_flags(begun)}); "
+                         f"found {batching_flags(batching)}: a row's features depend on the rows batched with it, "
+                         f"so rerun with {batching_flags(begun)} to resume, or pass another --out")
 
 
 def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = True,

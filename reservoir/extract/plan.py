@@ -15,6 +15,7 @@ first forward, and the hot loop never asks the device for a length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,18 @@ def check_batching(batch_size: int | None, max_tokens: int | None) -> None:
         raise ReservoirError(f"--batch-size must be >= 1, found {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise ReservoirError(f"--max-tokens must be >= 1, found {max_tokens}")
+
+
+def batching_flags(batching: dict[str, Any]) -> str:
+    """A store's recorded batching as the options that give it (``--batch-size 64``, ``--max-tokens 87381``).
+
+    Examples
+    --------
+    >>> batching_flags({"batch_size": None, "max_tokens": 87381})
+    '--max-tokens 87381'
+    """
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in batching.items() if v is not None]
+    return " ".join(flags) or "the device's default"
 
 
 def resolve_batching(batch_size: int | None, max_tokens: int | None, device,

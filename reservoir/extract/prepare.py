@@ -139,6 +139,9 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
         backbone = copy.deepcopy(backbone)  # the caller's model is not theirs to keep otherwise
     backbone, context = cast_for_inference(backbone, device, config.amp)
     batching = resolve_batching(config.batch_size, config.max_tokens, device, backbone.n_dim)
+    # how rows were batched shapes their features (each batch's padding): recorded, and one per store (not its key:
+    # a complete store is read whatever batching made it)
+    attrs["batching"] = {"batch_size": batching[0], "max_tokens": batching[1]}
     return ExtractionPlan(config, task, backbone, device, layers, attrs, projection_weight, final_norm, context,
                           {} if timings is None else timings, batching)
 

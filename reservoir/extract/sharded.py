@@ -36,6 +36,7 @@ from reservoir.distributed import Job, Lost, attempt
 from reservoir.errors import ReservoirError
 from reservoir.extract.config import ExtractConfig
 from reservoir.extract.passes import write_splits
+from reservoir.extract.plan import batching_flags
 from reservoir.extract.prepare import ExtractionPlan, plan_extraction, prepare
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,13 +48,16 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("reservoir")
 
 #: Steps after which the store exists and holds finished chunks: a failure there leaves something to resume.
-_STORE_STEPS = ("open", "written", "complete", "closed")
+_STORE_STEPS = ("written", "complete", "closed")
 
 
 def after(step: str) -> str:
-    """What a failure at ``step`` leaves: finished chunks to resume from, or nothing written yet."""
+    """What a failure at ``step`` leaves: finished chunks to resume from, or nothing written yet (at ``open``, no
+    chunk: a store rank 0 created for this run is removed again, one it resumed keeps what it held)."""
     if step in _STORE_STEPS:
         return "; finished chunks are kept: rerun the same command to resume"
+    if step == "open":
+        return "; this run wrote no chunk (a store it created is removed, one it resumed is kept as it was)"
     return "; nothing was written"
 
 
@@ -170,6 +174,14 @@ def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job, writer: d
         raise ReservoirError(f"rank {job.rank}: {out} was created by rank 0 with "
                              f"{settings.describe_difference(diff)}; expected every rank to load the same task and "
                              "backbone (same files, revision and seed on every node)")
+    mine, begun = plan.attrs.get("batching"), store.attrs.get("batching")
+    # every rank batches as rank 0 did, or the rows it writes would differ from a single process's
+    if mine is not None and begun is not None and begun != mine:
+        store.close()
+        raise ReservoirError(f"rank {job.rank}: {out} is batched by rank 0 with "
+                             f"{batching_flags(begun)}; found {batching_flags(mine)} on this rank: "
+                             "expected one batching on every rank (the same --batch-size and --max-tokens, and the "
+                             "same kind of device)")
     return store
 
 

@@ -198,6 +198,7 @@ def verify(store: FeatureStore, progress: bool = False) -> dict[str, dict[int, s
                 continue
             if store.complete:  # a complete store has every chunk done: a cleared flag is damage
                 bad[split].update(dict.fromkeys(map(int, np.flatnonzero(~done)), "marked unwritten in a complete store"))
+            bad[split].update(store.unreadable_flags(split))  # a garbled flag or checksum file: its chunk alone
             for c in np.flatnonzero(done):
                 for name in store.row_arrays():
                     try:

@@ -111,6 +111,7 @@ class FeatureStore:
         self.attrs = backend.read_attrs()
         self._verified: set[tuple[str, str, int]] = set()
         self._sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._unreadable: dict[str, dict[int, str]] = {}  # per split: chunks whose flag or checksums do not read
         # write_chunks may run on several threads (disjoint chunks); the checksums and done flags of many chunks
         # share a backend chunk, so their read-modify-write is one thread's at a time
         self._flags_lock = threading.Lock()
@@ -345,11 +346,25 @@ class FeatureStore:
         return tuple(self.attrs["arrays"][f"{split}/{name}"]["shape"])
 
     def done(self, split: str) -> np.ndarray:
+        """``{split}/done`` ``(n_chunks,)``, read now; a chunk whose flag does not read counts as not done."""
         self._check_split(split)
+        return self._by_chunk(f"{split}/done")[0].astype(bool)
+
+    def _by_chunk(self, name: str) -> tuple[np.ndarray, dict[int, str]]:
+        """A per-chunk array (``done``, ``checksums``: one chunk of the store each) and ``{chunk: reason}`` for the
+        chunks that do not read: one garbled flag file costs its own chunk, not the split's."""
         try:
-            return np.asarray(self._b.read(f"{split}/done"), dtype=bool)
-        except Exception as err:  # noqa: BLE001 - a garbled flag chunk
-            raise checks.Damaged(self, f"{split}/done unreadable ({cause(err)})") from None
+            return np.asarray(self._b.read(name)), {}
+        except Exception:  # noqa: BLE001 - a garbled chunk file somewhere in it: read chunk by chunk
+            pass
+        shape = self.shape(*name.split("/"))
+        out, bad = np.zeros(shape, dtype=self._b.array(name).dtype), {}
+        for c in range(shape[0]):
+            try:
+                out[c] = np.asarray(self._b.read(name, slice(c, c + 1)))[0]
+            except Exception as err:  # noqa: BLE001
+                bad[c] = f"{name} of chunk {c} unreadable ({cause(err)})"
+        return out, bad
 
     def read_fixed(self, name: str) -> np.ndarray:
         """``projection/weight`` or ``final_norm/{weight,bias}``, checked against its checksum."""
@@ -385,11 +400,19 @@ class FeatureStore:
         unreadable)."""
         if split not in self._sums:
             try:
-                self._sums[split] = (np.asarray(self._b.read(f"{split}/done"), dtype=bool),
-                                     np.asarray(self._b.read(f"{split}/checksums")))
-            except Exception as err:  # noqa: BLE001
+                done, bad_done = self._by_chunk(f"{split}/done")
+                sums, bad_sums = self._by_chunk(f"{split}/checksums")
+            except Exception as err:  # noqa: BLE001 - their metadata, say
                 raise checks.Damaged(self, f"{split}/done or {split}/checksums unreadable ({cause(err)})") from None
+            done = done.astype(bool)
+            done[list({**bad_done, **bad_sums})] = False  # a chunk vouched for by nothing readable is not done
+            self._sums[split], self._unreadable[split] = (done, sums), {**bad_sums, **bad_done}
         return self._sums[split]
+
+    def unreadable_flags(self, split: str) -> dict[int, str]:
+        """The chunks of ``split`` whose ``done`` flag or checksums do not read, with why (:meth:`done_and_sums`)."""
+        self.done_and_sums(split)
+        return self._unreadable[split]
 
     def read_chunks(self, split: str, name: str, c0: int, c1: int) -> np.ndarray:
         """Rows of chunks ``c0..c1-1`` of ``{split}/{name}``, each checked against its checksum."""
@@ -449,6 +472,7 @@ class FeatureStore:
             raise ReservoirError(f"{self.path}: could not repair the damaged store ({cause(err)}); "
                                  "delete it and extract again") from err
         self._sums.clear()
+        self._unreadable.clear()
         self._verified.clear()
         return bad
 
@@ -528,6 +552,7 @@ class FeatureStore:
                     self._b.write_rows(f"{split}/done", chunks[i], np.ones(j - i, bool))
                 self._b.flush()
                 self._sums.pop(split, None)
+                self._unreadable.pop(split, None)
         except Exception as err:  # noqa: BLE001 - ENOSPC, EIO, ... whatever the backend raises
             self._b.settle()
             if isinstance(err, ReservoirError):  # the lock lost: its own line
