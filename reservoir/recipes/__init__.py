@@ -62,8 +62,9 @@ but line breaks and tabs. Unknown keys anywhere are refused with one line naming
 Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
 folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
 fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
-sweep ``sweep.json``, bench ``speedup.json``; each results file records its run's id and settings
-(:meth:`Run.settings`). Runs whose results exist with the recipe's current settings are skipped (``force``
+sweep ``sweep.json``, bench ``speedup.json``, and in each ``recipe-run.json``, the settings (and data digest)
+the run began with, so that an interrupted run is resumed only by the same cell; each results file records its
+run's id and settings (:meth:`Run.settings`). Runs whose results exist with the recipe's current settings are skipped (``force``
 redoes them); results of another run, of this run before its cell was edited, or of a task read from files
 whose data changed since (its recorded fingerprint, :func:`~reservoir.recipes.runner.data_fingerprint`), are
 computed again. Every path the runner writes or removes is resolved first and refused unless it lies inside the

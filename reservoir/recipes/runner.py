@@ -83,7 +83,7 @@ def run_state(run: Run, folder: Path) -> tuple[str, str]:
 
 
 #: What the runner writes into a run folder before the run starts: the settings (and data digest) it runs with.
-BEGUN = ".recipe-run.json"
+BEGUN = "recipe-run.json"
 
 
 def _begin(run: Run, folder: Path, meta: dict[str, Any]) -> None:
