@@ -152,13 +152,14 @@ def data_fingerprint(run: Run) -> str | None:
     """The digest of the data ``run``'s task reads now, for a task read from files (a data file, a ``data_dir``):
     its fingerprint (:func:`~reservoir.tasks.base.fingerprint`) with the files' location left out, so a project
     moved elsewhere keeps its results. Loaded through the task cache, once per state of the files. ``None`` for a
-    task made from its parameters alone; data that can no longer be read is one line (:class:`ReservoirError`)."""
+    task made from its parameters alone, or whose files are absent; files that no longer read as its data are one
+    line (:class:`ReservoirError`)."""
     from reservoir.tasks.base import fingerprint, resolve_params
-    from reservoir.tasks.cache import cache_key, load_task
+    from reservoir.tasks.cache import cache_key, data_files, load_task
 
     params = resolve_params(run.task, dict(run.cell.task_params))
     where = ("path", "data_dir")
-    if not any(k in params for k in where):
+    if not data_files(run.task, params):  # generated, or its files are not here: nothing to check against
         return None
     key = f"{run.task}-{cache_key(run.task, params)}"
     if key not in _DIGESTS:

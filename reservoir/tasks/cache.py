@@ -61,6 +61,14 @@ def _stamp(st: os.stat_result) -> list[int]:
 
 def cache_key(name: str, params: dict[str, Any]) -> str:
     """What identifies a built task before building it: name, full params, version, data files."""
+    key = {"name": name, "params": params, "version": __version__, "files": data_files(name, params)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def data_files(name: str, params: dict[str, Any]) -> list[list[Any]]:
+    """The files a task with full ``params`` reads, each ``[name, size, mtime, inode, ctime]`` (:func:`_stamp`):
+    its ``data_dir`` (or default data folder) and its data file ``path``; empty for a task made from its parameters
+    alone (or whose files are absent)."""
     files = []
     data_dir = params.get("data_dir")
     if data_dir is None and "data_dir" in params:  # the task reads its default folder (where download puts files)
@@ -73,8 +81,7 @@ def cache_key(name: str, params: dict[str, Any]) -> str:
             for p in sorted(root.rglob("*")):
                 if p.is_file():
                     files.append([str(p.relative_to(root)), *_stamp(p.stat())])
-    key = {"name": name, "params": params, "version": __version__, "files": files}
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return files
 
 
 def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | os.PathLike | None | bool = True
