@@ -369,7 +369,7 @@ def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None 
     ReservoirError
         One line naming the folder (or ``for_path``, the output to be written
         in it) and why it cannot be written (a file in the way, no
-        permission, a read-only disk).
+        permission, a read-only disk, a Zarr store around it).
 
     Examples
     --------
@@ -379,6 +379,10 @@ def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None 
     folder = Path(path)
     if for_path is not None:
         check_name(for_path)
+    store = zarr_store_around(folder / "_")  # the folder itself, or one above it
+    if store is not None:
+        raise ReservoirError(f"{for_path or folder}: expected an output folder outside any feature store; found it "
+                             f"inside the Zarr store {store}, whose files an output never replaces or joins")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -290,6 +290,8 @@ def test_model_folders_that_would_read_outside_or_unpickle_are_refused(tmp_path)
         (snapshot / f.name).symlink_to(Path("../../blobs") / f.name)
     same = load_backbone(str(good), d_in=3).info.weights_sha256
     assert load_backbone(str(snapshot), d_in=3).info.weights_sha256 == same
+    (tmp_path / "snapshot_link").symlink_to(snapshot)  # a link to the snapshot folder: the same layout
+    assert load_backbone(str(tmp_path / "snapshot_link"), d_in=3).info.weights_sha256 == same
 
 
 def test_sizes_and_values_no_model_can_have_are_refused_before_anything_is_built(tmp_path):
@@ -312,3 +314,15 @@ def test_sizes_and_values_no_model_can_have_are_refused_before_anything_is_built
     for name in ("", "  "):
         with pytest.raises(ReservoirError, match="expected a backbone: a built-in name, a model folder or a hub id"):
             load_backbone(name, d_in=3)
+
+
+def test_float32_is_asked_for_by_the_keyword_the_installed_transformers_reads(monkeypatch):
+    """``dtype`` from transformers 4.56 (``torch_dtype`` is deprecated there); before it, ``dtype`` reached the
+    model's constructor as an unknown argument, so ``torch_dtype``."""
+    import transformers
+
+    from reservoir.backbones.load import _float32
+
+    for version, key in (("4.50.3", "torch_dtype"), ("4.56.0", "dtype"), ("5.24.0", "dtype"), ("4.56.0.dev0", "dtype")):
+        monkeypatch.setattr(transformers, "__version__", version)
+        assert _float32() == {key: torch.float32}

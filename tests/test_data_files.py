@@ -251,10 +251,9 @@ def test_a_recipe_redoes_the_runs_whose_data_file_changed_and_its_report_says_so
                  test_labels=labels[40:])
 
     write((x[:, 0, 0] > 0).astype(np.int64))
-    # an absolute path: the report reads the results folder's copy of the recipe, where a relative one would
-    # name a file beside that copy
-    (tmp_path / "r.yaml").write_text(f"cells:\n  - {{kind: fit-raw, task: data, task_params: {{path: "
-                                     f"'{tmp_path / 'd.npz'}'}}}}\n")
+    # a relative path: the report reads the results folder's copy of the recipe, and takes the path from the folder
+    # the run took it from (recipe-source.json), not from beside the copy
+    (tmp_path / "r.yaml").write_text("cells:\n  - {kind: fit-raw, task: data, task_params: {path: d.npz}}\n")
     recipe, out = load_recipe(tmp_path / "r.yaml"), tmp_path / "out"
     kw = dict(out=out, progress=False, cache_dir=tmp_path / "stores", device="cpu")
     (run,) = recipe.runs()

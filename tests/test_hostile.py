@@ -1101,3 +1101,13 @@ def test_running_out_of_memory_in_torch_is_one_line(tmp_path, monkeypatch):
     line = assert_bad_input(invoke(*STORE, "--out", tmp_path / "s.zarr"))
     assert "expected batches that fit in the memory this process may use; found an allocation failed" in line
     assert "use a smaller --batch-size or --max-tokens" in line and not (tmp_path / "s.zarr").exists()
+
+
+def test_a_run_folder_inside_a_zarr_store_is_refused_before_training(tmp_path):
+    store = tmp_path / "s.zarr"
+    assert invoke(*STORE, "--out", store).exit_code == 0
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    line = assert_bad_input(invoke("train", "--task", "bit-xor", "-p", "n_train=64", "-p", "n_test=32", "--backbone",
+                                   "tiny-gpt2", "--steps", 4, "--eval-every", 2, "--quiet", "--out", store / "run"))
+    assert f"expected an output folder outside any feature store; found it inside the Zarr store {store}" in line
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before  # nothing made inside it

@@ -126,6 +126,8 @@ def test_bad_kind_missing_task_and_bad_values():
         {"cells": [{"kind": "fit-raw", "task": "digits", "readout": ["logistic", "logistic"]}]})
     assert "fit_layers in cells[0]: expected each value once, found 1 twice" in error_of(
         {"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "fit_layers": [1, 1]}]})
+    assert "layers in cells[0] must be one depth of at least 1 for bench" in error_of(
+        {"cells": [{"kind": "bench", "task": "bit-xor", "layers": 0}]})
 
 
 @pytest.mark.parametrize("params, expected", [
@@ -895,3 +897,37 @@ def test_paper_values_and_descriptions_that_no_report_can_print_are_refused():
     assert "description: expected text, found control characters" in error_of(
         {**train, "description": "owned \x1b]0;title\x07"})
     assert make({**train, "description": "two\nlines\tand a tab"}).description == "two\nlines\tand a tab"
+
+
+def test_an_interrupted_run_of_a_moved_project_is_begun_again(tmp_path, monkeypatch):
+    """A train checkpoint names its data file's absolute path; after the project moves, the interrupted run cannot
+    resume there (the checkpoint would refuse), so it is begun again rather than refused."""
+    import numpy as np
+
+    import reservoir.training.loop as loop
+
+    project = tmp_path / "p"
+    project.mkdir()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3, 2)).astype(np.float32)
+    np.savez(project / "d.npz", train_inputs=x[:40], train_labels=(x[:40, 0, 0] > 0).astype(np.int64),
+             test_inputs=x[40:], test_labels=(x[40:, 0, 0] > 0).astype(np.int64))
+    (project / "r.yaml").write_text("cells: [{kind: train, task: data, task_params: {path: d.npz}, backbone: "
+                                    "tiny-gpt2, steps: 4, eval_every: 2}]\n")
+    evaluate, calls = loop.evaluate, []
+
+    def stopped_at_the_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return evaluate(*a, **kw)
+
+    monkeypatch.setattr(loop, "evaluate", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(project / "r.yaml", out=project / "out", progress=False, device="cpu")
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    shutil.move(project, tmp_path / "moved")
+    ((state, why),) = [(r["state"], r["why"]) for r in plan(tmp_path / "moved" / "r.yaml", tmp_path / "moved" / "out")]
+    assert (state, why) == ("stale", "an interrupted run begun with its data at another path")
+    assert len(run_recipe(tmp_path / "moved" / "r.yaml", out=tmp_path / "moved" / "out", progress=False,
+                          device="cpu")["ran"]) == 1

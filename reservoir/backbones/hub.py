@@ -120,8 +120,9 @@ def check_folder(name: str, folder: Path) -> None:
 
     root = folder.resolve()
     allowed = [root]
-    if folder.parent.name == "snapshots":  # models--org--name/snapshots/<rev>/file -> ../../blobs/<hash>
-        allowed.append((folder.parent.parent / "blobs").resolve())
+    for snapshot in (folder, root):  # models--org--name/snapshots/<rev>/file -> ../../blobs/<hash> (or a link to it)
+        if snapshot.parent.name == "snapshots":
+            allowed.append((snapshot.parent.parent / "blobs").resolve())
 
     def inside(path: Path, what: str) -> Path:
         real = Path(os.path.realpath(path))

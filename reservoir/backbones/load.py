@@ -139,6 +139,16 @@ def _check_layers(name: str, n_layer: Any) -> None:
                              f"{options.shown(n_layer)}")
 
 
+def _float32() -> dict[str, Any]:
+    """The keyword asking transformers for float32 weights: ``dtype`` from 4.56 on, ``torch_dtype`` before (which
+    an earlier version would pass on to the model's constructor)."""
+    import transformers
+    from packaging.version import Version
+
+    new = Version(transformers.__version__).release >= (4, 56)
+    return {"dtype" if new else "torch_dtype": torch.float32}
+
+
 def _check_fits(name: str, make: Callable[[], nn.Module]) -> None:
     """Refuse (one line) a model whose weights would not fit in the memory available: ``make()`` is built on the meta
     device first, which allocates nothing, and its parameters and buffers counted."""
@@ -157,8 +167,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     # No code from a model folder or the hub ever runs, and nothing asks: transformers prompts (and reads stdin)
     # only when trust_remote_code is left unset.
     # float32 whatever dtype the config names (bf16 and fp16 checkpoints say so): the weights are cast per run
-    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, trust_remote_code=False,
-                                  dtype=torch.float32)
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, trust_remote_code=False, **_float32())
     if name in TINY_CONFIGS:
         spec = dict(TINY_CONFIGS[name])
         config = CONFIG_MAPPING[spec.pop("model_type")](**spec)

@@ -71,7 +71,7 @@ def out_of_memory(err: BaseException) -> bool:
     import torch
 
     text = str(err)
-    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
 def error_line(err: BaseException) -> str:

@@ -108,8 +108,9 @@ def _repeated_key(root) -> tuple[str, int, int] | None:
     return None
 
 
-def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
-    """A recipe from a ``.yaml`` path, or by name from :func:`recipes_dir`."""
+def load_recipe(name_or_path: str | os.PathLike, folder: Path | None = None) -> Recipe:
+    """A recipe from a ``.yaml`` path, or by name from :func:`recipes_dir`; its relative data paths are taken from
+    ``folder`` (default: the file's own folder)."""
     import yaml
 
     ref = str(name_or_path)
@@ -148,7 +149,7 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ReservoirError(f"recipe {p.name}: expected YAML, found a syntax error{at}: "
                              f"{getattr(err, 'problem', None) or err}") from None
-    recipe = Recipe.from_dict(data, p.name, text, folder=p.parent)
+    recipe = Recipe.from_dict(data, p.name, text, folder=p.parent if folder is None else folder)
     recipe.path = p
     return recipe
 

@@ -86,11 +86,31 @@ def run_state(run: Run, folder: Path) -> tuple[str, str]:
 BEGUN = "recipe-run.json"
 
 
+#: Beside the recipe's copy: the folder its relative data paths were taken from (what ``report`` resolves them in).
+SOURCE = "recipe-source.json"
+
+
+def recipe_folder(out_dir: Path) -> Path | None:
+    """The folder the recipe run into ``out_dir`` took its relative data paths from (:data:`SOURCE`), if it still
+    exists; ``None`` otherwise (the copy's own folder then stands in)."""
+    from reservoir.io import read_json
+
+    try:
+        found = read_json(out_dir / SOURCE, "the folder a recipe's relative paths lead to")
+    except ReservoirError:  # none (an earlier version's results), or unreadable: the copy's folder
+        return None
+    folder = found.get("folder") if isinstance(found, dict) else None
+    return Path(folder) if isinstance(folder, str) and Path(folder).is_dir() else None
+
+
 def _begin(run: Run, folder: Path, meta: dict[str, Any]) -> None:
-    """Record in ``folder`` what the run about to start runs with (:data:`BEGUN`)."""
+    """Record in ``folder`` what the run about to start runs with (:data:`BEGUN`): its settings as written, its
+    data's digest and its task parameters as resolved (a data file's absolute path, which a train checkpoint
+    holds)."""
     folder.mkdir(parents=True, exist_ok=True)
+    resolved = json.loads(json.dumps(run.cell.task_params, default=str))
     with atomic_write(folder / BEGUN, "the run's settings", text=True) as f:
-        json.dump({"run": run.id, "settings": meta["settings"], "data": meta.get("data")}, f)
+        json.dump({"run": run.id, "settings": meta["settings"], "data": meta.get("data"), "task_params": resolved}, f)
 
 
 def _begun_otherwise(run: Run, folder: Path) -> str | None:
@@ -115,6 +135,9 @@ def _begun_otherwise(run: Run, folder: Path) -> str | None:
         return None  # the run itself says why its data cannot be read
     if now is not None and begun.get("data") not in (None, now):
         return "an interrupted run on other data"
+    resolved = json.loads(json.dumps(run.cell.task_params, default=str))
+    if begun.get("task_params") not in (None, resolved):  # a moved project: its checkpoint names the old place
+        return "an interrupted run begun with its data at another path"
     return None
 
 
@@ -174,8 +197,8 @@ def _checked(recipe: Recipe, out_dir: Path) -> list[Run]:
     if out_dir.exists() and not out_dir.is_dir():
         raise ReservoirError(f"{out_dir}: expected a results folder, found a file")
     runs = recipe.runs()
-    for path in [out_dir / "recipe.yaml", *(p for run in runs for p in (out_dir / run.id,
-                                                                       *result_files(run, out_dir / run.id)))]:
+    runs_paths = (p for run in runs for p in (out_dir / run.id, *result_files(run, out_dir / run.id)))
+    for path in [out_dir / "recipe.yaml", out_dir / SOURCE, *runs_paths]:
         _check_inside(path, out_dir)
     return runs
 
@@ -377,6 +400,8 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
             f.write(_copy_text(recipe))
+        with atomic_write(out_dir / SOURCE, "where the recipe's relative paths lead", text=True) as f:
+            json.dump({"folder": None if recipe.folder is None else str(recipe.folder)}, f)
         ran, skipped = [], []
         bar = tqdm(checked, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True,
                    dynamic_ncols=True)

@@ -187,8 +187,9 @@ class Cell:
                 if name == "layers" and v is not None and v > MAX_DEPTH:
                     raise ReservoirError(f"layers in {w} must be a depth of at most {MAX_DEPTH:,}, found "
                                          f"{v if v < 10**12 else f'a number of {len(str(v)):,} digits'}")
-        if self.kind == "bench" and len(self.layers) != 1:
-            raise ReservoirError(f"layers in {w} must be one depth for bench, found {self.layers}")
+        if self.kind == "bench" and (len(self.layers) != 1 or self.layers[0] == 0):
+            raise ReservoirError(f"layers in {w} must be one depth of at least 1 for bench (its split-point part "
+                                 f"trains the top block), found {self.layers}")
         if self.kind == "fit-linear":
             if len(self.layers) != 1 or self.layers[0] is None:
                 raise ReservoirError(f"layers in {w} must be one store depth K for fit-linear (choose the fitted "
@@ -393,6 +394,7 @@ class Recipe:
     paper: list[PaperValue] = field(default_factory=list)
     path: Path | None = None
     text: str = ""  # the file as written (kept for the copy in the results folder)
+    folder: Path | None = None  # where its relative data paths were taken from (what the results folder records)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -432,7 +434,8 @@ class Recipe:
             if any((ord(c) < 32 and c not in "\n\t") or ord(c) == 127 for c in description):  # a terminal's escapes
                 raise ReservoirError(f"description: expected text, found control characters in "
                                      f"{options.shown(description)}")
-            recipe = cls(name=name, cells=cells, description=description, paper=paper, text=text, raw=data)
+            recipe = cls(name=name, cells=cells, description=description, paper=paper, text=text, raw=data,
+                         folder=Path(folder or ".").resolve())
             runs = recipe.runs()  # id collisions are a recipe error
             recipe._check_rows(runs)
             labels = [label for run in runs for label, _ in run.outputs()]
