@@ -59,8 +59,8 @@ the per-epoch ``speedup`` of a bench row (Table 10), each checked to be one (a p
 [0, 1e12], a ratio above 0); its ``source`` is one line, and the ``description`` holds no control characters
 but line breaks and tabs. Unknown keys anywhere are refused with one line naming the key and the allowed ones.
 
-Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` and one
-folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
+Running a recipe (:func:`run_recipe`) writes ``<out>/recipe.yaml`` (and ``recipe-source.json``: the folder its
+relative data paths were taken from, where ``report`` takes them from too) and one folder per run: fit-linear ``<readout>-layer<k>.json`` per fitted layer,
 fit-raw ``<readout>.json``, train ``results.json`` (plus checkpoints), an lr
 sweep ``sweep.json``, bench ``speedup.json``, and in each ``recipe-run.json``, the settings (and data digest)
 the run began with, so that an interrupted run is resumed only by the same cell; each results file records its
