@@ -218,3 +218,18 @@ def test_bench_readout_cli(tmp_path):
     xor = tmp_path / "x.zarr"
     assert run("extract", *XOR, "--backbone", "tiny-gpt2", "--out", xor, "--quiet").exit_code == 0
     assert "one label per row" in one_error_line(run("bench", "readout", xor, "--layer", 1))
+
+
+def test_a_split_point_store_trains_its_own_backbone_unless_another_is_named(tmp_path):
+    store = tmp_path / "split.zarr"
+    r = run("extract", *XOR, "--backbone", "tiny-gpt2", "--init", "random", "--full-seq-layer", 1, "--layers", 2,
+            "--dtype", "float32", "--amp", "none", "--quiet", "--out", store)
+    assert r.exit_code == 0, r.output
+    r = run("train", "--from-store", store, "--finetune", "layernorm,output", "--steps", 4, "--eval-every", 2,
+            "--amp", "none", "--device", "cpu", "--quiet", "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output  # no --backbone: the store's (tiny-gpt2), not the default minilm
+    assert TrainResult.read(tmp_path / "run" / "results.json").backbone["id"] == "tiny-gpt2"
+    line = one_error_line(run("train", "--from-store", store, "--backbone", "tiny-bert", "--finetune",
+                              "layernorm,output", "--steps", 4, "--device", "cpu", "--quiet", "--out", tmp_path / "r2"))
+    assert "expected the backbone the store was extracted with ('tiny-gpt2', weights sha256" in line
+    assert "pass --backbone naming that model" in line

@@ -306,6 +306,21 @@ def test_probe_predicts_another_store_and_refuses_another_backbone(stores, tmp_p
         f"Error: {stores['bert']}: expected a store of the probe's backbone ({probe}.probe.json); found backbone.id "
         "= 'tiny-bert', the probe's is 'tiny-gpt2'"]
     assert not (tmp_path / "c.npz").exists()
+    # two stores of one name (a.zarr, and an a.h5 elsewhere): the default file of one is not replaced by the other's
+    import shutil
+
+    (tmp_path / "elsewhere").mkdir()
+    twin = tmp_path / "elsewhere" / stores["a"].name
+    shutil.copytree(stores["a"], twin)
+    default = tmp_path / "a" / f"logistic-layer2-{stores['a'].name.removesuffix('.zarr')}.predictions.npz"
+    with np.load(default) as z:
+        assert str(z["store"]) == str(stores["a"])
+        before = z["test_predictions"].copy()
+    clash = runner.invoke(main, ["predict", str(probe), str(twin), "--split", "test"])
+    assert clash.exit_code == 2 and "(another store of the same name); pass --out" in clash.output
+    with np.load(default) as z:
+        assert np.array_equal(z["test_predictions"], before)
+    assert runner.invoke(main, ["predict", str(probe), str(stores["a"]), "--split", "test"]).exit_code == 0
 
 
 def test_table_columns_stay_in_line_when_an_interval_reaches_100():

@@ -167,7 +167,8 @@ def bench_readout(store, layer, penalty, path_rows, seed, out):
     r = readout_vs_sklearn(store, layers, seed=seed, penalty=penalty, path_rows=rows)
     click.echo(f"{len(r.layers)} layer(s), {r.n_train:,} train rows x {r.n_features} features, "
                f"{r.torch_threads} threads; the same validation rows and L2 grid on both sides; readout: "
-               f"{r.penalty} penalty, path on {'every fit row' if rows is None else f'{rows:,} rows'}")
+               f"{r.penalty} penalty, path on {'every fit row' if rows is None else f'{r.path_rows:,} rows'}"
+               + ("" if rows is None or rows == r.path_rows else f" (at most {rows:,} asked)"))
     click.echo(f"{'layer':>5}  {'reservoir s':>11}  {'test [95% CI]':<22}  {'sklearn s':>9}  test [95% CI]")
     for p in r.per_layer:
         ours, sk = p["reservoir"], p["sklearn"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from reservoir import options
+from reservoir.errors import ReservoirError
 from reservoir.cli.common import (
     SEED,
     _check_out,
@@ -132,11 +133,13 @@ def _show_curves(results, readout: str, folder: Path) -> None:
 @click.argument("probe", type=click.Path())
 @click.argument("store", type=click.Path())
 @click.option("--split", "splits", multiple=True, help="Split(s) to predict; default every split of the store.")
-@click.option("--out", default=None, help="Write the predictions here (.npz, one array per split); default "
-                                          "<probe>-<store name>.predictions.npz beside the probe.")
+@click.option("--out", default=None, help="Write the predictions here (.npz, one array per split and the store's "
+                                          "path); default <probe>-<store name>.predictions.npz beside the probe.")
 @storage_option(store="STORE")
 def predict(probe, store, splits, out):
     """Apply a saved probe (fit-linear --save) to a store of the same backbone and projection."""
+
+    import numpy as np
 
     from reservoir.readouts.probes import predict_store
     from reservoir.readouts.run import store_stem
@@ -144,11 +147,31 @@ def predict(probe, store, splits, out):
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
     target = Path(out) if out else Path(f"{base}-{store_stem(store)}.predictions.npz")
     _check_out(str(target), store, f"{base}.probe.json", f"{base}.safetensors")
+    if out is None:
+        _check_predictions_owner(target, str(store))
     found = predict_store(base, store, list(splits) or None)
     for split, res in found.items():
         click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}")
-    _write_npz(target, {f"{split}_predictions": res["predictions"] for split, res in found.items()})
+    _write_npz(target, {**{f"{split}_predictions": res["predictions"] for split, res in found.items()},
+                        "store": np.array(str(store))})
     click.echo(f"predictions in {target}")
+
+
+def _check_predictions_owner(target: Path, store: str) -> None:
+    """Refuse (one line) to replace, under the default name, the predictions of another store of the same name
+    (``x.zarr`` and ``x.h5``, or two folders), as ``fit-linear`` refuses their results."""
+    import numpy as np
+
+    from reservoir.readouts.run import same_store
+
+    try:
+        with np.load(target, allow_pickle=False) as old:
+            other = str(old["store"]) if "store" in old.files else None
+    except (OSError, ValueError, KeyError):  # none there, or not predictions: the output checks say what it is
+        return
+    if other is not None and not same_store(other, store):
+        raise ReservoirError(f"{target}: expected predictions of {store} or none; found those of {other} (another "
+                             "store of the same name); pass --out to write them elsewhere")
 
 
 def _write_npz(path: Path, arrays: dict) -> None:

@@ -305,6 +305,11 @@ def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
     return Path(results_dir) / store_stem(store)
 
 
+def same_store(a: str, b: str) -> bool:
+    """Whether two store paths (or URLs) name one store."""
+    return _same_store(a, b)
+
+
 def _same_store(a: str, b: str) -> bool:
     if "://" in a or "://" in b:
         return a.rstrip("/") == b.rstrip("/")

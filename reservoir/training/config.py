@@ -72,7 +72,9 @@ class TrainConfig:
     from_store: str | None = setting("Feature store to train from: a split-point store (extract --full-seq-layer S) "
                                      "runs only blocks S+1..K live, a last-token store trains the output layer alone. "
                                      "Task, task parameters, init and split layer (a last-token store: backbone) are "
-                                     "the store's; other values of those options are refused. --seed seeds the head, "
+                                     "the store's; other values of those options are refused. A split-point store's "
+                                     "backbone is loaded by --backbone, default the store's own (checked by its "
+                                     "weights). --seed seeds the head, "
                                      "validation carve and batch order (default: the store's seed).", None)
     device: str = options.DEVICE.field()
     amp: str = options.AMP.field()

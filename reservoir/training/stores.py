@@ -38,8 +38,9 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
     """The settings of a run from the store at ``path``: its task and init; the other fields from ``settings``.
 
     A split-point store also sets ``split_layer`` to its layer (its backbone
-    is loaded by the name given and checked against the store's weights); a
-    last-token store trains a head alone, so its backbone is the store's.
+    is loaded by the name given, else by the store's backbone id, and checked
+    against the store's weights); a last-token store trains a head alone, so
+    its backbone is the store's.
     ``seed`` seeds what the store left open (the head, the validation carve,
     the batch order); without one the store's seed is used. The backbone's
     init, seed and projection are always the store's.
@@ -68,13 +69,16 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
                                     "from_store": str(path)}
     held: dict[str, Any] = {"task": store_fields["task"], "task_params": a["task"].get("params") or {},
                             "init": store_fields["init"]}
+    from reservoir.backbones.load import SHORT_NAMES
+
+    named = next((k for k, v in SHORT_NAMES.items() if v == a["backbone"]["id"]), a["backbone"]["id"])
     if layer is not None:
         store_fields["split_layer"] = held["split_layer"] = layer
+        if "backbone" not in asked:  # the blocks above run live: the store's backbone, loaded by its id (checked)
+            store_fields["backbone"] = named
     else:  # the features are this backbone's, whatever name was given (named as a live run names it)
-        from reservoir.backbones.load import SHORT_NAMES
-
         held["backbone"] = a["backbone"]["id"]
-        store_fields["backbone"] = next((k for k, v in SHORT_NAMES.items() if v == held["backbone"]), held["backbone"])
+        store_fields["backbone"] = named
     if "seed" not in asked:
         store_fields["seed"] = a["backbone"]["seed"]
     for name in [n for n in held if n in asked]:
@@ -132,8 +136,9 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
     backbone = load_backbone(config.backbone, init=bb["init"], depth=depth, d_in=a["projection"]["d_in"],
                              seed=bb["seed"], projection_gain=a["projection"]["gain"], revision=bb.get("revision"))
     if backbone.info.weights_sha256 != bb["weights_sha256"]:
-        raise ReservoirError(f"{config.from_store}: expected backbone weights sha256 {bb['weights_sha256'][:12]}..., "
-                             f"found {backbone.info.weights_sha256[:12]}... for {config.backbone!r}")
+        raise ReservoirError(f"{config.from_store}: expected the backbone the store was extracted with ({bb['id']!r}, "
+                             f"weights sha256 {bb['weights_sha256'][:12]}...), found {backbone.info.weights_sha256[:12]}"
+                             f"... for {config.backbone!r}: pass --backbone naming that model")
     n_out = a["pooling"]["n_out_tokens"]
     # the head and the validation carve follow this run's seed (as in live training and train_cached); the backbone
     # and projection are the store's
