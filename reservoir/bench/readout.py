@@ -37,7 +37,8 @@ class ReadoutBenchResult(Result):
         Where the readout measured its L2 penalty (``"standardized"``: the model scikit-learn fits).
     path_rows : int or "all"
         Rows the readout fitted its L2 path on (``"all"``: every row left after the validation carve, as
-        scikit-learn; a number: the rows fitted, at most those asked for, as ``fit-linear``'s 16384). Files written before these two fields existed read as ``"whitened"`` and ``16384``.
+        scikit-learn; a number: the rows fitted, at most those asked for, as ``fit-linear``'s 16384). Files
+        written before these two fields existed read as ``"whitened"`` and ``16384``.
     per_layer : list of dict
         For each layer: ``layer``, ``reservoir`` (``fit_s``, ``test_accuracy``, ``test_interval``,
         ``alpha``) and ``sklearn`` (``fit_s``, ``test_accuracy``, ``test_interval``, ``alpha`` chosen,

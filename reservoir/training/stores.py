@@ -136,9 +136,10 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
     backbone = load_backbone(config.backbone, init=bb["init"], depth=depth, d_in=a["projection"]["d_in"],
                              seed=bb["seed"], projection_gain=a["projection"]["gain"], revision=bb.get("revision"))
     if backbone.info.weights_sha256 != bb["weights_sha256"]:
+        found = backbone.info.weights_sha256[:12]
         raise ReservoirError(f"{config.from_store}: expected the backbone the store was extracted with ({bb['id']!r}, "
-                             f"weights sha256 {bb['weights_sha256'][:12]}...), found {backbone.info.weights_sha256[:12]}"
-                             f"... for {config.backbone!r}: pass --backbone naming that model")
+                             f"weights sha256 {bb['weights_sha256'][:12]}...), found {found}... for "
+                             f"{config.backbone!r}: pass --backbone naming that model")
     n_out = a["pooling"]["n_out_tokens"]
     # the head and the validation carve follow this run's seed (as in live training and train_cached); the backbone
     # and projection are the store's
