@@ -183,7 +183,8 @@ def test_from_store_refuses_options_the_store_fixes_and_takes_the_seed(tmp_path)
     assert r.exit_code == 0, r.output
     config = TrainResult.read(tmp_path / "ok" / "results.json").config
     assert (config["task"], config["init"], config["seed"], config["split_layer"]) == ("bit-xor", "pretrained", 3, 1)
-    assert "are refused. --seed seeds the head" in " ".join(run("train", "--help").stdout.split())
+    assert "are refused. A split-point store's backbone is loaded by --backbone, default the store's own" in " ".join(
+        run("train", "--help").stdout.split())
 
 
 def test_bench_speedup_cli(tmp_path):
