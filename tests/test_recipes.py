@@ -934,3 +934,26 @@ def test_an_interrupted_run_of_a_moved_project_is_begun_again(tmp_path, monkeypa
     assert (state, why) == ("stale", "an interrupted run begun with its data at another path")
     assert len(run_recipe(tmp_path / "moved" / "r.yaml", out=tmp_path / "moved" / "out", progress=False,
                           device="cpu")["ran"]) == 1
+
+
+def test_a_recipe_run_whose_folder_lock_file_is_removed_stops_before_its_next_run(tmp_path, monkeypatch):
+    from reservoir.store.lock import lock_path
+
+    out = tmp_path / "out"
+    cells = [{"kind": "fit-raw", "task": "digits", "seeds": [0, 1]}]  # two runs
+    runner = reservoir.readouts.run
+    fit_raw, calls = runner.fit_raw, []
+
+    def then_removed(*a, **k):  # the lock file removed by hand while the first run computes
+        calls.append(1)
+        if len(calls) == 1:
+            lock_path(out).unlink()
+        return fit_raw(*a, **k)
+
+    monkeypatch.setattr(runner, "fit_raw", then_removed)
+    with pytest.raises(ReservoirError, match=r"expected this writer's lock file .*out\.lock in place; found it "
+                                             "removed or replaced while writing"):
+        run_recipe(make({"cells": cells}), out=out, progress=False)
+    assert len(calls) == 1  # the second run never started
+    monkeypatch.setattr(runner, "fit_raw", fit_raw)
+    assert len(run_recipe(make({"cells": cells}), out=out, progress=False)["skipped"]) == 1  # the first one's results

@@ -395,7 +395,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     resolve_device(device)  # an unknown or absent device is refused before --force removes anything
     # before anything is written: the recipe's copy, every run folder and every results file it reads or writes
     runs = _checked(recipe, out_dir)
-    with run_folder_lock(out_dir):  # one recipe run per results folder
+    with run_folder_lock(out_dir) as lock:  # one recipe run per results folder
         checked = _states(runs, out_dir)  # as they are now that no other run of this folder is under way
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
@@ -406,6 +406,8 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         bar = tqdm(checked, desc=f"recipe {recipe.name}", unit="run", disable=None if progress else True,
                    dynamic_ncols=True)
         for run, state, why in bar:
+            assert lock is not None  # (a results folder is always given here)
+            lock.check()  # the folder's lock file still this run's (not removed by hand under it) before each run
             folder = out_dir / run.id
             if state == "done" and not force:
                 skipped.append(run.id)
