@@ -23,9 +23,9 @@ from typing import IO, Any, Literal, NamedTuple
 from reservoir.errors import ReservoirError
 
 __all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_memory", "check_name",
-           "check_regular", "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header", "one_line",
-           "process_alive", "publish", "read_json", "replaceable", "request_stop", "scratch_folder", "size_text",
-           "stop_deferred", "unwritable", "within", "writable_folder", "zarr_store_around"]
+           "check_regular", "control_char", "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header",
+           "one_line", "process_alive", "publish", "read_json", "replaceable", "request_stop", "scratch_folder",
+           "size_text", "stop_deferred", "unwritable", "within", "writable_folder", "zarr_store_around"]
 
 
 def one_line(err: Any) -> str:
@@ -345,11 +345,16 @@ def atomic_write(path: str | os.PathLike, what: str, *, text: bool = False, note
 MAX_NAME_BYTES = 230
 
 
+def control_char(c: str) -> bool:
+    """Whether ``c`` is an ASCII control character (below 32, or DEL): what splits a line or drives a terminal."""
+    return ord(c) < 32 or ord(c) == 127
+
+
 def check_name(path: str | os.PathLike) -> None:
     """Refuse (one line) an output whose name is too long for the filesystem once the toolkit's suffixes are added,
     or whose path holds a control character (a newline would split every line that names it)."""
     text = str(os.fspath(path))
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+    if any(control_char(c) for c in text):
         raise ReservoirError(f"expected an output path without control characters (newlines, tabs, ...); found "
                              f"{text[:80]!r}")
     name = os.fsencode(Path(path).name)

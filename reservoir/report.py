@@ -27,7 +27,7 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside, read_json, save_figure
+from reservoir.io import atomic_write, check_inside, control_char, read_json, save_figure
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
@@ -302,7 +302,7 @@ def _measured(row: Row) -> str:
 def _cell(text: str) -> str:
     """A Markdown table cell: ``|`` escaped, line breaks and other control characters as spaces (one row a
     line)."""
-    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text).replace("|", "\\|")
+    return "".join(" " if control_char(c) else c for c in text).replace("|", "\\|")
 
 
 def markdown_table(rows: list[Row]) -> str:

@@ -829,14 +829,11 @@ def test_pairs_of_other_seed_counts_are_named_and_figures_of_rows_gone_are_remov
     assert not (out / "curves.png").exists() and not (out / "depth.png").exists()
 
 
-def test_an_interrupted_run_of_a_cell_edited_since_is_begun_again_not_resumed(tmp_path, monkeypatch):
-    """A train run stopped before its results, then its cell edited (steps): the folder's checkpoint is of the old
-    settings, which training refuses to resume; the run is redone in a cleared folder. The same settings resume."""
+def _interrupted_at_the_second_validation(monkeypatch, run) -> None:
+    """``run()`` stopped (as by Ctrl-C) when its training reaches its second validation, after one checkpoint."""
     import reservoir.training.loop as loop
 
-    cell = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2", "finetune": "fpt", "steps": 6,
-            "eval_every": 2, "task_params": {"n_train": 40, "n_test": 20, "n_bits": 2}}
-    out, evaluate, calls = tmp_path / "out", loop.evaluate, []
+    evaluate, calls = loop.evaluate, []
 
     def stopped_at_the_second(*a, **kw):
         calls.append(1)
@@ -846,8 +843,18 @@ def test_an_interrupted_run_of_a_cell_edited_since_is_begun_again_not_resumed(tm
 
     monkeypatch.setattr(loop, "evaluate", stopped_at_the_second)
     with pytest.raises(KeyboardInterrupt):
-        run_recipe(make({"cells": [cell]}), out=out, progress=False, device="cpu")
+        run()
     monkeypatch.setattr(loop, "evaluate", evaluate)
+
+
+def test_an_interrupted_run_of_a_cell_edited_since_is_begun_again_not_resumed(tmp_path, monkeypatch):
+    """A train run stopped before its results, then its cell edited (steps): the folder's checkpoint is of the old
+    settings, which training refuses to resume; the run is redone in a cleared folder. The same settings resume."""
+    cell = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2", "finetune": "fpt", "steps": 6,
+            "eval_every": 2, "task_params": {"n_train": 40, "n_test": 20, "n_bits": 2}}
+    out = tmp_path / "out"
+    _interrupted_at_the_second_validation(monkeypatch, lambda: run_recipe(make({"cells": [cell]}), out=out,
+                                                                          progress=False, device="cpu"))
     (folder,) = [p for p in out.iterdir() if p.is_dir()]
     assert (folder / "last.pt").is_file() and not (folder / "results.json").exists()
     assert [(r["state"], r["why"]) for r in plan(make({"cells": [cell]}), out)] == [("todo", "")]  # resumable
@@ -907,8 +914,6 @@ def test_an_interrupted_run_of_a_moved_project_is_begun_again(tmp_path, monkeypa
     resume there (the checkpoint would refuse), so it is begun again rather than refused."""
     import numpy as np
 
-    import reservoir.training.loop as loop
-
     project = tmp_path / "p"
     project.mkdir()
     rng = np.random.default_rng(0)
@@ -917,18 +922,8 @@ def test_an_interrupted_run_of_a_moved_project_is_begun_again(tmp_path, monkeypa
              test_inputs=x[40:], test_labels=(x[40:, 0, 0] > 0).astype(np.int64))
     (project / "r.yaml").write_text("cells: [{kind: train, task: data, task_params: {path: d.npz}, backbone: "
                                     "tiny-gpt2, steps: 4, eval_every: 2}]\n")
-    evaluate, calls = loop.evaluate, []
-
-    def stopped_at_the_second(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return evaluate(*a, **kw)
-
-    monkeypatch.setattr(loop, "evaluate", stopped_at_the_second)
-    with pytest.raises(KeyboardInterrupt):
-        run_recipe(project / "r.yaml", out=project / "out", progress=False, device="cpu")
-    monkeypatch.setattr(loop, "evaluate", evaluate)
+    _interrupted_at_the_second_validation(monkeypatch, lambda: run_recipe(project / "r.yaml", out=project / "out",
+                                                                          progress=False, device="cpu"))
     shutil.move(project, tmp_path / "moved")
     ((state, why),) = [(r["state"], r["why"]) for r in plan(tmp_path / "moved" / "r.yaml", tmp_path / "moved" / "out")]
     assert (state, why) == ("stale", "an interrupted run begun with its data at another path")

@@ -307,10 +307,6 @@ def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
 
 def same_store(a: str, b: str) -> bool:
     """Whether two store paths (or URLs) name one store."""
-    return _same_store(a, b)
-
-
-def _same_store(a: str, b: str) -> bool:
     if "://" in a or "://" in b:
         return a.rstrip("/") == b.rstrip("/")
     return Path(a).resolve() == Path(b).resolve()
@@ -324,7 +320,7 @@ def _check_owner(folder: Path, stem: str, source: str) -> None:
             other = FitResult.read(old).config.get("store")
         except ReservoirError:
             continue  # unreadable: replaced like any damaged result
-        if isinstance(other, str) and not _same_store(other, source):
+        if isinstance(other, str) and not same_store(other, source):
             raise ReservoirError(f"{folder}: expected results of {source} or none; found {old.name} from {other} "
                                  "(another store of the same name); pass another results folder or remove them")
 

@@ -108,9 +108,14 @@ def _begin(run: Run, folder: Path, meta: dict[str, Any]) -> None:
     data's digest and its task parameters as resolved (a data file's absolute path, which a train checkpoint
     holds)."""
     folder.mkdir(parents=True, exist_ok=True)
-    resolved = json.loads(json.dumps(run.cell.task_params, default=str))
     with atomic_write(folder / BEGUN, "the run's settings", text=True) as f:
-        json.dump({"run": run.id, "settings": meta["settings"], "data": meta.get("data"), "task_params": resolved}, f)
+        json.dump({"run": run.id, "settings": meta["settings"], "data": meta.get("data"),
+                   "task_params": _resolved_params(run)}, f)
+
+
+def _resolved_params(run: Run) -> Any:
+    """``run``'s task parameters as it runs with them (a data file's path absolute), as JSON reads them back."""
+    return json.loads(json.dumps(run.cell.task_params, default=str))
 
 
 def _begun_otherwise(run: Run, folder: Path) -> str | None:
@@ -135,8 +140,8 @@ def _begun_otherwise(run: Run, folder: Path) -> str | None:
         return None  # the run itself says why its data cannot be read
     if now is not None and begun.get("data") not in (None, now):
         return "an interrupted run on other data"
-    resolved = json.loads(json.dumps(run.cell.task_params, default=str))
-    if begun.get("task_params") not in (None, resolved):  # a moved project: its checkpoint names the old place
+    # a moved project: its checkpoint names the old place
+    if begun.get("task_params") not in (None, _resolved_params(run)):
         return "an interrupted run begun with its data at another path"
     return None
 

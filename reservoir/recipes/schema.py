@@ -14,6 +14,7 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.io import control_char
 from reservoir.settings import slug
 
 KINDS = ("fit-linear", "train", "fit-raw", "bench")
@@ -293,7 +294,7 @@ class PaperValue:
                         "speedup": (0, 1e12, "a ratio in (0, 1e12]")}[self.metric]
         if not (lo <= self.value <= hi) or (self.metric == "speedup" and self.value == 0):
             raise ReservoirError(f"{self.where}.value: expected {what} for {self.metric}, found {self.value:g}")
-        if any(ord(c) < 32 or ord(c) == 127 for c in self.source):
+        if any(control_char(c) for c in self.source):
             raise ReservoirError(f"{self.where}.source: expected one line of text, found control characters in "
                                  f"{options.shown(self.source)}")
 
@@ -431,7 +432,7 @@ class Recipe:
             what = "name" if data.get("name") else "name (the file's stem; set name: in the recipe)"
             name = _check_id(data.get("name") or Path(source).stem, what)
             description = str(data.get("description") or "").strip()
-            if any((ord(c) < 32 and c not in "\n\t") or ord(c) == 127 for c in description):  # a terminal's escapes
+            if any(control_char(c) and c not in "\n\t" for c in description):  # a terminal's escapes, say
                 raise ReservoirError(f"description: expected text, found control characters in "
                                      f"{options.shown(description)}")
             recipe = cls(name=name, cells=cells, description=description, paper=paper, text=text, raw=data,
