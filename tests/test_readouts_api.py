@@ -64,6 +64,21 @@ def test_fit_linear_writes_nothing_without_results_dir(xor_store, tmp_path, monk
     assert list(results[0].config) == CONFIG_KEYS and list(results[0].metrics) == METRIC_KEYS
 
 
+def test_a_fit_whose_folder_lock_file_is_removed_stops_before_its_next_write(xor_store, tmp_path):
+    from reservoir.readouts.run import results_folder
+    from reservoir.store.lock import lock_path
+
+    folder = results_folder(tmp_path, xor_store)
+
+    def removed_after_the_first(result):  # the lock file removed by hand while layer 2 is fitted
+        if result is not None and result.config["layer"] == 1:
+            lock_path(folder).unlink()
+
+    with pytest.raises(ReservoirError, match=r"expected this writer's lock file .*\.lock in place; found it removed"):
+        fit_linear(xor_store, layers=[1, 2], results_dir=tmp_path, on_result=removed_after_the_first)
+    assert sorted(p.name for p in folder.iterdir()) == ["logistic-layer1.json"]  # layer 2 never written
+
+
 def test_fit_linear_takes_a_store_object_and_leaves_it_open(xor_store):
     by_path = fit_linear(xor_store, layers=[2], readout="ridge")[0]
     with FeatureStore.open(xor_store) as st:

@@ -30,7 +30,7 @@ import numpy as np
 from reservoir import distributed
 from reservoir.extract.engine import to_host
 from reservoir.errors import ReservoirError
-from reservoir.extract.plan import Window, batching_flags, plan_order, plan_windows
+from reservoir.extract.plan import Window, batching_flags, other_batching, plan_order, plan_windows
 from reservoir.extract.prepare import ExtractionPlan
 from reservoir.extract.writer import ChunkWriter, FinishedWindow, write_window
 
@@ -102,11 +102,10 @@ def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = Tr
 
 
 def check_same_batching(store: FeatureStore, batching: dict[str, Any] | None, where: str) -> None:
-    """Refuse (one line) to write more of an unfinished ``store`` with another batching than it was begun with:
-    a row's features depend on the rows batched with it (their padding), so one store holds one batching. A
-    store of an earlier version that recorded none is taken as it is."""
-    begun = store.attrs.get("batching")
-    if store.complete or begun is None or batching is None or begun == batching:
+    """Refuse (one line) to write more of an unfinished ``store`` with another batching than it was begun with
+    (:func:`~reservoir.extract.plan.other_batching`); a complete store is read whatever batching made it."""
+    begun = None if store.complete else other_batching(store.attrs.get("batching"), batching)
+    if begun is None or batching is None:  # (batching None: begun is None too)
         return
     raise ReservoirError(f"{where}: expected the batching this store was begun with ({batching_flags(begun)}); "
                          f"found {batching_flags(batching)}: a row's features depend on the rows batched with it, "

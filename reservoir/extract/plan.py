@@ -58,6 +58,21 @@ def check_batching(batch_size: int | None, max_tokens: int | None) -> None:
         raise ReservoirError(f"--max-tokens must be >= 1, found {max_tokens}")
 
 
+def other_batching(begun: dict[str, Any] | None, mine: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The batching a store was begun with when a writer's own differs from it, else ``None`` (the same, or either
+    unrecorded: a store of an earlier version is taken as it is). A row's features depend on the rows batched with
+    it (their padding), so one store holds one batching: a resume, and every rank, writes only with its own.
+
+    Examples
+    --------
+    >>> other_batching({"batch_size": 64, "max_tokens": None}, {"batch_size": 32, "max_tokens": None})
+    {'batch_size': 64, 'max_tokens': None}
+    >>> other_batching(None, {"batch_size": 32, "max_tokens": None}) is None
+    True
+    """
+    return None if begun is None or mine is None or begun == mine else begun
+
+
 def batching_flags(batching: dict[str, Any]) -> str:
     """A store's recorded batching as the options that give it (``--batch-size 64``, ``--max-tokens 87381``).
 

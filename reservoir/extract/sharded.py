@@ -36,7 +36,7 @@ from reservoir.distributed import Job, Lost, attempt
 from reservoir.errors import ReservoirError
 from reservoir.extract.config import ExtractConfig
 from reservoir.extract.passes import write_splits
-from reservoir.extract.plan import batching_flags
+from reservoir.extract.plan import batching_flags, other_batching
 from reservoir.extract.prepare import ExtractionPlan, plan_extraction, prepare
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,9 +174,9 @@ def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job, writer: d
         raise ReservoirError(f"rank {job.rank}: {out} was created by rank 0 with "
                              f"{settings.describe_difference(diff)}; expected every rank to load the same task and "
                              "backbone (same files, revision and seed on every node)")
-    mine, begun = plan.attrs.get("batching"), store.attrs.get("batching")
-    # every rank batches as rank 0 did, or the rows it writes would differ from a single process's
-    if mine is not None and begun is not None and begun != mine:
+    mine = plan.attrs.get("batching")
+    begun = other_batching(store.attrs.get("batching"), mine)  # every rank batches as rank 0 did
+    if begun is not None and mine is not None:
         store.close()
         raise ReservoirError(f"rank {job.rank}: {out} is batched by rank 0 with "
                              f"{batching_flags(begun)}; found {batching_flags(mine)} on this rank: "

@@ -232,12 +232,13 @@ def fit_linear(
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         stem = result_stem(readout, pooled, final_norm)
         folder = None if results_dir is None else results_folder(results_dir, st.path)
+        lock = None
         if folder is not None:  # refused now, not after the fits
             if not isinstance(st.path, StoreURL) and within(folder, st.path):
                 raise ReservoirError(f"{results_dir}: expected a results folder outside the input {st.path}; found "
                                      "one inside it")
             writable_folder(folder)
-            held.enter_context(run_folder_lock(folder))  # one writer: each results file beside its own probe
+            lock = held.enter_context(run_folder_lock(folder))  # one writer: each results file beside its own probe
             _check_owner(folder, stem, source)
         if on_result is not None:
             on_result(None)
@@ -263,6 +264,8 @@ def fit_linear(
                 store=st.fingerprint(), metrics=metrics, timings=fit.timings,
                 rows={"test": encode_rows(fit.test_correct, fit.heads)})
             if folder is not None:
+                if lock is not None:
+                    lock.check()  # the folder's lock file still this fit's: no second fit writes beside it
                 path = result.write(folder / f"{stem}-layer{fit.layer}.json")
                 if save:
                     from reservoir.readouts.probes import save_probe
