@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -525,6 +527,82 @@ def test_a_uint64_label_beyond_int64_is_named_as_it_is(tmp_path):
                              "split": ["train", "train", "test", "test"]}), path)
     assert_one_line(invoke("fit-raw", "--data", path), "expected labels below 100,000",
                     "found 9,223,372,036,854,775,809")  # not wrapped to a negative int64
+
+
+def test_csv_cells_parse_as_json_reads_them_and_what_json_refuses_is_refused(tmp_path):
+    """Flat cells are parsed by pyarrow's kernels: every JSON number form (NaN and Infinity too) as Python's json
+    reads it, ints staying ints unless a float is among them, and nothing json refuses taken."""
+    from reservoir.tasks.columns import sequence_arrays
+
+    pa = pytest.importorskip("pyarrow")
+
+    def parsed(*cells):
+        inputs, lengths = sequence_arrays(Path("f.csv"), "column 'x'", pa.array(cells, pa.string()))
+        return inputs.dtype, inputs.tolist(), lengths.tolist()
+
+    assert parsed(" [ 1 ,2 ] ", "\t7\n8", "-0 5 6") == (np.int64, [[1, 2, 0], [7, 8, 0], [0, 5, 6]], [2, 2, 3])
+    assert parsed("[0.5, 1]", "2 1e3", "-2.25E+2")[:2] == (np.float32, [[[0.5], [1.0]], [[2.0], [1000.0]],
+                                                                       [[-225.0], [0.0]]])
+    assert parsed("[[1, 2], [3, 4]]", "[[5, 6]]")[1] == [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [0.0, 0.0]]]
+    for cells, found in [(("1, 2",), "'1, 2' at row 0"), (("3", "[1,,2]"), "'[1,,2]' at row 1"),
+                         (("01 2",), "'01 2' at row 0"), (("1 x",), "'1 x' at row 0"),
+                         (("1 [2]",), "'1 [2]' at row 0"), (("[1, 2",), "'[1, 2' at row 0")]:
+        with pytest.raises(ReservoirError, match=re.escape(f"expected a JSON list or numbers separated by spaces in "
+                                                           f"every cell; found {found}")):
+            parsed(*cells)
+    for cells, row in [(("1", "[ ]"), 1), (("  ", "1"), 0)]:
+        with pytest.raises(ReservoirError, match=f"expected at least one position per row; found an empty sequence "
+                                                 f"at row {row}"):
+            parsed(*cells)
+    with pytest.raises(ReservoirError, match="expected lists of numbers .* '99999999999999999999'"):
+        parsed("1 99999999999999999999")
+
+
+def test_csv_cells_are_parsed_at_the_speed_of_the_file_and_checked_against_memory_first(tmp_path, monkeypatch):
+    """25,000 numbers a row took 40 ms a row in Python (json.loads each); pyarrow's kernels parse them in one pass.
+    The parse's memory (about eight times the cells' text) is checked before it."""
+    pytest.importorskip("pyarrow")
+    import reservoir.io as rio
+
+    row = " ".join(["7"] * 25_000)
+    text = "".join(f"{row},{i % 2},{'train' if i < 60 else 'test'}\n" for i in range(80))
+    (tmp_path / "wide.csv").write_text("inputs,label,split\n" + text)
+    task = load_task("data", {"path": str(tmp_path / "wide.csv")}, cache_dir=None)
+    assert task.splits["train"].inputs.shape == (60, 25_000) and (task.splits["train"].inputs == 7).all()
+    monkeypatch.setattr(rio, "available_memory", lambda: 8 * 2**20)  # the file (4 MiB) is read; its cells' parse
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "wide.csv"),  # needs about 8 x 3 MiB
+                    "split 'train', column 'inputs': expected cells parsed (about eight times their text) that fit "
+                    "in the 8.0 MiB of memory available")
+
+
+def test_token_ids_beyond_int64_and_floats_beyond_float32_are_one_line_as_they_are(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    split = ["train", "train", "test", "test"]
+    pq.write_table(pa.table({"inputs": pa.array([[1], [2**64 - 1], [1], [2]], pa.list_(pa.uint64())),
+                             "label": [0, 1, 0, 1], "split": split}), tmp_path / "ids.parquet")
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "ids.parquet"),
+                    "expected token ids below 1,048,576 (a one-hot vocabulary); found id 18,446,744,073,709,551,615")
+    pq.write_table(pa.table({"inputs": [[1e300], [3.0], [1.0], [2.0]], "label": [0, 1, 0, 1], "split": split}),
+                   tmp_path / "big.parquet")
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "big.parquet"),  # no RuntimeWarning line before it
+                    "column 'inputs': expected finite numbers (as float32); found infinity at row 0")
+    x = np.array([[[1e300]], [[1.0]]])
+    with pytest.raises(ReservoirError, match="expected finite inputs"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # from_arrays' own cast: no warning either
+        TaskData.from_arrays("big", train=(x, [0, 1]), test=(x, [0, 1]))
+
+
+def test_a_csv_file_not_in_utf8_is_named_so(tmp_path):
+    pytest.importorskip("pyarrow")
+    text = "inputs,label,split\n1 2,0,train\n3,1,train\n1 2,0,test\n3,1,test\n"
+    (tmp_path / "u16.csv").write_bytes(text.encode("utf-16"))  # with its byte-order mark, as editors save it
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "u16.csv"),
+                    "expected a CSV file of UTF-8 text; found UTF-16 (its byte-order mark): save it as UTF-8")
+    (tmp_path / "latin1.csv").write_bytes(text.replace("1 2,0,test", "1 2\u00e9,0,test").encode("latin-1"))
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "latin1.csv"),
+                    "expected a CSV file of UTF-8 text; found a byte that is not UTF-8 at byte 44 (0xe9)")
 
 
 def test_missing_optional_package_says_how_to_install(tmp_path, monkeypatch):

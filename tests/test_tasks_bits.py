@@ -169,6 +169,21 @@ def test_memory_bad_params(params, word):
     assert "\n" not in msg and word in msg and "found" in msg
 
 
+@pytest.mark.parametrize("task, params, made", [
+    ("bit-memory", {"n_patterns": 10**6, "n_train": 1}, "501 rows of 1,000,001,000 bits"),
+    ("bit-memory", {"n_patterns": 8000}, "2,500 rows of 8,001,000 bits"),  # 119 GiB: filled, not just reserved
+    ("bit-xor", {"n_bits": 256, "n_train": 10**8}, "100,001,000 rows of 512 bits"),
+])  # fmt: skip
+def test_parameters_whose_arrays_exceed_the_memory_are_refused_before_any_is_made(task, params, made, monkeypatch):
+    import reservoir.io
+
+    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 16 << 30)
+    with pytest.raises(ReservoirError) as err:
+        get_task(task, **params)
+    assert str(err.value).startswith(f"task {task!r}: expected arrays ({made}) that fit in the 16.0 GiB of memory "
+                                     "available; found ")
+
+
 def test_fingerprints_are_pinned():
     """Fingerprints recorded before the task modules were reorganized: same params, same arrays, on any machine."""
     assert get_task("bit-xor", n_train=50, n_test=20).fingerprint == (

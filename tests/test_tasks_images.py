@@ -290,6 +290,28 @@ def test_digits():
     assert task.params == {"test_fraction": 0.2, "seed": 0, "patch": 2}
 
 
+def test_an_image_size_whose_arrays_exceed_the_memory_is_refused_before_padding(tmp_path, monkeypatch):
+    import reservoir.io
+
+    write_mnist(tmp_path, n_train=20, n_test=8)
+    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 1 << 30)
+    with pytest.raises(ReservoirError) as e:
+        get_task("mnist", data_dir=tmp_path, size=4000)
+    assert_one_line_error(e, "task 'mnist': expected arrays (20 train images of 4000x4000 pixels) that fit in the "
+                             "1.0 GiB of memory available; found 1.5 GiB")
+    assert get_task("mnist", data_dir=tmp_path, size=64).splits["train"].inputs.shape == (20, 256, 16)
+
+
+@pytest.mark.parametrize("fraction, found", [(0.999, "1 train, 1796 test"), (0.001, "1795 train, 2 test"),
+                                             (0.9945, "9 train, 1788 test")])
+def test_digits_test_fraction_leaves_every_class_on_both_sides(fraction, found):
+    """A stratified split of ten classes needs ten rows on each side; scikit-learn's own error was a traceback."""
+    with pytest.raises(ReservoirError) as e:
+        get_task("digits", test_fraction=fraction)
+    assert_one_line_error(e, "test_fraction must leave at least 10 of the 1797 images", found)
+    assert [len(s) for s in get_task("digits", test_fraction=0.994).splits.values()] == [10, 1787]  # the edge
+
+
 # ------------------------------------------------------------------ CIFAR-10
 
 CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
@@ -430,6 +452,45 @@ def test_load_pickle_refuses_code_but_reads_arrays():
         assert back["n"] == 3 and back["b"] == b"x" and back["s"] == {1}
     with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system|nt.system"):
         load_pickle(pickle.dumps(Evil()))
+
+
+@pytest.mark.parametrize("case", ["bytearray", "array", "scalar", "ndarray-call", "codec", "many-arrays"])
+def test_load_pickle_refuses_allocations_its_bytes_do_not_pay_for(case):
+    """A few bytes asking for gigabytes (bytearray(n), an array or a scalar of a huge shape or dtype) are refused
+    before anything is allocated; data pickles (whose bytes hold their data) read as before."""
+    import resource
+
+    big = 1_500_000_000
+    ops = {  # protocol 2 opcodes by hand: GLOBAL, BININT, TUPLE1/2/3, REDUCE, MARK, PUT/GET
+        "bytearray": b"cbuiltins\nbytearray\nJ" + big.to_bytes(4, "little") + b"\x85R",
+        "array": b"cnumpy._core.multiarray\n_reconstruct\ncnumpy\nndarray\nJ" + big.to_bytes(4, "little")
+                 + b"\x85X\x02\x00\x00\x00u1\x87R",
+        "scalar": b"cnumpy._core.multiarray\nscalar\ncnumpy\ndtype\nX\x0b\x00\x00\x00V1500000000\x85R\x85R",
+        "ndarray-call": b"cnumpy\nndarray\nJ" + big.to_bytes(4, "little") + b"\x85\x85R",
+        "codec": b"c_codecs\nencode\nX\x01\x00\x00\x00xX\x04\x00\x00\x00zlib\x86R",
+        # 400 arrays of 1 MiB each from ~4 KiB: every call is within the pickle's size, their sum is not
+        "many-arrays": b"cnumpy._core.multiarray\n_reconstruct\nq\x00cnumpy\nndarray\nq\x01J\x00\x00\x10\x00\x85q"
+                       b"\x02X\x02\x00\x00\x00u1q\x03(" + b"h\x00h\x01h\x02h\x03\x87R" * 400 + b"l",
+    }
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        load_pickle(b"\x80\x02" + ops[case] + b".")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB: nothing large was made
+    arr = np.arange(3 << 20, dtype=np.uint8)  # 3 MiB of data in a 3 MiB pickle: read
+    for protocol in (2, 4, 5):
+        np.testing.assert_array_equal(load_pickle(pickle.dumps({"a": arr, "b": bytearray(b"ab")}, protocol))["a"], arr)
+
+
+def test_cifar_labels_nested_to_blow_up_are_refused_before_numpy_walks_them(tmp_path):
+    write_cifar(tmp_path)
+    path = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    laughs = [0] * 10
+    for _ in range(8):  # 10^8 leaves behind ~100 bytes of pickle (each level shares one list ten times)
+        laughs = [laughs] * 10
+    path.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": laughs}, protocol=2))
+    with pytest.raises(ReservoirError) as e:
+        get_task("cifar10", data_dir=tmp_path)
+    assert_one_line_error(e, str(path), "expected 2 integer labels", "found a list of 10 items (list)")
 
 
 def test_registered_defaults_are_json():

@@ -194,7 +194,8 @@ def _split(where: str, value: Any, kind: str | None, n_out_tokens: int) -> tuple
                                  f"{largest:,}: number the tokens 0..V-1, or give vectors (N, L, d)")
         inputs = inputs if inputs.dtype in TOKEN_DTYPES else inputs.astype(np.int64)
     else:
-        inputs = np.asarray(inputs, dtype=np.float32)
+        with np.errstate(over="ignore"):  # beyond float32: infinity, refused just below
+            inputs = np.asarray(inputs, dtype=np.float32)
         if not np.isfinite(inputs).all():
             raise ReservoirError(f"{where}: expected finite inputs; found NaN or infinity (as float32)")
     n, L = inputs.shape[:2]

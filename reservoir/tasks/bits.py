@@ -28,7 +28,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
-from reservoir.tasks.params import int_param
+from reservoir.tasks.params import check_size, int_param
 
 __all__ = ["build_bit_memory", "build_bit_xor", "make_bit_memory", "make_bit_xor"]
 
@@ -79,6 +79,9 @@ def build_bit_xor(n_bits: int = 5, n_train: int = 4000, n_test: int = 1000, seed
         ``kind="continuous"``, ``d_in=1``, ``n_classes=2``, ``n_out_tokens=1``.
     """
     params = check_bit_xor({"n_bits": n_bits, "n_train": n_train, "n_test": n_test, "seed": seed})
+    per_row, rows = 2 * params["n_bits"], params["n_train"] + params["n_test"]
+    check_size("bit-xor", per_row * (8 * rows + 2 * max(params["n_train"], params["n_test"])),
+               f"{rows:,} rows of {per_row:,} bits")
     rng = np.random.default_rng(params["seed"])
     splits = {
         "train": make_bit_xor(rng, params["n_train"], params["n_bits"]),
@@ -167,6 +170,10 @@ def build_bit_memory(
     """
     params = check_bit_memory({"n_bits": n_bits, "n_patterns": n_patterns, "bits_per_token": bits_per_token,
                                "n_train": n_train, "n_test": n_test, "seed": seed})
+    per_row = (params["n_patterns"] + 1) * params["n_bits"]  # bits in a row's sequence
+    rows = params["n_train"] + params["n_test"]  # float32 kept, int8 working copies of the larger split
+    check_size("bit-memory", per_row * (4 * rows + 3 * max(params["n_train"], params["n_test"])),
+               f"{rows:,} rows of {per_row:,} bits")
     rng = np.random.default_rng(params["seed"])
     args = (params["n_bits"], params["n_patterns"], params["bits_per_token"])
     splits = {"train": make_bit_memory(rng, params["n_train"], *args),

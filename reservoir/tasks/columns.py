@@ -110,9 +110,13 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
         # the table holds the file's text once, with offsets and numbers beside it: at most about twice its size
         check_memory(str(source), 2 * check_regular(source, "a CSV file"),
                      "columns read as a table (about twice the file's size)")
+        _check_utf8_start(source)
         try:  # the inputs as text, parsed below: a cell of one number is a sequence of one, not an int column
             table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types={inputs: pa.string()}))
         except (OSError, pa.ArrowException) as err:
+            if "invalid UTF8" in str(err):
+                found = _not_utf8(source)
+                raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {found}") from None
             raise ReservoirError(f"{source}: expected a CSV file with a header row; found {one_line(err)}") from None
         _has_columns(source, "", table.column_names, single)
         for name in single:
@@ -204,6 +208,38 @@ def _named_splits(source: Path, splits: dict[str, Any], wanted: dict[str, str]) 
     return {s: out[s] for s in ("train", "val", "test") if s in out}
 
 
+#: Byte-order marks of text that is not UTF-8 (UTF-32's first: it begins with UTF-16's).
+_OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+               (b"\xfe\xff", "UTF-16"))
+
+
+def _check_utf8_start(source: Path) -> None:
+    """Refuse a CSV file that begins with another encoding's byte-order mark (pyarrow would read UTF-16 as
+    garbled columns)."""
+    with open(source, "rb") as f:
+        head = f.read(4)
+    for bom, name in _OTHER_BOMS:
+        if head.startswith(bom):
+            raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {name} (its byte-order mark): "
+                                 "save it as UTF-8")
+
+
+def _not_utf8(source: Path) -> str:
+    """Where a file's text stops being UTF-8, for a refusal."""
+    import codecs
+
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(source, "rb") as f:
+        while block := f.read(1 << 20):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as err:
+                where = offset + err.start
+                return f"a byte that is not UTF-8 at byte {where:,} (0x{block[err.start]:02x}): save it as UTF-8"
+            offset += len(block)
+    return "text pyarrow could not read as UTF-8"
+
+
 def _split_column(source: Path, table: Any) -> dict[str, Any]:
     """One table's rows by the value of its ``split`` column."""
     pa = _pyarrow(source)
@@ -285,9 +321,11 @@ def sequence_arrays(source: Path, field: str, column: Any) -> tuple[np.ndarray, 
     # the padded array, before it is made: one long row pads every other row to its length
     check_memory(f"{source}: {field}", len(lengths) * width * (8 if tokens else 4 * (d or 1)),
                  f"padded sequences ({len(lengths):,} rows x {width:,} positions)")
-    if tokens:
-        return _pad(flat.astype(np.int64, copy=False), lengths), lengths
-    return _pad(flat.astype(np.float32, copy=False).reshape(-1, d or 1), lengths), lengths
+    if tokens:  # an id beyond int64 (uint64) stays as it is, for the vocabulary check to name it, not wrapped
+        big = flat.dtype == np.uint64 and flat.size and flat.max() > np.iinfo(np.int64).max
+        return _pad(flat if big else flat.astype(np.int64, copy=False), lengths), lengths
+    with np.errstate(over="ignore"):  # a float64 beyond float32 becomes infinity, refused as not finite
+        return _pad(flat.astype(np.float32, copy=False).reshape(-1, d or 1), lengths), lengths
 
 
 def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -298,20 +336,52 @@ def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+#: A number as JSON writes it (and Python's ``json`` reads ``NaN``/``Infinity``), in RE2 syntax for pyarrow.
+_NUMBER = r"(?:NaN|-?Infinity|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+#: A flat cell: numbers separated by spaces, or a JSON list of numbers (empty allowed: refused as empty below).
+_FLAT_CELL = rf"^(?:(?:{_NUMBER}(?:\s+{_NUMBER})*)?|\[\s*(?:{_NUMBER}(?:\s*,\s*{_NUMBER})*)?\s*\])$"
+#: Bytes parsing may take per byte of cell text: vectorised (copies, split strings and their offsets, the numbers)
+#: or cell by cell as Python objects (a nested list of vectors: about 36 bytes per number).
+_FLAT_PER_BYTE, _NESTED_PER_BYTE = 8, 20
+
+
 def _parse_text(source: Path, field: str, arr: Any) -> Any:
-    """CSV text cells (a JSON list, or numbers separated by spaces) as a pyarrow list array."""
+    """CSV text cells (a JSON list, or numbers separated by spaces) as a pyarrow list array.
+
+    Flat cells, the common case, are parsed by pyarrow's compute kernels (a
+    number's JSON form checked first, so nothing JSON would refuse is taken);
+    cells of nested lists (a vector per position) are parsed cell by cell.
+    """
     pa = _pyarrow(source)
-    rows: list[Any] = []
-    for i, text in enumerate(arr.to_pylist()):
-        if text is None:
-            rows.append(None)
-            continue
+    pc = pa.compute
+    text = pc.utf8_trim_whitespace(arr)
+    flat = pc.match_substring_regex(text, _FLAT_CELL).to_numpy(zero_copy_only=False)  # None for a missing cell
+    bad = np.flatnonzero(flat == False)  # noqa: E712 (an object array of True/False/None)
+    if not len(bad):
+        check_memory(f"{source}: {field}", _FLAT_PER_BYTE * arr.nbytes, "cells parsed (about eight times their text)")
+        unbracketed = pc.replace_substring_regex(text, r"^\[|\]$", "")
+        inner = pc.utf8_trim_whitespace(pc.replace_substring(unbracketed, ",", " "))
+        empty = np.flatnonzero(pc.fill_null(pc.equal(pc.utf8_length(inner), 0), False))
+        if len(empty):
+            raise _fail(source, field, "at least one position per row", f"an empty sequence at row {empty[0]}")
+        parts = pc.utf8_split_whitespace(inner)
+        integers = pc.all(pc.match_substring_regex(parts.flatten(), r"^-?[0-9]+$")).as_py() is not False
         try:
-            t = text.strip()
-            rows.append(json.loads(t) if t.startswith("[") else [json.loads(v) for v in t.split()])
+            return pc.cast(parts, pa.list_(pa.int64() if integers else pa.float64()))
+        except pa.ArrowException as err:  # an integer beyond int64
+            raise _fail(source, field, "lists of numbers (or of vectors of numbers)", one_line(err)) from None
+    if not all(arr[int(i)].as_py().lstrip().startswith("[") for i in bad):  # not a JSON list: refused as it is
+        i = next(int(i) for i in bad if not arr[int(i)].as_py().lstrip().startswith("["))
+        raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
+                    f"{arr[i].as_py()[:40]!r} at row {i}")
+    check_memory(f"{source}: {field}", _NESTED_PER_BYTE * arr.nbytes, "cells parsed (about 20 times their text)")
+    rows: list[Any] = []
+    for i, cell in enumerate(arr.to_pylist()):
+        try:
+            rows.append(None if cell is None else json.loads(cell))
         except (ValueError, RecursionError):
             raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
-                        f"{text[:40]!r} at row {i}") from None
+                        f"{cell[:40]!r} at row {i}") from None
     try:
         return pa.array(rows)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:

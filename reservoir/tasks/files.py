@@ -82,41 +82,101 @@ def data_folder(task: str, data_dir: Any, download: bool, default: str | None,
     return default if default is not None and (complete(default) or not download) else cache
 
 
-def _numpy_globals() -> dict[tuple[str, str], Any]:
+#: Bytes a pickle may have its constructors allocate beyond its own size (an array's data is in the pickle itself,
+#: so a data file never needs more; a few bytes asking for gigabytes are refused).
+PICKLE_SLACK = 1 << 20
+
+
+class _ArrayType:
+    """What ``numpy.ndarray`` unpickles as: the type :func:`numpy._core.multiarray._reconstruct` is given, never a
+    constructor called with a shape (which would allocate before any check)."""
+
+    def __new__(cls, *args, **kwargs):
+        raise pickle.UnpicklingError("refusing to call numpy.ndarray (arrays unpickle through _reconstruct)")
+
+
+def _multiarray() -> tuple[Any, Any]:
     try:
         from numpy._core import multiarray, numeric  # numpy >= 2
     except ImportError:  # pragma: no cover
         from numpy.core import multiarray, numeric
-    allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): codecs.encode}
-    for mod in ("numpy.core", "numpy._core"):
-        allowed[(f"{mod}.multiarray", "_reconstruct")] = multiarray._reconstruct
-        allowed[(f"{mod}.multiarray", "scalar")] = multiarray.scalar
-        if hasattr(numeric, "_frombuffer"):
-            allowed[(f"{mod}.numeric", "_frombuffer")] = numeric._frombuffer
-    for mod in ("builtins", "__builtin__"):
-        allowed.update({(mod, t.__name__): t for t in (set, frozenset, bytearray, complex)})
-    return allowed
+    return multiarray, numeric
 
 
 class _DataUnpickler(pickle.Unpickler):
-    """Unpickles only data: containers, strings, numbers and numpy arrays; no other callables."""
+    """Unpickles only data: containers, strings, numbers and numpy arrays; no other callables, and no allocation
+    a pickle's own bytes do not pay for (a running total against its size plus :data:`PICKLE_SLACK`)."""
 
-    allowed = _numpy_globals()
+    def __init__(self, f: BinaryIO, encoding: str, size: int):
+        super().__init__(f, encoding=encoding)
+        self.budget = size + PICKLE_SLACK
+        multiarray, numeric = _multiarray()
+        allowed: dict[str, Any] = {
+            "numpy.ndarray": _ArrayType, "numpy.dtype": np.dtype, "_codecs.encode": self._encode,
+            "builtins.set": set, "builtins.frozenset": frozenset, "builtins.complex": complex,
+            "builtins.bytearray": self._bytearray,
+        }
+        for mod in ("numpy.core", "numpy._core"):
+            allowed[f"{mod}.multiarray._reconstruct"] = self._reconstruct
+            allowed[f"{mod}.multiarray.scalar"] = self._scalar
+            if hasattr(numeric, "_frombuffer"):
+                allowed[f"{mod}.numeric._frombuffer"] = numeric._frombuffer  # a view of bytes in the pickle
+        allowed.update({k.replace("builtins.", "__builtin__."): v for k, v in allowed.items() if "builtins." in k})
+        self.allowed, self._make = allowed, multiarray
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return self.allowed[(module, name)]
+            return self.allowed[f"{module}.{name}"]
         except KeyError:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name} (only arrays and plain data)") from None
+
+    def _spend(self, n_bytes: int, what: str) -> None:
+        self.budget -= n_bytes
+        if self.budget < 0:
+            raise pickle.UnpicklingError(f"refusing {what}: more memory than the pickle's own bytes account for")
+
+    def _reconstruct(self, subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        if subtype is not _ArrayType:
+            raise pickle.UnpicklingError("refusing an array of a type other than numpy.ndarray")
+        dims = [shape] if isinstance(shape, int) else list(shape)
+        if not all(isinstance(d, int) and d >= 0 for d in dims):
+            raise pickle.UnpicklingError(f"refusing an array of shape {shape!r}")
+        self._spend(int(np.prod(dims, dtype=object)) * np.dtype(dtype).itemsize, f"an array of shape {tuple(dims)}")
+        return self._make._reconstruct(np.ndarray, shape, dtype)
+
+    def _scalar(self, dtype: np.dtype, *obj: Any) -> Any:
+        self._spend(np.dtype(dtype).itemsize, f"a scalar of {dtype}")
+        return self._make.scalar(dtype, *obj)
+
+    def _bytearray(self, *args: Any) -> bytearray:
+        if args and isinstance(args[0], int):  # bytearray(n): n zero bytes (data pickles hold the bytes instead)
+            self._spend(args[0], f"bytearray({args[0]})")
+        return bytearray(*args)
+
+    @staticmethod
+    def _encode(obj: Any, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        # how Python 2 and numpy pickles carry bytes: text encoded as latin-1; no other codec is looked up
+        if encoding.lower().replace("-", "").replace("_", "") not in ("latin1", "latin", "iso88591", "l1"):
+            raise pickle.UnpicklingError(f"refusing _codecs.encode to {encoding!r} (only latin-1)")
+        return codecs.encode(obj, "latin-1", errors)
 
 
 def load_pickle(data: bytes | BinaryIO, encoding: str = "ASCII") -> Any:
     """Unpickle plain data (dicts, lists, strings, numbers, numpy arrays) and nothing else.
 
     ``pickle.load`` can run arbitrary code; this refuses every global but
-    numpy's array reconstructors, so a tampered file fails instead of running.
-    Still, read only files from a source you trust. ``encoding="bytes"``
-    reads Python 2 pickles such as the CIFAR-10 batches.
+    numpy's array reconstructors, so a tampered file fails instead of running,
+    and refuses arrays (or byte arrays) larger than the pickle's own bytes
+    account for, so a few bytes cannot ask for gigabytes. Still, read only
+    files from a source you trust. ``encoding="bytes"`` reads Python 2
+    pickles such as the CIFAR-10 batches.
     """
-    f = data if hasattr(data, "read") else io.BytesIO(data)
-    return _DataUnpickler(f, encoding=encoding).load()
+    if hasattr(data, "read"):
+        f = data
+        try:
+            size = os.fstat(f.fileno()).st_size
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            size = len(f.getbuffer()) if isinstance(f, io.BytesIO) else 0
+    else:
+        f, size = io.BytesIO(data), len(data)
+    return _DataUnpickler(f, encoding=encoding, size=size).load()

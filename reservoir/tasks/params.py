@@ -77,3 +77,12 @@ def choice_param(task: str, name: str, value: Any, options: Sequence[str]) -> st
     if value not in options:
         raise ReservoirError(f"task {task!r}: {name} must be one of {', '.join(map(repr, options))}; found {value!r}")
     return value
+
+
+def check_size(task: str, nbytes: int, made: str) -> None:
+    """Refuse, before any array is made, parameters whose arrays (``made``: what they are, e.g. ``"2,500 rows of
+    6,000 bits"``) would take more than the machine's available memory: one line, not a swapping machine or a
+    killed process."""
+    from reservoir.io import check_memory
+
+    check_memory(f"task {task!r}", nbytes, f"arrays ({made})")

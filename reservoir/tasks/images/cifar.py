@@ -13,6 +13,7 @@ import shutil
 import tarfile
 import tempfile
 import zlib
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -59,16 +60,38 @@ def read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         found = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise ReservoirError(f"CIFAR-10 file {path}: expected b'data' uint8 (n, 3072); found {found}")
-    try:
-        labels = np.asarray(labels, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        labels = np.zeros((0, 0))  # reported below
-    if labels.shape != (len(data),):
+    labels = _labels(labels, len(data))
+    if labels is None:
         raise ReservoirError(f"CIFAR-10 file {path}: expected {len(data)} integer labels (one per row of b'data'); "
-                             f"found {labels.size} values of shape {labels.shape}")  # fmt: skip
+                             f"found {_described(obj.get(b'labels', obj.get('labels')))}")
     if len(labels) and (labels.min() < 0 or labels.max() > 9):
         raise ReservoirError(f"CIFAR-10 file {path}: expected labels in 0..9; found {labels.min()}..{labels.max()}")
     return data, labels
+
+
+def _labels(labels: Any, n: int) -> np.ndarray | None:
+    """``n`` integer labels as int64, from the batches' flat list (each item checked before numpy walks it: a
+    nested list of shared references is tiny in the pickle and huge once walked) or an integer array; else None."""
+    if isinstance(labels, (list, tuple)):
+        if len(labels) == n and all(isinstance(v, Integral) and not isinstance(v, bool) for v in labels):
+            try:
+                return np.asarray(labels, dtype=np.int64)
+            except OverflowError:  # beyond int64: no CIFAR label
+                return None
+    elif isinstance(labels, np.ndarray) and labels.dtype.kind in "iu" and labels.shape == (n,):
+        if labels.dtype != np.uint64 or not n or labels.max() <= np.iinfo(np.int64).max:
+            return labels.astype(np.int64)
+    return None
+
+
+def _described(labels: Any) -> str:
+    """What a batch's labels are, for a refusal."""
+    if isinstance(labels, np.ndarray):
+        return f"an array {labels.dtype} {labels.shape}"
+    if isinstance(labels, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in labels[:1000]})
+        return f"a list of {len(labels)} items ({', '.join(kinds) or 'none'})"
+    return type(labels).__name__
 
 
 def _cifar_folder(folder: str) -> str | None:

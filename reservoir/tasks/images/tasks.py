@@ -7,6 +7,7 @@ normalizes; the files are read by :mod:`~reservoir.tasks.images.idx` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from numbers import Real
 from typing import Any
@@ -18,7 +19,7 @@ from reservoir.runtime import check_seed
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
 from reservoir.tasks.images.cifar import read_cifar10
 from reservoir.tasks.images.idx import find_mnist, read_mnist
-from reservoir.tasks.params import int_param
+from reservoir.tasks.params import check_size, int_param
 
 __all__ = ["CIFAR_MEAN", "CIFAR_STD", "FASHION_MNIST_DIR", "GRAY_WEIGHTS", "build_cifar10", "build_cifar10_lra",
            "build_digits", "build_fashion_mnist", "build_mnist", "patchify"]  # fmt: skip
@@ -76,6 +77,7 @@ def _build_idx_task(name: str, data_dir: Any, size: Any, patch: Any, download: b
             images, labels = read_mnist(folder, split, n)  # uint8 (N, H, W), int64 (N,)
         except ReservoirError as err:
             raise ReservoirError(f"task {name!r}: {err}") from None
+        check_size(name, len(images) * size * size * 5, f"{len(images):,} {split} images of {size}x{size} pixels")
         pad = size - images.shape[1]
         if pad < 0 or pad % 2 or images.shape[1] != images.shape[2]:
             raise ReservoirError(f"task {name!r}: expected size >= the image side {images.shape[1]}, larger by an "
@@ -166,6 +168,10 @@ def build_digits(test_fraction: float = 0.2, seed: int = 0, patch: int = 2) -> T
     return TaskData(name=name, params=params, kind="continuous", d_in=patch * patch, n_classes=10, splits=splits)
 
 
+#: scikit-learn's 8x8 digits: images and classes.
+DIGITS_ROWS, DIGITS_CLASSES = 1797, 10
+
+
 def check_digits(p: Mapping[str, Any]) -> tuple[float, int, int]:
     """The ``digits`` parameters checked (one line naming the first bad one): test fraction, seed, patch."""
     name = "digits"
@@ -176,6 +182,11 @@ def check_digits(p: Mapping[str, Any]) -> tuple[float, int, int]:
         raise ReservoirError(f"task {name!r}: test_fraction must be a number in (0, 1); found {test_fraction!r}")
     if 8 % patch:
         raise ReservoirError(f"task {name!r}: patch must divide 8; found patch={patch}")
+    n_test = math.ceil(float(test_fraction) * DIGITS_ROWS)  # as train_test_split rounds it
+    if min(n_test, DIGITS_ROWS - n_test) < DIGITS_CLASSES:  # a stratified split needs each class on both sides
+        raise ReservoirError(f"task {name!r}: test_fraction must leave at least {DIGITS_CLASSES} of the "
+                             f"{DIGITS_ROWS} images (one per class) in each split; found {test_fraction!r}: "
+                             f"{DIGITS_ROWS - n_test} train, {n_test} test")
     return float(test_fraction), seed, patch
 
 
