@@ -55,8 +55,12 @@ def cause(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def read_json(path: str | os.PathLike, expected: str) -> Any:
+def read_json(path: str | os.PathLike, expected: str, max_bytes: int | None = None) -> Any:
     """The JSON value in the file ``path``; any reason it cannot be read is one line naming the file.
+
+    Files over ``max_bytes`` (default :data:`MAX_JSON_BYTES`, for the
+    toolkit's own small files) are refused before they are read; a data file
+    passes its own bound (a memory check).
 
     ``expected`` says what the file should hold (e.g. ``"a results JSON
     object"``); the ReservoirError reads ``<path>: expected <expected>; found
@@ -70,10 +74,9 @@ def read_json(path: str | os.PathLike, expected: str) -> Any:
     ...
     reservoir.errors.ReservoirError: /dev/null: expected a JSON object; found a character device
     """
-    size = check_regular(path, expected)
-    if size > MAX_JSON_BYTES:
-        raise ReservoirError(f"{path}: expected {expected} of at most {size_text(MAX_JSON_BYTES)}; found "
-                             f"{size_text(size)}")
+    size, limit = check_regular(path, expected), MAX_JSON_BYTES if max_bytes is None else max_bytes
+    if size > limit:
+        raise ReservoirError(f"{path}: expected {expected} of at most {size_text(limit)}; found {size_text(size)}")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)

@@ -33,7 +33,7 @@ from numbers import Integral
 from typing import Any
 
 from reservoir.errors import ReservoirError
-from reservoir.io import read_json
+from reservoir.io import check_memory, check_regular, read_json
 from reservoir.tasks.arrays import encode
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
 from reservoir.tasks.files import load_pickle
@@ -67,9 +67,16 @@ def find_split_file(data_dir: str, split: str, fmt: str = "auto") -> str | None:
     return None
 
 
+#: Bytes of Python objects per byte of JSON (numbers, strings and dicts of records).
+JSON_OBJECTS_PER_BYTE = 10
+
+
 def read_json_records(path: str, n: int | None = None) -> list:
     """The records of a TAPE JSON file (a list), the first ``n`` when given."""
-    records = read_json(path, "a TAPE JSON list of records")
+    # TAPE's records carry per-residue fields (PSSMs): files of hundreds of MB, bound by memory, not a size cap
+    size = check_regular(path, "a TAPE JSON list of records")
+    check_memory(path, JSON_OBJECTS_PER_BYTE * size, "records read as Python objects (about ten times the file)")
+    records = read_json(path, "a TAPE JSON list of records", max_bytes=size)
     if not isinstance(records, list):
         raise ReservoirError(f"TAPE file {path}: expected a JSON list of records; found a {type(records).__name__}")
     return records[:n]
