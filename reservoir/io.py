@@ -22,10 +22,11 @@ from typing import IO, Any, Literal, NamedTuple
 
 from reservoir.errors import ReservoirError
 
-__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_memory", "check_name",
-           "check_regular", "control_char", "env_seconds", "file_kind", "first_sentence", "load_npy", "npy_header",
-           "one_line", "process_alive", "publish", "read_json", "replaceable", "request_stop", "scratch_folder",
-           "size_text", "stop_deferred", "unwritable", "within", "writable_folder", "zarr_store_around"]
+__all__ = ["ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_local", "check_memory",
+           "check_name", "check_regular", "control_char", "env_seconds", "file_kind", "first_sentence", "load_npy",
+           "npy_header", "one_line", "process_alive", "publish", "read_json", "replaceable", "request_stop",
+           "scratch_folder", "size_text", "stop_deferred", "unwritable", "within", "writable_folder",
+           "zarr_store_around"]
 
 
 def one_line(err: Any) -> str:
@@ -353,9 +354,24 @@ def control_char(c: str) -> bool:
     return ord(c) < 32 or ord(c) == 127
 
 
+#: A path's first part that is a URL's scheme (``s3:`` of ``s3://b/x``, which a path reads as ``s3:/b/x``).
+_SCHEME_PART = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:(?:/|$)")
+
+
+def check_local(path: str | os.PathLike, what: str = "an output path") -> None:
+    """Refuse (one line) a URL (``s3://bucket/x``) where only a local path is taken: as a path it names a folder
+    ``s3:`` here, where files would be written under the URL's name."""
+    text = str(os.fspath(path))
+    if _SCHEME_PART.match(text):
+        raise ReservoirError(f"{text}: expected {what} on this machine's filesystem; found a URL (only feature "
+                             "stores are read and written on object storage)")
+
+
 def check_name(path: str | os.PathLike) -> None:
     """Refuse (one line) an output whose name is too long for the filesystem once the toolkit's suffixes are added,
-    or whose path holds a control character (a newline would split every line that names it)."""
+    whose path holds a control character (a newline would split every line that names it), or that is a URL
+    (:func:`check_local`)."""
+    check_local(path)
     text = str(os.fspath(path))
     if any(control_char(c) for c in text):
         raise ReservoirError(f"expected an output path without control characters (newlines, tabs, ...); found "
@@ -384,6 +400,7 @@ def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None 
     >>> writable_folder(tempfile.mkdtemp()).is_dir()
     True
     """
+    check_local(path, "an output folder")
     folder = Path(path)
     if for_path is not None:
         check_name(for_path)

@@ -217,7 +217,7 @@ def test_fit_linear_all_layers_writes_one_result_per_layer(xor_store, tmp_path):
         if m:
             rows[int(m.group(1))] = [float(m.group(i)) / 100 for i in (2, 3, 4)]  # train, val, test
     assert sorted(rows) == [0, 1, 2], result.stdout
-    assert f"results in {results}/" in result.stdout
+    assert f"results in {results / Path(xor_store).name.removesuffix('.zarr')}/" in result.stdout  # its folder
 
     files = sorted(results.rglob("*.json"))
     assert [f.name for f in files] == [f"logistic-layer{k}.json" for k in (0, 1, 2)]

@@ -290,8 +290,15 @@ def test_a_one_row_train_split_is_one_line_for_train_and_n_a_for_fit_linear(tmp_
     assert "expected a train split of at least 2 rows, to hold out 0.1 of them for validation" in r.stderr
     assert invoke("extract", "--data", tmp_path / "one.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--out",
                   tmp_path / "one.zarr", "--quiet").exit_code == 0
-    fit = invoke("fit-linear", tmp_path / "one.zarr", "--layer", 1, "--results", tmp_path / "r")
-    assert fit.exit_code == 0 and "nan" not in fit.output and "n/a [n/a]" in fit.output
+    assert_bad_input(r := invoke("fit-linear", tmp_path / "one.zarr", "--layer", 1, "--results", tmp_path / "r"))
+    assert "expected at least two classes in the train split; found only class 0" in r.stderr  # not "100%"
+    np.savez(tmp_path / "two.npz", train_inputs=rng.normal(size=(2, 4, 3)).astype(np.float32),
+             train_labels=np.arange(2), test_inputs=rng.normal(size=(20, 4, 3)).astype(np.float32),
+             test_labels=np.arange(20) % 2)
+    assert invoke("extract", "--data", tmp_path / "two.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--out",
+                  tmp_path / "two.zarr", "--quiet").exit_code == 0
+    fit = invoke("fit-linear", tmp_path / "two.zarr", "--layer", 1, "--results", tmp_path / "r")
+    assert fit.exit_code == 0 and "nan" not in fit.output and "n/a [n/a]" in fit.output  # no validation rows
 
 
 def test_bench_extract_on_splits_smaller_than_a_naive_batch(tmp_path):
@@ -754,7 +761,13 @@ def test_smaller_findings_of_the_second_trial(tmp_path, monkeypatch):
     r = invoke("bench", "readout", store)
     assert_bad_input(r)
     assert "the comparison needs at least two classes in the train split, found only class 0" in r.stderr
-    r = invoke("fit-linear", store, "--layer", "1,1,0", "--results", tmp_path / "res")
+    assert_bad_input(r := invoke("fit-linear", store, "--layer", "1", "--results", tmp_path / "res"))
+    assert "expected at least two classes in the train split; found only class 0" in r.stderr
+    np.savez(tmp_path / "two.npz", train_inputs=x, train_labels=np.arange(40) % 2, test_inputs=x[:8],
+             test_labels=np.arange(8) % 2)
+    assert invoke("extract", "--data", tmp_path / "two.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--quiet",
+                  "--out", tmp_path / "two.zarr").exit_code == 0
+    r = invoke("fit-linear", tmp_path / "two.zarr", "--layer", "1,1,0", "--results", tmp_path / "res")
     assert r.exit_code == 0 and r.output.count("\n    1 ") == 1  # a layer named twice is fitted once
 
 

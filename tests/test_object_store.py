@@ -151,6 +151,105 @@ def test_foreign_objects_are_never_taken_for_a_store_nor_deleted(bucket):
     assert objects(url) == ["data.bin"]
 
 
+def test_a_store_inside_another_stores_prefix_is_refused_and_a_rebuild_never_deletes_one(bucket, local, tmp_path):
+    """A store URL under another store (complete or half-built) is refused, as a folder inside a Zarr store on disk
+    is; a half-built store whose prefix holds another store's objects is not rebuilt over them."""
+    import obstore
+
+    outer = f"s3://{bucket}/a.zarr"
+    assert_ok(invoke(*SMALL, "--out", outer))
+    for inner in (f"{outer}/train/x.zarr", f"{outer}/sub/deeper/x.zarr"):
+        assert_bad_input(r := invoke(*SMALL, "--out", inner))
+        assert f"{inner}: expected a store URL outside any other store; found it inside the store {outer}" in r.stderr
+    assert not [p for p in objects(outer) if "x.zarr" in p]
+    assert_identical(outer, local["small"])  # the outer store untouched, no lease written into it
+
+    half = remote.StoreURL(f"s3://{bucket}/p.zarr")  # a creation stopped before its attributes ...
+    obstore.put(half.objects, "zarr.json", json.dumps({"zarr_format": 3, "node_type": "group",
+                                                        "attributes": {"reservoir": "building"}}).encode())
+    obstore.put(half.objects, "sub/x.zarr/zarr.json", b"{}")  # ... with another store copied in by hand
+    with pytest.raises(ReservoirError, match="found sub/x.zarr/zarr.json, another store's: nothing deleted"):
+        half.delete_all()
+    assert_bad_input(r := invoke(*SMALL, "--out", str(half)))
+    assert "sub/x.zarr/zarr.json" in objects(str(half))
+
+
+def test_storage_options_and_endpoints_that_would_panic_or_move_the_objects_are_one_line(bucket, monkeypatch):
+    url = f"s3://{bucket}/a.zarr"
+    cases = {("bucket=other",): "--storage-option bucket: expected the bucket as the store URL names it",
+             ("aws_bucket_name=other",): "--storage-option aws_bucket_name: expected the bucket",
+             ("max_retries=-1",): "--storage-option max_retries: expected a number in 0..100, found '-1'",
+             ("max_retries=1e30",): "expected a number in 0..100, found '1e30'",
+             ("retry_timeout=nan",): "--storage-option retry_timeout: expected a number in 0..86400, found 'nan'",
+             ("retry_timeout=-5",): "expected a number in 0..86400, found '-5'",
+             ("endpoint=notaurl",): "--storage-option endpoint: expected an endpoint URL like https://host:port; "
+                                    "found 'notaurl'",
+             ("endpoint=http://127.0.0.1:99999",): "found 'http://127.0.0.1:99999'"}
+    for options, message in cases.items():
+        assert_bad_input(r := invoke("info", url, *[a for o in options for a in ("--storage-option", o)]))
+        assert message in r.stderr, (options, r.stderr)
+    server = os.environ["AWS_ENDPOINT_URL"]
+    for bad in (server + " ", "notaurl"):  # obstore's client panicked on both (a Rust panic, exit 1)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", bad)
+        remote.configure(None)
+        assert_bad_input(r := invoke("info", url))
+        assert f"AWS_ENDPOINT_URL: expected an endpoint URL like https://host:port; found {bad!r}" in r.stderr
+
+
+def test_the_services_own_code_and_message_are_in_the_line(bucket):
+    assert_bad_input(r := invoke("info", "s3://no-such-bucket-here/x.zarr"))
+    assert "404 Not Found: NoSuchBucket: The specified bucket does not exist" in r.stderr
+    assert "<?xml" not in r.stderr
+    assert_bad_input(r := invoke(*SMALL, "--out", "s3://no-such-bucket-here/x.zarr"))  # before the model loads
+    assert "NoSuchBucket" in r.stderr and "tiny-gpt2" not in r.stdout
+
+
+def test_a_bucket_name_with_credentials_or_a_port_is_refused():
+    for bad in ("user:pw@bucket", "bucket:80", "-bucket"):
+        with pytest.raises(ReservoirError, match=f"expected a bucket name of letters, digits.*found {bad!r}"):
+            remote.StoreURL(f"s3://{bad}/a.zarr")
+
+
+def test_oversized_lease_and_metadata_objects_are_not_read_whole(bucket, local):
+    import obstore
+
+    url = f"s3://{bucket}/a.zarr"
+    assert_ok(invoke(*SMALL, "--out", url))
+    u = remote.StoreURL(url)
+    big = b'{"pid": 1, "host": "elsewhere", "started": "x", "expires": 1e300, "pad": "' + b"x" * (1 << 20) + b'"}'
+    obstore.put(u.bucket_store, leases.lease_key(u), big)
+    real_get = obstore.get
+    fetched = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(obstore, "get", lambda *a, **k: fetched.append(a[1]) or real_get(*a, **k))
+        record, version = leases.read(u)
+    assert record == {} and version is not None and leases.lease_key(u) not in fetched  # garbled, never fetched
+    assert leases.expired(record)
+    for expires in ("NaN", "Infinity"):  # never running out was the old reading of both
+        assert leases.expired(json.loads(f'{{"pid": 1, "host": "elsewhere", "expires": {expires}}}'))
+    obstore.delete(u.bucket_store, leases.lease_key(u))
+    meta = json.loads(bytes(obstore.get(u.objects, "zarr.json").bytes()))
+    meta["attributes"]["pad"] = "x" * (65 << 20)
+    obstore.put(u.objects, "zarr.json", json.dumps(meta).encode())
+    assert_bad_input(r := invoke("info", url))
+    assert "expected a store whose metadata objects are at most 67,108,864 bytes; found zarr.json of" in r.stderr
+
+
+def test_outputs_and_data_given_as_urls_are_refused_not_written_to_a_local_s3_folder(bucket, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = f"s3://{bucket}/a.zarr"
+    assert_ok(invoke(*SMALL, "--out", url))
+    for args in (("fit-linear", url, "--layer", "1", "--results", f"s3://{bucket}/results"),
+                 ("fit-raw", "--task", "digits", "--out", f"s3://{bucket}/raw.json"),
+                 ("train", "--from-store", url, "--steps", "1", "--out", f"s3://{bucket}/run"),
+                 ("recipe", "run", "quickstart", "--out", f"s3://{bucket}/r"),
+                 ("fit-raw", "--data", f"s3://{bucket}/x.csv")):
+        assert_bad_input(r := invoke(*args))
+        assert "on this machine's filesystem; found a URL (only feature stores are read and written on object " \
+               "storage)" in r.stderr, (args, r.stderr)
+    assert list(tmp_path.iterdir()) == []  # no folder named s3:
+
+
 # ------------------------------------------------------------------ creation without rename
 def test_half_created_store_is_refused_to_readers_and_rebuilt(bucket, local):
     import obstore

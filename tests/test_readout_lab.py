@@ -111,27 +111,36 @@ def test_wilson_interval_covers_about_95_percent():
     assert 180 <= hits <= 199  # 95% of 200 is 190; the binomial spread of the count is about 3
 
 
-def test_bootstrap_interval_of_multi_head_rows_covers_about_95_percent():
-    """Rows of 5 heads whose hits are correlated within a row (an easy or a hard row): the bootstrap resamples
-    rows, and ~95% of 200 intervals hold the true accuracy."""
+@pytest.mark.parametrize("rows", ["easy and hard", "wrong as a whole", "independent heads"])
+def test_the_interval_of_multi_head_rows_covers_about_95_percent(rows):
+    """Rows of 5 heads: hits correlated within a row (easy or hard rows), rows right or wrong as a whole near 100%
+    (where the bootstrap this replaced covered 90%), or independent heads: ~95% of 400 intervals hold the truth."""
     rng = np.random.default_rng(1)
-    p_row = np.array([0.95, 0.4])  # easy and hard rows, 70% of rows easy: true accuracy 0.785
-    truth = 0.7 * 0.95 + 0.3 * 0.4
+    truth = {"easy and hard": 0.7 * 0.95 + 0.3 * 0.4, "wrong as a whole": 0.98, "independent heads": 0.98}[rows]
     hits = 0
-    for seed in range(200):
-        easy = rng.random(800) < 0.7
-        correct = rng.binomial(5, np.where(easy, p_row[0], p_row[1]))
-        lo, hi = accuracy_interval(correct, heads=5, seed=seed)
+    for _ in range(400):
+        if rows == "easy and hard":
+            correct = rng.binomial(5, np.where(rng.random(800) < 0.7, 0.95, 0.4))
+        elif rows == "wrong as a whole":
+            correct = np.where(rng.random(200) < 0.02, 0, 5)
+        else:
+            correct = rng.binomial(5, 0.98, size=200)
+        lo, hi = accuracy_interval(correct, heads=5)
         hits += lo <= truth <= hi
-    assert 178 <= hits <= 199
+    assert 370 <= hits <= 398, hits  # 95% of 400 is 380; the binomial spread of the count is about 4
 
 
-def test_intervals_are_seeded_and_honest_at_the_edges():
-    assert accuracy_interval(np.r_[np.full(100, 3), np.zeros(20)], 5, seed=1) == \
-        accuracy_interval(np.r_[np.full(100, 3), np.zeros(20)], 5, seed=1)
+def test_intervals_are_honest_at_the_edges_and_fall_with_the_accuracy():
     lo, hi = wilson(500, 500)
     assert hi == 1.0 and 0.99 < lo < 1.0  # never the point [1, 1] a bootstrap would give
+    assert wilson(0, 500)[0] == 0.0
+    assert all(wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0 for n in range(1, 3000))  # not 1 - 1e-16
     assert accuracy_interval(np.full(500, 5), heads=5) == (lo, hi)  # every row fully right: rows as trials
+    n = 1000  # one head of one row wrong, then one row wrong as a whole: the lower bound falls
+    all_right, one_head, one_row = np.full(n, 5), np.r_[4, np.full(n - 1, 5)], np.r_[0, np.full(n - 1, 5)]
+    bounds = [accuracy_interval(c, 5) for c in (all_right, one_head, one_row)]
+    assert bounds[0][1] == 1.0 and bounds[1][0] > bounds[2][0] and bounds[1][0] < 1 - 1 / (5 * n) < bounds[1][1]
+    assert all(lo <= float(c.mean()) / 5 <= hi for c, (lo, hi) in zip((all_right, one_head, one_row), bounds))
     d = paired_difference(np.ones(400), np.r_[np.ones(380), np.zeros(20)])
     assert d.diff == pytest.approx(0.05) and d.excludes_zero and d.low > 0
     same = paired_difference(np.r_[np.ones(200), np.zeros(200)], np.r_[np.zeros(200), np.ones(200)])
@@ -321,6 +330,64 @@ def test_probe_predicts_another_store_and_refuses_another_backbone(stores, tmp_p
     with np.load(default) as z:
         assert np.array_equal(z["test_predictions"], before)
     assert runner.invoke(main, ["predict", str(probe), str(stores["a"]), "--split", "test"]).exit_code == 0
+
+
+def test_a_probe_gives_no_accuracy_on_labels_it_was_never_fitted_on(tmp_path):
+    """A probe of classes {0, 7} on a store labelled {0, 1}: it cannot be right on class 1, so the accuracy it would
+    print (22%) says nothing; the predictions are still written."""
+    from reservoir import TaskData
+    from reservoir.extract import ExtractConfig, run as run_extract
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 3, 4)).astype(np.float32)
+    sign = (x[:, -1, 0] > 0).astype(np.int64)
+    paths = {}
+    for name, labels in (("seven", sign * 7), ("one", sign)):
+        task = TaskData.from_arrays(name, train=(x[:200], labels[:200]), test=(x[200:], labels[200:]))
+        paths[name] = run_extract(ExtractConfig(task=name, backbone="tiny-gpt2", layers=1,
+                                                out=str(tmp_path / f"{name}.zarr")), progress=False, task=task)
+    runner = CliRunner()
+    fit = runner.invoke(main, ["fit-linear", str(paths["seven"]), "--layer", "1", "--save", "--results",
+                               str(tmp_path / "r")])
+    assert fit.exit_code == 0, fit.output
+    res = runner.invoke(main, ["predict", str(tmp_path / "r" / "seven" / "logistic-layer1"), str(paths["one"]),
+                               "--out", str(tmp_path / "p.npz")])
+    assert res.exit_code == 0, res.output
+    assert "test: 100 rows, no accuracy: its labels include classes the probe was not fitted on (1)" in res.output
+    assert "accuracy 2" not in res.output and "accuracy 1" not in res.output
+    with np.load(tmp_path / "p.npz") as z:
+        assert set(np.unique(z["test_predictions"])) <= {0, 7}
+
+
+def test_fit_linear_refuses_one_train_class_warns_of_unseen_test_classes_and_keeps_no_stale_probe(tmp_path, caplog):
+    from reservoir import TaskData
+    from reservoir.extract import ExtractConfig, run as run_extract
+    from reservoir.readouts import fit_linear
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 3, 4)).astype(np.float32)
+    sign = (x[:, -1, 0] > 0).astype(np.int64)
+
+    def store(name, train_labels, test_labels):
+        task = TaskData.from_arrays(name, train=(x[:200], train_labels), test=(x[200:], test_labels))
+        return run_extract(ExtractConfig(task=name, backbone="tiny-gpt2", layers=1, out=str(tmp_path / f"{name}.zarr")),
+                           progress=False, task=task)
+
+    one = store("one", np.zeros(200, np.int64), sign[200:])
+    with pytest.raises(ReservoirError, match="expected at least two classes in the train split; found only class 0"):
+        fit_linear(one, layers=[1], results_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    unseen = store("unseen", sign[:200], sign[200:] + 2 * (np.arange(100) < 25))  # 25 test rows of class 2 or 3
+    with caplog.at_level("WARNING", logger="reservoir"):
+        fit_linear(unseen, layers=[1])
+    assert "split 'test' holds class(es) 2, 3 that the train split lacks: no readout predicts them" in caplog.text
+
+    fine = store("fine", sign[:200], sign[200:])
+    fit_linear(fine, layers=[1], results_dir=tmp_path / "r", save=True)
+    folder = tmp_path / "r" / "fine"
+    assert {p.name for p in folder.iterdir()} >= {"logistic-layer1.safetensors", "logistic-layer1.probe.json"}
+    fit_linear(fine, layers=[1], results_dir=tmp_path / "r", seed=5)  # refitted, not saved: the old probe goes
+    assert sorted(p.name for p in folder.iterdir()) == ["logistic-layer1.json"]
 
 
 def test_table_columns_stay_in_line_when_an_interval_reaches_100():

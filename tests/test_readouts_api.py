@@ -178,6 +178,45 @@ def test_bench_readout_result(tmp_path, monkeypatch):
     assert f"scikit-learn / reservoir wall time: {r.time_ratio:.1f}x" in cli.output
 
 
+def test_bench_readout_gives_two_classes_scikit_learns_c_of_the_same_penalty_and_selects_on_the_stores_val(tmp_path):
+    """The readout penalises one weight vector per class; scikit-learn's binary model one vector (the difference):
+    the same L2 strength is C = 2 / (alpha n) there. A store's val split is what both sides select on."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from reservoir import TaskData
+    from reservoir.extract import ExtractConfig, run as run_extract
+    from reservoir.readouts.logistic import LogisticReadout
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 6)).astype(np.float32)
+    y = (X @ rng.normal(size=6) + 0.8 * rng.normal(size=400) > 0).astype(np.int64)
+    alpha = 0.01
+    ours = LogisticReadout(alphas=[alpha], penalty="standardized").fit(X, y)
+    sk = make_pipeline(StandardScaler(), LogisticRegression(C=2 / (alpha * len(y)), tol=1e-10, max_iter=10_000))
+    np.testing.assert_allclose(ours.predict_proba(X), sk.fit(X, y).predict_proba(X), atol=2e-4)
+
+    seqs = rng.normal(size=(360, 3, 4)).astype(np.float32)
+    labels = (seqs[:, -1, 0] > 0).astype(np.int64)
+    task = TaskData.from_arrays("two", train=(seqs[:200], labels[:200]), val=(seqs[200:280], labels[200:280]),
+                                test=(seqs[280:], labels[280:]))
+    store = run_extract(ExtractConfig(task="two", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "t.zarr")),
+                        progress=False, task=task)
+    (layer,) = readout_vs_sklearn(store, 1).per_layer
+    assert layer["sklearn"]["C"] == pytest.approx(2 / (layer["sklearn"]["alpha"] * 200))  # every train row: val is
+    assert layer["reservoir"]["alpha"] == LogisticReadout(penalty="standardized").fit(  # the store's own
+        *_layer(store, "train", 1), validation_data=_layer(store, "val", 1)).alpha_
+
+
+def _layer(store, split, k):
+    from reservoir.readouts.features import read_layers
+
+    with FeatureStore.open(store) as st:
+        (X,), y = read_layers(st, split, [k])
+    return X, y
+
+
 def test_a_result_without_validation_is_strict_json_and_reads_back(tmp_path):
     """Too few rows to hold out validation: the file says null (strict JSON), and reads, reports and skips."""
     from reservoir.recipes.runner import finished

@@ -122,6 +122,7 @@ def test_malicious_best_pt_is_refused_by_plot_attention(finished_run, tmp_path, 
     ("a list", "found a list"),
     ("keys missing", "(tensors and plain data) with config, trainable, optimizer, rng, state, found one without "
                      "optimizer, rng, state"),
+    ("deflated", "found compressed entries that inflate to 67,"),  # 64 MiB of zeros in a file of ~70 KB
 ])
 def test_unreadable_last_pt_is_one_line(finished_run, tmp_path, case, found):
     out = tmp_path / "run"
@@ -133,6 +134,14 @@ def test_unreadable_last_pt_is_one_line(finished_run, tmp_path, case, found):
         last.write_bytes((finished_run / "last.pt").read_bytes()[:2000])
     elif case == "empty":
         last.write_bytes(b"")
+    elif case == "deflated":  # torch's own zip, repacked with deflate: torch.load inflates it without a word
+        import zipfile
+
+        torch.save({"t": torch.zeros(16 << 20)}, tmp_path / "big.pt")
+        with zipfile.ZipFile(tmp_path / "big.pt") as src, zipfile.ZipFile(last, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                dst.writestr(info.filename, src.read(info))
+        assert last.stat().st_size < 1 << 20
     else:
         torch.save([1, 2] if case == "a list" else {"config": {}, "trainable": {}}, last)
     line = one_error_line(invoke("train", *XOR_ARGS, *TINY_ARGS, "--steps", 4, "--out", out))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -120,6 +121,22 @@ def test_bad_groups_and_sweeps():
     for bad in ("1e-2:1e-6:3", "1e-6:1e-2", "a:b:c", "0:1:3", "1e-6:1e-2:1"):
         with pytest.raises(ReservoirError, match="--lr-sweep"):
             parse_lr_sweep(bad)
+
+
+@pytest.mark.parametrize("lrs, seed, seeds, message", [
+    ("1:1e4:2", 0, 1, "--lr must be at most 1,000, found 10000.0"),
+    ("1e-3:1e-2:2", 4294967295, 2, "--seed must be an integer in 0..4294967295, found 4294967296"),
+    ("1e-3:1e-2:2", 0, 10**6, "--seeds must be an integer in 1..1000, found 1000000"),
+])  # fmt: skip
+def test_a_sweep_checks_every_runs_settings_before_the_first_trains(tmp_path, lrs, seed, seeds, message, monkeypatch):
+    import reservoir.training.sweeps as sweeps
+
+    monkeypatch.setattr(sweeps, "run", lambda *a, **k: pytest.fail("a run started"))
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=2, task_params=XOR, seed=seed,
+                      out=str(tmp_path / "sweep"))
+    with pytest.raises(ReservoirError, match=re.escape(message)):
+        sweeps.sweep(cfg, parse_lr_sweep(lrs), seeds, progress=False)
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_sweep_run_folders_never_share_a_name(tmp_path):
@@ -351,9 +368,11 @@ def test_cpu_checkpoints_hold_no_cuda_generator_and_resume_from_one_that_does(tm
     assert sorted(last) == sorted(["config", "data", "course", "trainable", "optimizer", "rng", "state"])  # no cuda_rng
     assert "grad_scaler" not in last["state"]  # no fp16 on the CPU
     last["state"]["step"], last["state"]["curve"] = 2, last["state"]["curve"][:1]
+    last["state"]["best_step"], last["state"]["best_val"] = 2, last["state"]["curve"][0]["val_accuracy"]
     last["cuda_rng"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's checkpoint, resumed on the CPU
     torch.save(last, tmp_path / "a" / "last.pt")
     (tmp_path / "a" / "results.json").unlink()
+    (tmp_path / "a" / "best.pt").unlink()  # step 4's: written again from last.pt (its best step is its last)
     r = run(TrainConfig(**cfg, out=str(tmp_path / "a")), progress=False)
     assert [p["step"] for p in r.curve] == [2, 4]
 
@@ -391,6 +410,115 @@ def test_a_run_loaded_again_needs_the_backbone_weights_it_was_trained_with(tmp_p
     save(1)  # the folder replaced (or a hub revision moved) since the run
     with pytest.raises(ReservoirError, match="expected the backbone weights the run was trained with"):
         load_run(tmp_path / "run")
+
+
+def test_a_run_resumed_or_retested_needs_the_backbone_weights_it_was_trained_with(tmp_path, monkeypatch):
+    """A model folder overwritten between two invocations of one run: the resume (and the retest of a finished
+    run) is refused, not trained on and reported as the run."""
+    import reservoir.training.loop as tr
+    from transformers import GPT2Config, GPT2Model
+
+    folder = tmp_path / "gpt2"
+
+    def save(seed):
+        torch.manual_seed(seed)
+        GPT2Model(GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=64, vocab_size=8)).save_pretrained(folder)
+
+    save(0)
+    cfg = TrainConfig(task="bit-xor", backbone=str(folder), steps=4, eval_every=2, task_params=XOR, device="cpu",
+                      out=str(tmp_path / "run"))
+    evaluate, calls = tr.evaluate, []
+
+    def stopped_at_the_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return evaluate(*a, **k)
+
+    monkeypatch.setattr(tr, "evaluate", stopped_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, progress=False)
+    monkeypatch.setattr(tr, "evaluate", evaluate)
+    save(1)
+    with pytest.raises(ReservoirError, match=r"holds a run trained on another backbone's weights \(backbone="):
+        run(cfg, progress=False)
+    save(0)
+    run(cfg, progress=False)  # the same weights again: resumed and finished
+    (tmp_path / "run" / "results.json").unlink()
+    save(1)
+    with pytest.raises(ReservoirError, match="another backbone's weights"):
+        run(cfg, progress=False)  # a finished run is not tested again with another model
+
+
+def test_a_run_that_diverges_stops_in_one_line_without_results(tmp_path, monkeypatch):
+    """NaN or infinite losses (or weights) are a diverged run, not a finished one with argmax-of-NaN accuracies."""
+    import reservoir.training.loop as tr
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 4, 3)).astype(np.float32) * np.float32(1e30)  # finite, and beyond any forward
+    y = (x[:, 0, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "huge.npz", train_inputs=x[:200], train_labels=y[:200], test_inputs=x[200:],
+             test_labels=y[200:])
+    cfg = TrainConfig(task="data", task_params={"path": str(tmp_path / "huge.npz")}, backbone="tiny-gpt2", steps=4,
+                      eval_every=2, device="cpu", out=str(tmp_path / "huge"))
+    with pytest.raises(ReservoirError, match=r"training diverged by step 2: expected finite losses and weights; "
+                                             r"found its mean loss nan( and trained weights)? not finite: train "
+                                             r"with a lower --lr"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "huge" / "results.json").exists() and not (tmp_path / "huge" / "last.pt").exists()
+
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu",
+                      out=str(tmp_path / "xor"))
+    evaluate, calls = tr.evaluate, []
+
+    def weights_gone_at_the_second(model, *a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            with torch.no_grad():
+                model.head.weight.fill_(float("inf"))  # (the next step's check sees it)
+        return evaluate(model, *a, **k)
+
+    monkeypatch.setattr(tr, "evaluate", weights_gone_at_the_second)
+    with pytest.raises(ReservoirError, match="training diverged by step 4: .* and trained weights not finite"):
+        run(cfg, progress=False)
+    assert torch.load(tmp_path / "xor" / "last.pt", weights_only=True)["state"]["step"] == 2  # step 4 not written
+
+
+def test_a_run_folder_holding_another_run_without_its_last_checkpoint_is_refused(tmp_path):
+    """A finished run's last.pt removed to save space: another run with the same --out would have replaced its
+    results and best tensors without a word."""
+    cfg = dict(task="bit-xor", backbone="tiny-gpt2", steps=2, eval_every=2, task_params=XOR, device="cpu",
+               out=str(tmp_path / "run"))
+    run(TrainConfig(**cfg), progress=False)
+    (tmp_path / "run" / "last.pt").unlink()
+    before = (tmp_path / "run" / "results.json").read_bytes()
+    with pytest.raises(ReservoirError, match=r"run holds a run with lr=0.001 \(results.json\); pass another --out"):
+        run(TrainConfig(**{**cfg, "lr": 0.05}), progress=False)
+    (tmp_path / "run" / "results.json").unlink()
+    with pytest.raises(ReservoirError, match=r"run holds a run with lr=0.001, this run has 0.05; pass another --out"):
+        run(TrainConfig(**{**cfg, "lr": 0.05}), progress=False)  # best.pt alone says so too
+    run(TrainConfig(**cfg), progress=False)  # the same run: computed again in place
+    assert json.loads((tmp_path / "run" / "results.json").read_bytes())["config"] == json.loads(before)["config"]
+
+
+@pytest.mark.parametrize("edit, found", [
+    ({"step": "x"}, "step 'x'"), ({"step": -5}, "step -5"), ({"step": 10**6}, "step 1000000 (expected an integer in "
+                                                                            "0..4)"),
+    ({"curve": "abc"}, "a curve that is not a list"), ({"curve": []}, "a curve of 0 validation(s) for step 4"),
+    ({"best_val": "hi"}, "best step 4 (val 'hi')"), ({"best_step": 3}, "best step 3"),
+])  # fmt: skip
+def test_a_garbled_loop_state_in_last_pt_is_one_line(tmp_path, edit, found):
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu",
+                      out=str(tmp_path / "run"))
+    run(cfg, progress=False)
+    (tmp_path / "run" / "results.json").unlink()
+    last = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    last["state"].update(edit)
+    torch.save(last, tmp_path / "run" / "last.pt")
+    with pytest.raises(ReservoirError) as e:
+        run(cfg, progress=False)
+    assert str(e.value).startswith(f"{tmp_path / 'run' / 'last.pt'}: expected the loop state of this run; found "
+                                   f"{found}") and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("suffix", [".zarr", ".h5"])
@@ -505,6 +633,19 @@ def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_pa
     assert config.backbone == "tg" and "-tg-" in config.default_out()
     with pytest.raises(ReservoirError, match="--amp bf16 with --from-store .*: expected --amp auto or --amp none"):
         run(replace(config, amp="bf16"), progress=False)  # the Python API refuses what the CLI refuses
+
+
+def test_a_head_trained_on_stored_features_that_diverges_stops_in_one_line(tmp_path, monkeypatch):
+    import reservoir.training.cached as cached
+
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", task_params=XOR,
+                                      out=str(tmp_path / "l.zarr")), progress=False)
+    monkeypatch.setattr(cached.CachedHead, "mean_loss", lambda self: float("inf"))
+    with pytest.raises(ReservoirError, match="training diverged by step 2: expected finite losses and weights; found "
+                                             "its mean loss inf not finite"):
+        run(config_for_store(store, finetune="output", steps=4, eval_every=2, device="cpu", out=str(tmp_path / "r")),
+            progress=False)
+    assert not (tmp_path / "r" / "results.json").exists()
 
 
 def test_split_point_store_errors(tmp_path):

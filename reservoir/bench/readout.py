@@ -36,7 +36,7 @@ class ReadoutBenchResult(Result):
     penalty : str
         Where the readout measured its L2 penalty (``"standardized"``: the model scikit-learn fits).
     path_rows : int or "all"
-        Rows the readout fitted its L2 path on (``"all"``: every row left after the validation carve, as
+        Rows the readout fitted its L2 path on (``"all"``: every row the validation carve leaves, as
         scikit-learn; a number: the rows fitted, at most those asked for, as ``fit-linear``'s 16384). Files
         written before these two fields existed read as ``"whitened"`` and ``16384``.
     per_layer : list of dict
@@ -84,10 +84,12 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
     validation carve leaves (``penalty="whitened", path_rows=16384`` is
     ``fit-linear``'s default readout instead). scikit-learn gets standardized features and,
     like the readout, its ``C`` chosen on the same validation rows (the
+    store's ``val`` split when it has one, as ``fit-linear``; else the
     readout's carve, :func:`~reservoir.readouts.stats.carve_rows`; ``C = 1 /
-    (alpha * n)`` over the readout's alpha grid, ``n`` the rows fitted), fitted
-    once per ``C`` on the remaining rows, then refitted with the chosen alpha on
-    all train rows. Wall times include the selection; fits that stop at
+    (alpha * n)`` over the readout's alpha grid, ``n`` the rows fitted, twice
+    that for two classes, where scikit-learn fits one weight vector and the
+    readout one per class), fitted once per ``C`` on the remaining rows, then
+    refitted with the chosen alpha on all train rows. Wall times include the selection; fits that stop at
     ``max_iter`` are counted, not shown as warnings. ``store`` is a store object (left open) or a
     path; ``layers`` is ``"all"``, a layer or a list.
 
@@ -119,6 +121,8 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
                                  f"{tuple(st.attrs['task']['label_shape'])} and {st.n_out_tokens} output token(s)")
         X_all, y = read_layers(st, "train", wanted)
         Xt_all, yt = read_layers(st, "test", wanted)
+        # the store's own validation split when it has one (as fit-linear selects on it), else carved from train
+        Xv_all, yv = read_layers(st, "val", wanted) if "val" in st.splits else (None, None)
     if len(np.unique(y)) < 2:
         raise ReservoirError(f"{source}: the comparison needs at least two classes in the train split, found only "
                              f"class {int(y[0]) if len(y) else 'none'}")
@@ -128,28 +132,37 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
         return {"fit_s": fit_s, "test_accuracy": float(correct.mean()),
                 "test_interval": list(accuracy_interval(correct)), **extra}
 
+    def c_of(alpha: float, labels: np.ndarray) -> float:
+        """scikit-learn's C for the readout's L2 strength on these rows: the readout penalises one weight vector
+        per class, scikit-learn's binary model one vector in all (whose logit is their difference), so two
+        classes take twice the C of ``1 / (alpha n)``."""
+        return (2.0 if len(np.unique(labels)) == 2 else 1.0) / (alpha * len(labels))
+
     per_layer = []
-    t_rows, v_rows = carve_rows(len(y), 0.1, seed)  # the readout's own carve (val_fraction 0.1)
+    if yv is None:
+        t_rows, v_rows = carve_rows(len(y), 0.1, seed)  # the readout's own carve (val_fraction 0.1)
+    else:
+        t_rows, v_rows = np.arange(len(y)), None
     if len(np.unique(y[t_rows])) < 2:
         raise ReservoirError(f"{source}: the comparison needs at least two classes in the train rows left after "
                              f"holding out validation rows; found one class in {len(t_rows)} row(s) of {len(y)}")
     for i, k in enumerate(wanted):
         X, Xt = X_all[i], Xt_all[i]
+        X_val, y_val = (X[v_rows], y[v_rows]) if Xv_all is None else (Xv_all[i], yv)
         ours = LogisticReadout(random_state=seed, penalty=penalty, path_rows=path_rows)
         t0 = time.perf_counter()
-        ours.fit(X, y)
+        ours.fit(X, y, validation_data=None if Xv_all is None else (X_val, y_val))
         t_ours = time.perf_counter() - t0
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             best = (-1.0, DEFAULT_ALPHAS[0])
             for alpha in DEFAULT_ALPHAS:
-                sk = make_pipeline(StandardScaler(), LogisticRegression(C=1.0 / (alpha * len(t_rows)),
-                                                                        max_iter=max_iter))
-                acc = sk.fit(X[t_rows], y[t_rows]).score(X[v_rows], y[v_rows])
+                sk = make_pipeline(StandardScaler(), LogisticRegression(C=c_of(alpha, y[t_rows]), max_iter=max_iter))
+                acc = sk.fit(X[t_rows], y[t_rows]).score(X_val, y_val)
                 if acc > best[0]:
                     best = (acc, alpha)
-            C = 1.0 / (best[1] * len(y))  # the chosen strength on every row, as the readout's final fit
+            C = c_of(best[1], y)  # the chosen strength on every row, as the readout's final fit
             sk = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter)).fit(X, y)
         t_sk = time.perf_counter() - t0
         unconverged = sum(issubclass(w.category, ConvergenceWarning) for w in caught)

@@ -18,7 +18,7 @@ import click
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import request_stop
+from reservoir.io import check_local, request_stop
 
 
 class _Group(click.Group):
@@ -242,6 +242,7 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
                                f"--label-column; found -p {taken[0]}=...")
     if not data.strip():
         raise click.BadParameter("expected a data file or folder; found an empty path", param_hint="--data")
+    check_local(data, "a data file")
     path = str(Path(os.path.expanduser(data)).resolve())
     return "data", {**task_params, "path": path, "input_column": input_column, "label_column": label_column}
 

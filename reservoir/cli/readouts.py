@@ -111,7 +111,7 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
         _show_curves(results, stem, folder)
     if save:
         click.echo(f"probes: {folder}/{stem}-layer<K>.safetensors (+ .probe.json); apply with `reservoir predict`")
-    click.echo(f"results in {results_dir}/")
+    click.echo(f"results in {folder}/")
 
 
 def _show_curves(results, readout: str, folder: Path) -> None:
@@ -151,7 +151,12 @@ def predict(probe, store, splits, out):
         _check_predictions_owner(target, str(store))
     found = predict_store(base, store, list(splits) or None)
     for split, res in found.items():
-        click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}")
+        if res["accuracy"] is None:  # labels the probe cannot predict: no accuracy to speak of
+            shown = ", ".join(map(str, res["unseen"][:10])) + (", ..." if len(res["unseen"]) > 10 else "")
+            click.echo(f"{split}: {res['rows']:,} rows, no accuracy: its labels include classes the probe was not "
+                       f"fitted on ({shown})")
+        else:
+            click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}")
     _write_npz(target, {**{f"{split}_predictions": res["predictions"] for split, res in found.items()},
                         "store": np.array(str(store))})
     click.echo(f"predictions in {target}")

@@ -144,6 +144,8 @@ def open_job(out: Path | StoreURL, fmt: str | None, device: str, sharded: bool |
     detect_format(out, fmt)
     if isinstance(out, Path):
         writable_folder(out.absolute().parent, for_path=out)
+    else:
+        out.check_outside_stores()
     if distributed.sharding(sharded):
         sharding.check_out(out, fmt, distributed.world_size())
     return distributed.launch(device, sharded)

@@ -78,8 +78,12 @@ class LinearReadout(ClassifierMixin, BaseEstimator):
         return (np.asarray(self.predict(X)) == y).reshape(len(y), -1)
 
     def score(self, X, y, sample_weight=None):
-        """Mean accuracy over rows and heads (each bit counts once)."""
-        return float(np.average(self.hits(X, y).mean(1), weights=sample_weight))  # (n,) share of heads right
+        """Mean accuracy over rows and heads (each bit counts once); unweighted, the ratio of counts (the same
+        float as every other accuracy of the toolkit, whatever order a sum runs in)."""
+        hit = self.hits(X, y)  # (n, H)
+        if sample_weight is None:
+            return int(hit.sum()) / max(hit.size, 1)
+        return float(np.average(hit.mean(1), weights=sample_weight))  # (n,) share of heads right
 
     def save(self, path, **meta):
         """Keep the fitted readout as a probe: ``<path>.safetensors`` + ``<path>.probe.json``

@@ -260,7 +260,9 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
     """Apply a saved probe to a store: per split, the predictions and the accuracy with its interval.
 
     Returns ``{split: {"predictions": ndarray (N * n_out_tokens, ...), "accuracy": float,
-    "interval": [low, high], "rows": N}}``.
+    "interval": [low, high], "rows": N, "unseen": [...]}}``; where the split's labels include classes the probe
+    never saw (``unseen``: a store of another task), it cannot be right on them, and ``accuracy`` and
+    ``interval`` are ``None``.
 
     Examples
     --------
@@ -286,7 +288,8 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
             pred = np.asarray(est.predict(X))
             n_out = st.n_out_tokens
             hit = (pred == y).reshape(len(y) // n_out, -1) if len(y) else np.zeros((0, 1), bool)
-            acc = float(hit.mean()) if hit.size else float("nan")
-            out[split] = {"predictions": pred, "accuracy": acc, "rows": len(hit),
-                          "interval": list(accuracy_interval(hit.sum(1), hit.shape[1]))}
+            unseen = sorted(int(c) for c in np.setdiff1d(np.unique(y), est.classes_))
+            acc = None if unseen else int(hit.sum()) / hit.size if hit.size else float("nan")  # as fit-linear's
+            out[split] = {"predictions": pred, "accuracy": acc, "rows": len(hit), "unseen": unseen,
+                          "interval": None if acc is None else list(accuracy_interval(hit.sum(1), hit.shape[1]))}
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import within, writable_folder
+from reservoir.io import check_local, within, writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
 from reservoir.readouts.sweep import make_readout, test_metrics, validation_metrics
@@ -30,6 +31,8 @@ from reservoir.runtime import check_seed, resolve_device
 from reservoir.store import FeatureStore
 from reservoir.store.lock import run_folder_lock
 from reservoir.store.remote import StoreURL
+
+log = logging.getLogger("reservoir")
 
 if TYPE_CHECKING:
     from reservoir.tasks import TaskData
@@ -98,6 +101,23 @@ class FitResult(Result):
         if self.kind not in KINDS:
             raise ReservoirError(f"expected a FitResult of kind {' or '.join(map(repr, KINDS))}, found kind "
                                  f"{self.kind!r}")
+
+
+def _check_classes(store: FeatureStore) -> None:
+    """Refuse (one line) a train split of one class (a readout learns nothing; a fit would report 100%), and say
+    (a warning) when test labels hold classes the train split lacks: no readout predicts them, and they count as
+    errors."""
+    train = np.unique(np.asarray(store.labels("train")))
+    if len(train) < 2:
+        raise ReservoirError(f"{store.path}: expected at least two classes in the train split; found only "
+                             f"{'class ' + str(int(train[0])) if len(train) else 'no label'}")
+    for split in store.splits:
+        if split != "train":
+            unseen = np.setdiff1d(np.unique(np.asarray(store.labels(split))), train)
+            if len(unseen):
+                shown = ", ".join(str(int(c)) for c in unseen[:10]) + (", ..." if len(unseen) > 10 else "")
+                log.warning("%s: split %r holds class(es) %s that the train split lacks: no readout predicts "
+                            "them, and they count as errors", store.path, split, shown)
 
 
 def _check_readout(readout: str) -> None:
@@ -214,6 +234,8 @@ def fit_linear(
         raise ReservoirError("expected train_sizes without stream (a learning curve refits in memory); found both")
     if save and results_dir is None:
         raise ReservoirError("expected a results_dir to save the probes beside their results; found none")
+    if results_dir is not None:
+        check_local(results_dir, "a results folder")
     seed, device = check_seed(seed), str(resolve_device(device))
     with opened(store) as st, contextlib.ExitStack() as held:
         if not st.complete:
@@ -222,6 +244,7 @@ def fit_linear(
             raise ReservoirError(f"{st.path}: expected train and test splits, found {st.splits}")
         wanted = _wanted_layers(st, layers)
         pooled = st.pooling(pooling)  # refused now if the store lacks it
+        _check_classes(st)
         largest = max((s for s in sizes or [] if s is not None), default=0)
         if largest > st.n_rows("train"):
             raise ReservoirError(f"{st.path}: expected train sizes up to the store's {st.n_rows('train'):,} training "
@@ -271,6 +294,9 @@ def fit_linear(
                     from reservoir.readouts.probes import save_probe
 
                     save_probe(est, path.with_suffix(""), st, fit.layer, final_norm, result, pooled)
+                else:  # an earlier fit's probe would no longer be the one its results file describes
+                    for old in (path.with_suffix(".safetensors"), path.with_suffix(".probe.json")):
+                        old.unlink(missing_ok=True)
             results.append(result)
             if on_result is not None:
                 on_result(result)

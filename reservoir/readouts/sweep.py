@@ -75,11 +75,12 @@ class LayerFit:
 
 
 def scored(est, X: np.ndarray, y: np.ndarray, n_out: int) -> tuple[float, np.ndarray, int]:
-    """One prediction pass: the accuracy (as ``est.score`` gives it), the correct heads of each store row
-    ``(N,)`` (``n_out`` readout rows make one store row) and the heads a store row has."""
+    """One prediction pass: the accuracy (the share of correct heads, as a ratio of counts: the same float
+    whoever computes it), the correct heads of each store row ``(N,)`` (``n_out`` readout rows make one store row)
+    and the heads a store row has."""
     hit = est.hits(X, y)  # (N * n_out, H)
     per_row = hit.reshape(len(y) // n_out, -1)  # (N, n_out * H)
-    return float(np.average(hit.mean(1))), per_row.sum(1), per_row.shape[1]
+    return int(hit.sum()) / max(hit.size, 1), per_row.sum(1), per_row.shape[1]
 
 
 def test_metrics(est, X: np.ndarray, y: np.ndarray, n_out: int, seed: int) -> tuple[dict[str, Any], np.ndarray, int]:
@@ -138,7 +139,7 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
 def _path_metrics(est, n_train: int, n_test: int, chance: float) -> dict[str, Any]:
     return {"alpha": est.alpha_, "val_scores": {str(a): s for a, s in est.val_scores_.items()},
             "n_train": n_train, "n_test": n_test, "chance": chance,
-            "interval": "95%: Wilson score (one head per row) or bootstrap over rows (several heads)"}
+            "interval": "95%: Wilson score over rows (one head per row) or effective trials (several heads)"}
 
 
 def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside
+from reservoir.io import atomic_write, check_inside, check_local
 from reservoir.settings import describe_difference, first_difference
 from reservoir.store.lock import run_folder_lock, writer_lock
 from reservoir.store.remote import StoreURL, is_url
@@ -28,6 +28,7 @@ def _check_inside(path: Path, root: Path) -> None:
 def _out_dir(recipe: Recipe, out: str | os.PathLike | None) -> Path:
     """The recipe's results folder: ``out``, else ``results/<name>`` (checked to lie inside ``results``)."""
     if out is not None:
+        check_local(out, "a results folder")
         return Path(out)
     _check_inside(Path("results") / recipe.name, Path("results"))
     return Path("results") / recipe.name

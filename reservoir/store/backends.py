@@ -29,7 +29,7 @@ Format = Literal["zarr", "hdf5"]
 def existing_format(path: Path | StoreURL) -> Format | None:
     """The backend of whatever is at ``path`` (``None`` when nothing is); refuses other files."""
     if isinstance(path, StoreURL):
-        return "zarr" if path.exists() else None
+        return "zarr" if path.check_metadata(MAX_JSON_BYTES) else None
     expected = "a reservoir feature store (Zarr folder or HDF5 file)"
     try:
         mode = path.stat().st_mode

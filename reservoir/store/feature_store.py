@@ -52,6 +52,7 @@ import numpy as np
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
+from reservoir.io import MAX_JSON_BYTES
 from reservoir.options import shown
 from reservoir.store import checks
 from reservoir.store import layout as lay
@@ -126,7 +127,9 @@ class FeatureStore:
         refused unless ``allow_incomplete`` (what ``reservoir info`` uses).
         """
         p = store_path(path)
-        if not p.exists():
+        # on object storage, one listing says whether anything is there and refuses oversized metadata objects
+        # before Zarr reads them whole (as detect_format's check of the files of a store on disk does)
+        if not (p.check_metadata(MAX_JSON_BYTES) if isinstance(p, StoreURL) else p.exists()):
             raise ReservoirError(f"{p}: expected a feature store, found no such file or folder"
                                  f"{' (no object under that prefix)' if isinstance(p, StoreURL) else ''}")
         fmt = detect_format(p)
@@ -204,6 +207,8 @@ class FeatureStore:
             raise ReservoirError(f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; remove the link "
                                  "or pass another --out")
         fmt = detect_format(p, fmt)
+        if isinstance(p, StoreURL):
+            p.check_outside_stores()
         # a store made through this API by other code may not say what computed it: recorded as unknown
         attrs = {"compute_dtype": None, **_required_attrs(p, attrs)}
         attrs["pooling"] = lay.pooling_attrs(attrs["pooling"])

@@ -31,6 +31,7 @@ holders' clocks must agree to well within it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -44,6 +45,10 @@ from reservoir.store.remote import StoreURL, _obstore, cause
 
 ENV_SECONDS = "RESERVOIR_LEASE_SECONDS"
 DEFAULT_SECONDS = 60.0
+
+
+#: The most bytes of a lease object read (a record is a few hundred): a larger object counts as garbled.
+MAX_RECORD_BYTES = 64 << 10
 
 
 def ttl() -> float:
@@ -71,7 +76,10 @@ def same_version(a: dict[str, str], b: dict[str, str]) -> bool:
 def read(url: StoreURL) -> tuple[dict | None, dict[str, str] | None]:
     """The lease's record and version (:func:`version_of`), or ``(None, None)`` when there is none."""
     obstore = _obstore()
-    try:
+    try:  # a record is a few hundred bytes: a larger object is garbled, and not read
+        meta = obstore.head(url.bucket_store, lease_key(url))
+        if meta["size"] > MAX_RECORD_BYTES:
+            return {}, version_of(meta)
         got = obstore.get(url.bucket_store, lease_key(url))
         raw, ver = bytes(got.bytes()), version_of(got.meta)
     except FileNotFoundError:
@@ -79,7 +87,7 @@ def read(url: StoreURL) -> tuple[dict | None, dict[str, str] | None]:
     except obstore.exceptions.BaseError as err:
         raise ReservoirError(f"{url}: could not read its lease ({cause(err)})") from None
     try:
-        record = json.loads(raw.decode())
+        record = json.loads(raw.decode()) if len(raw) <= MAX_RECORD_BYTES else None  # grown since the head
     except (UnicodeDecodeError, ValueError, RecursionError):
         record = None
     return (record if isinstance(record, dict) else {}), ver
@@ -108,9 +116,10 @@ def expired(record: dict | None) -> bool:
     if not record:
         return True
     try:
-        if float(record["expires"]) < time.time():
-            return True
-    except (KeyError, TypeError, ValueError):
+        expires = float(record["expires"])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return True
+    if not math.isfinite(expires) or expires < time.time():  # NaN and infinity say nothing readable
         return True
     if record.get("host") != socket.gethostname():
         return False

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from reservoir.errors import ReservoirError
+from reservoir.io import check_local
 from reservoir.store import lease
 from reservoir.store.lease import describe  # who holds a lock or a lease, in words (re-exported)
 from reservoir.store.remote import StoreURL, is_url
@@ -227,6 +228,7 @@ def run_folder_lock(folder: str | os.PathLike | None) -> Iterator[StoreLock | No
     if folder is None:
         yield None
         return
+    check_local(folder, "a results folder")
     with StoreLock(folder) as lock:
         _sweep(Path(folder))
         yield lock

@@ -45,6 +45,12 @@ SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl")
 #: Retries of a failed request: backoff from 0.1 s doubling up to 5 s, at most 6 retries and 60 s in all.
 RETRY = {"max_retries": 6, "retry_timeout": timedelta(seconds=60),
          "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=5), "base": 2}}
+#: A bucket's (or container's) name: what S3, GCS and Azure allow, and no user, password or port.
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+#: ``--storage-option`` keys that would put the objects in another bucket than the URL names (obstore's config).
+_PLACE_KEYS = re.compile(r"(?:aws_|google_|azure_(?:storage_)?)?(?:bucket|bucket_name|container|container_name)")
+#: The most retries and the longest retry budget ``--storage-option`` may ask for.
+MAX_RETRIES, MAX_RETRY_SECONDS = 100, 24 * 3600.0
 #: Keys of ``--storage-option`` that set the HTTP client.
 _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout", "timeout", "proxy_url", "user_agent",
                 "pool_idle_timeout", "pool_max_idle_per_host", "http1_only", "http2_only")
@@ -119,6 +125,10 @@ class StoreURL:
         if bad is not None:
             raise ReservoirError(f"expected a store URL without {bad.group()!r} (escapes, queries, fragments and "
                                  f"spaces are not taken), found {url!r}")
+        if not _BUCKET.fullmatch(bucket):  # user:password@, :port: one place under two names, a password echoed
+            raise ReservoirError(f"expected a bucket name of letters, digits, '.', '-' and '_' in a store URL; found "
+                                 f"{bucket!r} in {scheme}://... (credentials and endpoints go in the environment or "
+                                 "--storage-option)")
         self.scheme, self.bucket, self.key = scheme, bucket, key
         self.url = f"{scheme}://{bucket}/{key}"
         self.options = dict(_options if options is None else options)
@@ -161,14 +171,23 @@ class StoreURL:
             client: dict[str, Any] = {}
             retry: dict[str, Any] = {**RETRY}
             for k, v in self.options.items():
+                if _PLACE_KEYS.fullmatch(k.lower()):
+                    raise ReservoirError(f"--storage-option {k}: expected the bucket as the store URL names it "
+                                         f"({self.bucket}); found an option that would put the objects elsewhere")
                 if k == "max_retries":
-                    retry[k] = int(_number(k, v))
+                    retry[k] = int(_number(k, v, 0, MAX_RETRIES))
                 elif k == "retry_timeout":
-                    retry[k] = timedelta(seconds=_number(k, v))
+                    retry[k] = timedelta(seconds=_number(k, v, 0, MAX_RETRY_SECONDS))
                 elif k in _CLIENT_KEYS:
                     client[k] = v
                 else:
                     config[k] = v
+            for k, v in [*config.items(), *client.items()]:
+                if "endpoint" in k or k == "proxy_url":
+                    _check_endpoint(f"--storage-option {k}", v)
+            for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+                if os.environ.get(k) is not None and self.scheme in ("s3", "s3a"):
+                    _check_endpoint(k, os.environ[k])
             endpoint = config.get("endpoint", config.get("aws_endpoint", os.environ.get("AWS_ENDPOINT_URL", "")))
             if str(endpoint).startswith("http://"):
                 client.setdefault("allow_http", True)
@@ -222,12 +241,59 @@ class StoreURL:
         except obstore.exceptions.BaseError as err:
             raise ReservoirError(f"{self.url}: could not read the store's metadata ({cause(err)})") from None
 
-    def delete_all(self) -> None:
-        """Delete every object under the prefix (the lease beside it stays)."""
+    def check_outside_stores(self) -> None:
+        """Refuse (one line) a store URL inside another store's prefix (:meth:`store_around`), and say now, before
+        any work, when the bucket cannot be listed (missing, or the credentials refused)."""
+        self.exists()
+        around = self.store_around()
+        if around is not None:  # as a folder inside a Zarr store on disk is refused
+            raise ReservoirError(f"{self.url}: expected a store URL outside any other store; found it inside the "
+                                 f"store {around}, whose objects a store never joins; pass another --out")
+
+    def store_around(self) -> StoreURL | None:
+        """The outermost store (a prefix holding a ``zarr.json``) this URL lies inside, or ``None``: a store is
+        never written into another's objects (whose rebuild would delete it)."""
         obstore = _obstore()
+        parts = self.key.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            try:
+                obstore.head(self.bucket_store, f"{prefix}/zarr.json")
+            except FileNotFoundError:
+                continue
+            except obstore.exceptions.BaseError as err:
+                raise ReservoirError(f"{self.url}: could not read the objects above it ({cause(err)})") from None
+            return StoreURL(f"{self.scheme}://{self.bucket}/{prefix}", self.options)
+        return None
+
+    def check_metadata(self, max_bytes: int) -> bool:
+        """Whether any object lies under the prefix, refusing (one line) a metadata object (``zarr.json``) over
+        ``max_bytes``, before Zarr reads it whole: as a store on disk is checked."""
+        obstore = _obstore()
+        found = False
         try:
             for batch in obstore.list(self.objects, chunk_size=1000):
-                paths = [meta["path"] for meta in batch]
+                found = found or len(batch) > 0
+                for meta in batch:
+                    if meta["path"].rsplit("/", 1)[-1] == "zarr.json" and meta["size"] > max_bytes:
+                        raise ReservoirError(f"{self.url}: expected a store whose metadata objects are at most "
+                                             f"{max_bytes:,} bytes; found {meta['path']} of {meta['size']:,} bytes")
+        except obstore.exceptions.BaseError as err:
+            raise ReservoirError(f"{self.url}: could not list the store's objects ({cause(err)})") from None
+        return found
+
+    def delete_all(self) -> None:
+        """Delete every object under the prefix (the lease beside it stays); refused (nothing deleted) when the
+        prefix holds another store (a name ending ``.zarr`` among its keys), which no store of ours contains."""
+        obstore = _obstore()
+        try:
+            batches = [[meta["path"] for meta in batch] for batch in obstore.list(self.objects, chunk_size=1000)]
+            nested = next((p for b in batches for p in b if any(part.lower().endswith(".zarr")
+                                                                 for part in p.split("/")[:-1])), None)
+            if nested is not None:
+                raise ReservoirError(f"{self.url}: expected only this store's objects under its prefix; found "
+                                     f"{nested}, another store's: nothing deleted, pass another --out")
+            for paths in batches:
                 if paths:
                     obstore.delete(self.objects, paths)
         except FileNotFoundError:
@@ -251,14 +317,39 @@ def _profile_credentials(profile: str) -> Any:
         raise ReservoirError(f"AWS profile {profile!r}: {cause(err)}") from None
 
 
-def _number(key: str, value: str) -> float:
+def _number(key: str, value: str, lo: float, hi: float) -> float:
+    """A ``--storage-option`` number in ``lo..hi`` (finite)."""
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
-        raise ReservoirError(f"--storage-option {key}: expected a number, found {value!r}") from None
+        number = float("nan")
+    if not lo <= number <= hi:  # NaN too
+        raise ReservoirError(f"--storage-option {key}: expected a number in {lo:g}..{hi:g}, found {value!r}")
+    return number
+
+
+def _check_endpoint(where: str, value: str) -> None:
+    """Refuse (one line) an endpoint that is not an ``http(s)://host[:port][/path]`` URL: obstore's client
+    panics on one, out of any error handling."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port that is not a number, or out of range: ValueError
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not (parts.query or parts.fragment)
+    except ValueError:
+        ok = False
+    if not ok or _UNSAFE.search(value):
+        raise ReservoirError(f"{where}: expected an endpoint URL like https://host:port; found {value!r}")
 
 
 def cause(err: BaseException) -> str:
-    """An object-store error in one line: its first line, request timings dropped."""
+    """An object-store error in one line: its first line, request timings dropped, and the service's own code and
+    message when the response carried them (``<Code>NoSuchBucket</Code>``, which the first line leaves out)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return re.sub(r" in [0-9.]+\s*(?:ns|µs|us|ms|s)\b", "", text).strip()
+    text = re.sub(r" in [0-9.]+\s*(?:ns|µs|us|ms|s)\b", "", text).strip()
+    said = [m.group(1).strip() for tag in ("Code", "Message")
+            if (m := re.search(rf"<{tag}>([^<]{{1,300}})</{tag}>", str(err))) is not None]
+    if said:
+        text = re.sub(r":?\s*<\?xml[^>]*>\s*$", "", text).rstrip(": ") + ": " + ": ".join(said)
+    return text

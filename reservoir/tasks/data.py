@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import ArrayHeader, check_memory, npy_header, one_line
+from reservoir.io import ArrayHeader, check_local, check_memory, npy_header, one_line
 from reservoir.tasks.arrays import checked_task
 from reservoir.tasks.base import TaskData, TaskSpec, register
 
@@ -66,6 +66,7 @@ def build_data(path: str | None = None, input_column: str = "inputs", label_colu
     """
     if path is None or not str(path).strip():
         raise ReservoirError(f"task {NAME!r}: expected path, the data file (--data PATH, or -p path=PATH); found none")
+    check_local(path, "a data file")
     source = Path(os.path.expanduser(os.fspath(path))).resolve()
     kind = _kind_of(source)
     if kind == "npz":

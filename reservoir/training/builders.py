@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line, read_json
+from reservoir.io import check_local, one_line, read_json
 from reservoir.runtime import check_positions, resolve_device
 from reservoir.store.lease import busy
 from reservoir.store.lock import holder
@@ -48,6 +48,7 @@ def run(config: TrainConfig, progress: bool = True, *, extra: dict[str, Any] | N
     from reservoir.training.stores import build_from_store, is_last_token_store, train_cached
 
     out = config.out or config.default_out()
+    check_local(out, "a run folder")
     who = holder(out)  # refused before the model loads (train() takes the folder's lock itself)
     if who is not None:
         raise busy(out, who)

@@ -118,8 +118,13 @@ def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.dev
     expected = f"{path}: expected a reservoir checkpoint (tensors and plain data)"
     if not path.is_file():
         raise ReservoirError(f"{expected}, found {'a folder' if path.is_dir() else 'no such file'}")
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise ReservoirError(f"{expected}, found an empty file")
+    inflated = _inflated_bytes(path)
+    if inflated > size + (1 << 20):  # torch stores its entries uncompressed: a few bytes may not become gigabytes
+        raise ReservoirError(f"{expected}, found compressed entries that inflate to {inflated:,} bytes from a file "
+                             f"of {size:,}")
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of files it may then refuse
             warnings.simplefilter("ignore")
@@ -133,6 +138,19 @@ def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.dev
     if missing:
         raise ReservoirError(f"{expected} with {', '.join(keys)}, found one without {', '.join(missing)}")
     return ckpt
+
+
+def _inflated_bytes(path: Path) -> int:
+    """The bytes a checkpoint's zip entries hold once read (their sizes as the archive states them, which the zip
+    reader holds them to); 0 for a file that is not a zip archive (torch.load refuses it, or reads the legacy
+    format)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return 0
 
 
 def differing(saved: Any, config: TrainConfig) -> str | None:
@@ -175,29 +193,33 @@ def course(config: TrainConfig, device) -> dict[str, Any]:
 
 
 def check_same_run(ckpt: dict[str, Any], where: Path, config: TrainConfig, data: dict[str, Any] | None,
-                   device: Any = "cpu") -> None:
-    """Refuse (one line) a checkpoint of another run: other settings, another course on ``device``, or other data.
+                   device: Any = "cpu", with_course: bool = True) -> None:
+    """Refuse (one line) a checkpoint of another run: other settings, another course on ``device`` (unless
+    ``with_course`` is false: ``best.pt`` records none), or other data.
 
-    ``data`` is the data's identity (:meth:`~reservoir.training.data.TrainData.identity`); checkpoints written
-    before it and the course were recorded hold neither, and are compared by their settings alone.
+    ``data`` is what the run trains (:func:`~reservoir.training.loop.run_identity`: the data's identity and the
+    backbone's weights); checkpoints hold what their version recorded (none of it before identities were recorded,
+    the data alone before the weights were), and are compared on that.
     """
     diff = differing(ckpt["config"], config)
-    if diff is None and isinstance(ckpt.get("course"), dict):
+    if diff is None and with_course and isinstance(ckpt.get("course"), dict):
         now = course(config, device)
         found = settings.first_difference(ckpt["course"], now, keys=now)
         diff = None if found is None else settings.describe_difference(found)
     if diff is not None:
         raise ReservoirError(f"{where} holds a run with {diff}; pass another --out")
     if data is not None and "data" in ckpt:
-        found = settings.first_difference(ckpt["data"] if isinstance(ckpt["data"], dict) else {}, data)
+        saved = ckpt["data"] if isinstance(ckpt["data"], dict) else {}
+        found = settings.first_difference(saved, data, keys=[k for k in data if k in saved] or None)
         if found is not None:
             key, old, new = (v[:12] + "..." if isinstance(v, str) and len(v) > 16 else v for v in found)
-            raise ReservoirError(f"{where} holds a run trained on other data ({key}={old!r}, this run has {new!r}); "
+            what = "another backbone's weights" if key == "backbone" else "other data"
+            raise ReservoirError(f"{where} holds a run trained on {what} ({key}={old!r}, this run has {new!r}); "
                                  "pass another --out")
 
 
 def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device,
-           data: dict[str, Any] | None = None) -> dict[str, Any]:
+           data: dict[str, Any] | None = None, steps: int | None = None) -> dict[str, Any]:
     """Restore an interrupted run from ``last.pt``: trained tensors, optimizer, RNG; return the loop state.
 
     The checkpoint must be of this run (:func:`check_same_run`: settings, course and, given ``data``, the data's
@@ -220,8 +242,35 @@ def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.O
     if not isinstance(state, dict) or not new_state().keys() <= state.keys():
         found = f"keys {', '.join(map(str, state))}" if isinstance(state, dict) else f"a {type(state).__name__}"
         raise ReservoirError(f"{last}: expected a loop state with {', '.join(new_state())}, found {found}")
+    bad = _bad_state(state, steps)
+    if bad is not None:
+        raise ReservoirError(f"{last}: expected the loop state of this run; found {bad}")
     _complete_best(last, ckpt, state)
     return state
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _bad_state(state: dict[str, Any], steps: int | None) -> str | None:
+    """What is wrong with a resumed loop state, in words (``None``: nothing): the step an integer within the run's
+    ``steps``, one validation record per validated step, ending at it, the best among them."""
+    step, curve, best_step, best_val = state["step"], state["curve"], state["best_step"], state["best_val"]
+    if not _is_int(step) or step < 0 or (steps is not None and step > steps):
+        return f"step {step!r} (expected an integer in 0..{steps if steps is not None else 'the run steps'})"
+    if not isinstance(curve, list) or not all(
+            isinstance(c, dict) and _is_int(c.get("step")) and isinstance(c.get("val_accuracy"), (int, float))
+            for c in curve):
+        return "a curve that is not a list of validation records (step, val_accuracy)"
+    if (len(curve) == 0) != (step == 0) or (curve and curve[-1]["step"] != step):
+        return f"a curve of {len(curve)} validation(s) for step {step}"
+    if not isinstance(best_val, (int, float)) or not _is_int(best_step) or \
+            (curve and best_step not in [c["step"] for c in curve]):
+        return f"best step {best_step!r} (val {best_val!r}) not among the curve's validations"
+    if not isinstance(state["train_seconds"], (int, float)):
+        return f"train_seconds {state['train_seconds']!r}"
+    return None
 
 
 def _complete_best(last: Path, ckpt: dict[str, Any], state: dict[str, Any]) -> None:

@@ -201,13 +201,20 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
         device = next(model.parameters()).device
         steps = settings.total_steps(len(data.train))
         flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
-        state = ckpt.new_state()
+        state, identity = ckpt.new_state(), run_identity(model, data)
         if folder is not None and (folder / "last.pt").exists():
-            state = ckpt.resume(folder / "last.pt", settings, model, opt, device, data.identity())
+            state = ckpt.resume(folder / "last.pt", settings, model, opt, device, identity, steps)
             restore_optimizer_flags(opt, *flags)
-        best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress, lock)
-        if folder is not None:  # the best step may predate a resume
-            best = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)["trainable"]
+        elif folder is not None:
+            _check_folder(folder, settings, identity)
+        best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress, lock, identity)
+        if folder is not None:  # the best step may predate a resume: read back, and checked to be this run's
+            saved = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)
+            ckpt.check_same_run(saved, folder, settings, identity, device, with_course=False)
+            if saved["step"] != state["best_step"]:
+                raise ReservoirError(f"{folder / 'best.pt'}: expected the tensors of the run's best step "
+                                     f"{state['best_step']} (last.pt says so); found step {saved['step']!r}")
+            best = saved["trainable"]
         ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
         t_eval = time.perf_counter()
         test, rows = scored_metrics(evaluate_rows(model, data.test, device, amp=settings.amp),
@@ -238,6 +245,40 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
             lock.check()
             result.write(folder / "results.json")
         return result
+
+
+def run_identity(model: ReservoirClassifier, data: TrainData) -> dict[str, Any]:
+    """What a run's checkpoints record of what it trains, and a resume must find again: the data's identity
+    (:meth:`TrainData.identity`) and the backbone's weights (a model folder overwritten between two invocations
+    is another model, whatever its name)."""
+    return {**data.identity(), "backbone": model.backbone.info.weights_sha256}
+
+
+def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any]) -> None:
+    """Refuse (one line) a run folder without ``last.pt`` that holds another run: a finished one of other settings
+    (``results.json``; its ``last.pt`` removed to save space, say), another run's ``best.pt``, or a head trained on
+    stored features. The same run's files are computed again in place."""
+    from reservoir.settings import first_difference
+
+    results, best = folder / "results.json", folder / "best.pt"
+    if results.is_file():
+        try:
+            raw = TrainResult.read(results)
+            old: Any = raw.config
+        except ReservoirError:
+            old = None  # unreadable: replaced, as any damaged result
+        if isinstance(old, dict):
+            key = settings.key()
+            diff = first_difference({k: old.get(k) for k in key}, key)
+            if diff is not None or raw.cached:
+                what = "a head trained on stored features" if raw.cached else f"a run with {diff[0]}={diff[1]!r}"
+                raise ReservoirError(f"{folder} holds {what} (results.json); pass another --out")
+    if best.is_file():
+        saved = ckpt.load(best, ("step",))
+        if "head" in saved:
+            raise ReservoirError(f"{folder} holds a head trained on stored features (best.pt); pass another --out")
+        if "config" in saved:
+            ckpt.check_same_run(saved, folder, settings, identity, with_course=False)
 
 
 def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig
@@ -279,8 +320,8 @@ def _set_dropout(model: nn.Module, p: float) -> None:
 
 
 def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainData, settings: TrainConfig,
-          steps: int, state: dict[str, Any], folder: Path | None, progress: bool, lock: StoreLock | None = None
-          ) -> tuple[dict[str, torch.Tensor] | None, str]:
+          steps: int, state: dict[str, Any], folder: Path | None, progress: bool, lock: StoreLock | None = None,
+          identity: dict[str, Any] | None = None) -> tuple[dict[str, torch.Tensor] | None, str]:
     """Optimizer steps from ``state["step"]`` to ``steps``, validating every ``eval_every`` and at the end.
 
     The steps run through a :class:`~reservoir.training.step.Stepper` (batches
@@ -310,9 +351,10 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                     stepper.step()
                     bar.update(1)
                 state["step"] += n
+                loss = stepper.mean_loss()
+                check_finite(loss, (p for n_, p in model.named_parameters() if n_ in names), state["step"])
                 acc = evaluate(model, data.val, device, amp=settings.amp)
-                state["curve"].append({"step": state["step"], "train_loss": stepper.mean_loss(),
-                                       "val_accuracy": acc})
+                state["curve"].append({"step": state["step"], "train_loss": loss, "val_accuracy": acc})
                 bar.set_postfix(loss=f"{state['curve'][-1]['train_loss']:.3f}", val=f"{acc:.3f}")
                 state["train_seconds"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -325,11 +367,25 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                 if folder is not None:
                     if lock is not None:
                         lock.check()  # the folder's lock file still this run's: no second run writes beside it
-                    _checkpoint(folder, settings, data.identity(), trainable, opt, state, is_best)
+                    _checkpoint(folder, settings, identity if identity is not None else data.identity(), trainable,
+                                opt, state, is_best)
         mode = stepper.mode
     finally:
         stepper.close()
     return best, mode
+
+
+def check_finite(loss: float | None, trained: Any, step: int) -> None:
+    """Refuse (one line) to go on from a step whose mean training loss or trained tensors are NaN or infinite: a run
+    that diverged has nothing to report (its accuracies would be argmax of NaN logits), and no checkpoint of it is
+    written."""
+    parts = [] if loss is None or np.isfinite(loss) else [f"its mean loss {loss}"]
+    if any(not bool(torch.isfinite(p).all()) for p in trained):
+        parts.append("trained weights")
+    if parts:
+        raise ReservoirError(f"training diverged by step {step:,}: expected finite losses and weights; found "
+                             f"{' and '.join(parts)} not finite: train with a lower --lr (in another --out), or "
+                             "rescale the inputs")
 
 
 def _checkpoint(folder: Path, settings: TrainConfig, data: dict[str, Any], trainable: dict[str, torch.Tensor],

@@ -30,7 +30,7 @@ from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val, data_identity
 from reservoir.training.freeze import describe, parse_groups
-from reservoir.training.loop import TrainResult, scored_metrics, steps_to_converge
+from reservoir.training.loop import TrainResult, check_finite, scored_metrics, steps_to_converge
 
 
 def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None = None, **settings: Any
@@ -289,8 +289,10 @@ def _fit_head(trainer, Xv: torch.Tensor, Yv: torch.Tensor, config: TrainConfig, 
         step += trainer.run(order, config.batch_size, i,
                             i + min(steps - step, config.eval_every - step % config.eval_every))
         if step % config.eval_every == 0 or step == steps:
+            loss = trainer.mean_loss()
+            check_finite(loss, trainer.head.parameters(), step)
             acc = trainer.accuracy(Xv, Yv)
-            curve.append({"step": step, "train_loss": trainer.mean_loss(), "val_accuracy": acc})
+            curve.append({"step": step, "train_loss": loss, "val_accuracy": acc})
             if acc >= best[0]:
                 best = (acc, step, {k: v.detach().clone() for k, v in trainer.head.state_dict().items()})
     return curve, best

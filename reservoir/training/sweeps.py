@@ -37,8 +37,8 @@ class SweepResult(Result):
     metrics: dict[str, Any]
 
 
-#: Most learning rates a sweep may try (each is a whole training run per seed).
-MAX_SWEEP_LRS = 1000
+#: Most learning rates a sweep may try, and seeds per rate (each is a whole training run).
+MAX_SWEEP_LRS, MAX_SWEEP_SEEDS = 1000, 1000
 
 
 def parse_lr_sweep(spec: str) -> list[float]:
@@ -96,11 +96,18 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     >>> r.best_lr, r.metrics["test_accuracy_mean"]  # doctest: +SKIP
     """
     out = Path(config.out or config.default_out())
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
+        raise ReservoirError(f"--seeds must be an integer in 1..{MAX_SWEEP_SEEDS}, found {seeds!r}")
+    # every run's settings checked before the first trains (an lr or seed out of range, refused after hours of
+    # earlier runs, was the alternative)
+    configs = [[replace(config, lr=lr, seed=s, out=str(out / run_name(lr, s)))
+                for s in range(config.seed, config.seed + seeds)] for lr in lrs]
     runs, rows = [], {}
     with run_folder_lock(out):  # one sweep per folder (each run also locks its own)
-        for lr in lrs:
-            for s in range(config.seed, config.seed + seeds):
-                r = run(replace(config, lr=lr, seed=s, out=str(out / run_name(lr, s))), progress=progress)
+        for lr, per_seed in zip(lrs, configs):
+            for cfg in per_seed:
+                s = cfg.seed
+                r = run(cfg, progress=progress)
                 runs.append({"lr": lr, "seed": s, **r.metrics})
                 rows.setdefault(lr, []).append((r.rows or {}).get("test"))
         by_lr = {lr: [r for r in runs if r["lr"] == lr] for lr in lrs}
