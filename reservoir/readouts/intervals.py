@@ -8,15 +8,12 @@ many heads counts once, as it was drawn once.
 * One head per row: the correct rows are binomial, and the interval is
   Wilson's score interval (close to 95% coverage at every accuracy, and not
   degenerate at 0% or 100%, where a bootstrap collapses to a point).
-* Several heads: Wilson's interval on an effective number of trials, the
-  ``n * heads`` heads divided by the design effect of the rows (how much the
-  heads of a row err together: the variance of the rows' shares of correct
-  heads over a binomial's, between 1, heads independent, and ``heads``, a
-  row right or wrong as a whole). With no error (or no success) seen, nothing
-  says how errors group, and each row counts as one trial. A percentile
-  bootstrap over rows, used before, gave too narrow intervals near 100%
-  (90% coverage for rows wrong as a whole, and a lower bound that rose as
-  errors appeared).
+* Several heads: a seeded percentile bootstrap over rows. A row's share of
+  correct heads takes few distinct values, so a resample is a multinomial
+  draw over them, and the bootstrap is exact and cheap for any number of
+  rows. When every row scored alike (all heads right on every row), the
+  bootstrap is a point, and Wilson's interval over the rows (each row one
+  trial) is given instead.
 * A difference of two readouts on the same rows: the paired bootstrap of the
   mean per-row difference (seeded, same draw), so what both get right or wrong
   cancels; the difference is marked when its interval excludes zero.
@@ -52,8 +49,8 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-def wilson(k: float, n: float, level: float = LEVEL) -> tuple[float, float]:
-    """Wilson's score interval for ``k`` successes in ``n`` trials (an effective number of trials may be fractional).
+def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson's score interval for ``k`` successes in ``n`` trials.
 
     Examples
     --------
@@ -82,31 +79,18 @@ def accuracy_interval(correct: np.ndarray, heads: int = 1, *, seed: int = 0, lev
                       resamples: int = RESAMPLES) -> tuple[float, float]:
     """The 95% interval of the accuracy of rows with ``correct[i]`` of ``heads`` heads right.
 
-    Wilson's interval: over the rows for one head; for several, over the
-    heads' effective number of trials (the module's docstring). ``seed`` and
-    ``resamples`` are kept for callers of the bootstrap this replaced.
-
-    Examples
-    --------
-    >>> n = 1000  # five heads a row; one row of 1,000 wrong as a whole, or one head of one row wrong
-    >>> whole, one = np.r_[np.zeros(1), np.full(n - 1, 5)], np.r_[np.full(1, 4), np.full(n - 1, 5)]
-    >>> [round(v, 4) for v in accuracy_interval(whole, 5)], [round(v, 4) for v in accuracy_interval(one, 5)]
-    ([0.9944, 0.9998], [0.9989, 1.0])
+    Wilson's interval for one head, a seeded percentile bootstrap over rows for several.
     """
     correct = np.asarray(correct)
-    n = len(correct)
-    if n == 0:
+    if len(correct) == 0:
         return (math.nan, math.nan)
     if heads == 1:
-        return wilson(int(correct.sum()), n, level)
-    shares = correct / heads  # (n,) each row's share of correct heads
-    p = float(shares.mean())
-    if p in (0.0, 1.0) or n < 2:  # nothing says how errors group: a row is one trial
-        return wilson(p * n, n, level)
-    binomial = p * (1 - p) / heads  # a row's variance with independent heads
-    effect = min(max(float(shares.var(ddof=1)) / binomial, 1.0), float(heads))
-    trials = n * heads / effect
-    return wilson(p * trials, trials, level)
+        return wilson(int(correct.sum()), len(correct), level)
+    if np.all(correct == correct[0]):  # every row alike (all right, say): the bootstrap is a point; count rows
+        return wilson(round(float(correct[0]) / heads * len(correct)), len(correct), level)
+    means = _bootstrap_means(correct / heads, seed, resamples)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return (float(lo), float(hi))
 
 
 @dataclass(frozen=True)

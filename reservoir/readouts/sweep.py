@@ -139,7 +139,7 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
 def _path_metrics(est, n_train: int, n_test: int, chance: float) -> dict[str, Any]:
     return {"alpha": est.alpha_, "val_scores": {str(a): s for a, s in est.val_scores_.items()},
             "n_train": n_train, "n_test": n_test, "chance": chance,
-            "interval": "95%: Wilson score over rows (one head per row) or effective trials (several heads)"}
+            "interval": "95%: Wilson score (one head per row) or bootstrap over rows (several heads)"}
 
 
 def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> list[dict[str, Any]]:
