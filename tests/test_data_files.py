@@ -544,6 +544,9 @@ def test_csv_cells_parse_as_json_reads_them_and_what_json_refuses_is_refused(tmp
     assert parsed("[0.5, 1]", "2 1e3", "-2.25E+2")[:2] == (np.float32, [[[0.5], [1.0]], [[2.0], [1000.0]],
                                                                        [[-225.0], [0.0]]])
     assert parsed("[[1, 2], [3, 4]]", "[[5, 6]]")[1] == [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [0.0, 0.0]]]
+    assert parsed("1\u00a02", "3\u20034")[1] == [[1, 2], [3, 4]]  # spaces as str.split() takes them
+    with pytest.raises(ReservoirError, match="expected lists of numbers .*cannot mix list and non-list"):
+        parsed("1 2", "[[5, 6]]")  # a flat cell among nested ones: said so, not "found '1 2'"
     for cells, found in [(("1, 2",), "'1, 2' at row 0"), (("3", "[1,,2]"), "'[1,,2]' at row 1"),
                          (("01 2",), "'01 2' at row 0"), (("1 x",), "'1 x' at row 0"),
                          (("1 [2]",), "'1 [2]' at row 0"), (("[1, 2",), "'[1, 2' at row 0")]:

@@ -194,6 +194,8 @@ def test_storage_options_and_endpoints_that_would_panic_or_move_the_objects_are_
         remote.configure(None)
         assert_bad_input(r := invoke("info", url))
         assert f"AWS_ENDPOINT_URL: expected an endpoint URL like https://host:port; found {bad!r}" in r.stderr
+    assert_bad_input(r := invoke("info", url, "--storage-option", f"endpoint={server}"))  # the option overrides it
+    assert "found no such file or folder (no object under that prefix)" in r.stderr
 
 
 def test_the_services_own_code_and_message_are_in_the_line(bucket):
@@ -208,6 +210,13 @@ def test_a_bucket_name_with_credentials_or_a_port_is_refused():
     for bad in ("user:pw@bucket", "bucket:80", "-bucket"):
         with pytest.raises(ReservoirError, match=f"expected a bucket name of letters, digits.*found {bad!r}"):
             remote.StoreURL(f"s3://{bad}/a.zarr")
+    # ADLS Gen2's own form names the account after the container: taken, as obstore takes it
+    assert remote.StoreURL("abfss://cont@acct.dfs.core.windows.net/pre/x.zarr").bucket == \
+        "cont@acct.dfs.core.windows.net"
+    with pytest.raises(ReservoirError, match="expected a bucket name"):
+        remote.StoreURL("abfss://cont@acct.dfs.core.windows.net:443/pre/x.zarr")
+    # a flag whose name holds "endpoint" is no endpoint URL
+    remote.StoreURL("az://cont/pre/x.zarr", {"use_fabric_endpoint": "true", "account_name": "acct"}).objects
 
 
 def test_oversized_lease_and_metadata_objects_are_not_read_whole(bucket, local):
@@ -243,6 +252,9 @@ def test_outputs_and_data_given_as_urls_are_refused_not_written_to_a_local_s3_fo
                  ("fit-raw", "--task", "digits", "--out", f"s3://{bucket}/raw.json"),
                  ("train", "--from-store", url, "--steps", "1", "--out", f"s3://{bucket}/run"),
                  ("recipe", "run", "quickstart", "--out", f"s3://{bucket}/r"),
+                 ("plot", "attention", "--run", "r", "--out", f"s3://{bucket}/fig.png"),
+                 ("extract", "--task", "mnist", "-p", f"data_dir=s3://{bucket}/m", "--download", "--backbone",
+                  "tiny-gpt2", "--out", str(tmp_path / "m.zarr")),
                  ("fit-raw", "--data", f"s3://{bucket}/x.csv")):
         assert_bad_input(r := invoke(*args))
         assert "on this machine's filesystem; found a URL (only feature stores are read and written on object " \

@@ -217,6 +217,20 @@ def _layer(store, split, k):
     return X, y
 
 
+def test_fit_raw_and_train_refuse_a_train_split_of_one_class():
+    """As fit-linear: a train split of one class has nothing to learn (fit-raw reported 100% train, 38% test)."""
+    from reservoir import TaskData
+    from reservoir.training import TrainData
+
+    x = np.random.default_rng(0).normal(size=(60, 3, 2)).astype(np.float32)
+    task = TaskData.from_arrays("onec", train=(x[:40], np.zeros(40, np.int64)), test=(x[40:], np.arange(20) % 2))
+    with pytest.raises(ReservoirError, match="task 'onec': expected at least two classes in the train split; found "
+                                             "only class 0"):
+        fit_raw(task)
+    with pytest.raises(ReservoirError, match="expected at least two classes in the train split"):
+        TrainData.from_task(task)
+
+
 def test_a_result_without_validation_is_strict_json_and_reads_back(tmp_path):
     """Too few rows to hold out validation: the file says null (strict JSON), and reads, reports and skips."""
     from reservoir.recipes.runner import finished

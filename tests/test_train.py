@@ -125,7 +125,8 @@ def test_bad_groups_and_sweeps():
 
 @pytest.mark.parametrize("lrs, seed, seeds, message", [
     ("1:1e4:2", 0, 1, "--lr must be at most 1,000, found 10000.0"),
-    ("1e-3:1e-2:2", 4294967295, 2, "--seed must be an integer in 0..4294967295, found 4294967296"),
+    ("1e-3:1e-2:2", 4294967295, 2, "--seed 4294967295 with --seeds 2: expected seeds up to 4294967295; found them "
+                                   "up to 4294967296"),
     ("1e-3:1e-2:2", 0, 10**6, "--seeds must be an integer in 1..1000, found 1000000"),
 ])  # fmt: skip
 def test_a_sweep_checks_every_runs_settings_before_the_first_trains(tmp_path, lrs, seed, seeds, message, monkeypatch):

@@ -112,11 +112,12 @@ def plot():
 def plot_attention(run_dir, task, data, input_column, label_column, params, backbone, init, finetune, lr, steps, seed,
                    layer, example, split, device, out):
     """Attention map of one block of a trained model (Lu et al., Figures 3-5)."""
-    from reservoir.io import writable_folder
+    from reservoir.io import check_local, writable_folder
     from reservoir.training.attention import attention, figure_path, summary
     from reservoir.training.attention import plot_attention as draw
 
     if out is not None:  # before any training or drawing
+        check_local(out, "a figure path")
         out = figure_path(out)
         writable_folder(out.absolute().parent)
 

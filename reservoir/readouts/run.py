@@ -409,6 +409,9 @@ def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, rea
                              f"task_params {task_params!r} (build the task with them instead)")
     else:
         data = task
+    if len(np.unique(data.splits["train"].labels)) < 2:
+        raise ReservoirError(f"task {data.name!r}: expected at least two classes in the train split; found only "
+                             f"class {int(data.splits['train'].labels.reshape(-1)[0])}")
     if data.kind != "continuous" or data.n_out_tokens != 1:
         raise ReservoirError(f"a raw-input baseline needs a continuous task with one output token; found "
                              f"{data.name!r} ({data.kind}, {data.n_out_tokens} output tokens)")

@@ -45,8 +45,12 @@ SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "adl")
 #: Retries of a failed request: backoff from 0.1 s doubling up to 5 s, at most 6 retries and 60 s in all.
 RETRY = {"max_retries": 6, "retry_timeout": timedelta(seconds=60),
          "backoff": {"init_backoff": timedelta(seconds=0.1), "max_backoff": timedelta(seconds=5), "base": 2}}
-#: A bucket's (or container's) name: what S3, GCS and Azure allow, and no user, password or port.
+#: A bucket's (or container's) name: what S3, GCS and Azure allow, and no user, password or port; ADLS Gen2's
+#: ``abfs(s)://container@account.dfs.core.windows.net`` names its account after the container.
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_ADLS_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}@[A-Za-z0-9][A-Za-z0-9.-]{0,254}")
+#: ``--storage-option`` keys that take a URL (checked before obstore's client, which panics on a bad one).
+_URL_KEY = re.compile(r"(?:.*_)?(?:endpoint|endpoint_url)|proxy_url")
 #: ``--storage-option`` keys that would put the objects in another bucket than the URL names (obstore's config).
 _PLACE_KEYS = re.compile(r"(?:aws_|google_|azure_(?:storage_)?)?(?:bucket|bucket_name|container|container_name)")
 #: The most retries and the longest retry budget ``--storage-option`` may ask for.
@@ -125,7 +129,8 @@ class StoreURL:
         if bad is not None:
             raise ReservoirError(f"expected a store URL without {bad.group()!r} (escapes, queries, fragments and "
                                  f"spaces are not taken), found {url!r}")
-        if not _BUCKET.fullmatch(bucket):  # user:password@, :port: one place under two names, a password echoed
+        adls = scheme in ("abfs", "abfss") and _ADLS_BUCKET.fullmatch(bucket) is not None
+        if not (_BUCKET.fullmatch(bucket) or adls):  # user:password@, :port: one place, two names, a password echoed
             raise ReservoirError(f"expected a bucket name of letters, digits, '.', '-' and '_' in a store URL; found "
                                  f"{bucket!r} in {scheme}://... (credentials and endpoints go in the environment or "
                                  "--storage-option)")
@@ -183,10 +188,11 @@ class StoreURL:
                 else:
                     config[k] = v
             for k, v in [*config.items(), *client.items()]:
-                if "endpoint" in k or k == "proxy_url":
+                if _URL_KEY.fullmatch(k.lower()) and "use_" not in k.lower():  # (use_fabric_endpoint: a flag)
                     _check_endpoint(f"--storage-option {k}", v)
-            for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-                if os.environ.get(k) is not None and self.scheme in ("s3", "s3a"):
+            given = any(k.lower() in ("endpoint", "aws_endpoint", "aws_endpoint_url", "endpoint_url") for k in config)
+            for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):  # what obstore reads unless an option overrides it
+                if os.environ.get(k) is not None and self.scheme in ("s3", "s3a") and not given:
                     _check_endpoint(k, os.environ[k])
             endpoint = config.get("endpoint", config.get("aws_endpoint", os.environ.get("AWS_ENDPOINT_URL", "")))
             if str(endpoint).startswith("http://"):
@@ -259,8 +265,8 @@ class StoreURL:
             prefix = "/".join(parts[:i])
             try:
                 obstore.head(self.bucket_store, f"{prefix}/zarr.json")
-            except FileNotFoundError:
-                continue
+            except (FileNotFoundError, obstore.exceptions.PermissionDeniedError):
+                continue  # none, or none this identity may read (S3 answers 403 above a prefix a policy grants)
             except obstore.exceptions.BaseError as err:
                 raise ReservoirError(f"{self.url}: could not read the objects above it ({cause(err)})") from None
             return StoreURL(f"{self.scheme}://{self.bucket}/{prefix}", self.options)

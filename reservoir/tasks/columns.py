@@ -339,7 +339,8 @@ def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 #: A number as JSON writes it (and Python's ``json`` reads ``NaN``/``Infinity``), in RE2 syntax for pyarrow.
 _NUMBER = r"(?:NaN|-?Infinity|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 #: A flat cell: numbers separated by spaces, or a JSON list of numbers (empty allowed: refused as empty below).
-_FLAT_CELL = rf"^(?:(?:{_NUMBER}(?:\s+{_NUMBER})*)?|\[\s*(?:{_NUMBER}(?:\s*,\s*{_NUMBER})*)?\s*\])$"
+_FLAT_CELL = (rf"^(?:(?:{_NUMBER}(?:[\s\p{{Z}}]+{_NUMBER})*)?"  # spaces as str.split() takes them (Unicode's too)
+              rf"|\[\s*(?:{_NUMBER}(?:\s*,\s*{_NUMBER})*)?\s*\])$")
 #: Bytes parsing may take per byte of cell text: vectorised (copies, split strings and their offsets, the numbers)
 #: or cell by cell as Python objects (a nested list of vectors: about 36 bytes per number).
 _FLAT_PER_BYTE, _NESTED_PER_BYTE = 8, 20
@@ -377,8 +378,10 @@ def _parse_text(source: Path, field: str, arr: Any) -> Any:
     check_memory(f"{source}: {field}", _NESTED_PER_BYTE * arr.nbytes, "cells parsed (about 20 times their text)")
     rows: list[Any] = []
     for i, cell in enumerate(arr.to_pylist()):
-        try:
-            rows.append(None if cell is None else json.loads(cell))
+        try:  # a flat cell among nested ones keeps its form: pyarrow then says they cannot mix
+            t = None if cell is None else cell.strip()
+            rows.append(None if t is None else json.loads(t) if t.startswith("[")
+                        else [json.loads(v) for v in t.split()])
         except (ValueError, RecursionError):
             raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
                         f"{cell[:40]!r} at row {i}") from None

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import one_line, publish
+from reservoir.io import check_local, one_line, publish
 
 __all__ = ["data_folder", "download_file", "load_pickle"]
 
@@ -75,6 +75,7 @@ def data_folder(task: str, data_dir: Any, download: bool, default: str | None,
     """
     cache = os.path.join(os.path.expanduser("~"), ".cache", "reservoir", task)
     if data_dir is not None:
+        check_local(data_dir, "a data folder (data_dir)")
         folder = os.fspath(data_dir)
         if download and folder == default and not complete(folder):
             return cache  # a system folder without the files: download into the cache instead

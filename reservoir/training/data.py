@@ -139,6 +139,9 @@ class TrainData:
         else:
             t, v = carve_val(len(tr), val_fraction, seed)
             train, val = Feeder.from_split(tr, t), Feeder.from_split(tr, v)
+        if len(np.unique(tr.labels)) < 2:  # nothing to learn: a run would report the share of that class
+            raise ReservoirError(f"task {task.name!r}: expected at least two classes in the train split; found only "
+                                 f"class {int(np.asarray(tr.labels).reshape(-1)[0])}")
         task_info = {"name": task.name, "params": task.params, "fingerprint": task.fingerprint}
         return cls(train, val, Feeder.from_split(te), provenance={"task": task_info})
 

@@ -352,7 +352,9 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                     bar.update(1)
                 state["step"] += n
                 loss = stepper.mean_loss()
-                check_finite(loss, (p for n_, p in model.named_parameters() if n_ in names), state["step"])
+                # fp16: the scaler skips the steps whose loss overflowed, so only the weights say a run diverged
+                check_finite(loss if stepper.scaler is None else None,
+                             (p for n_, p in model.named_parameters() if n_ in names), state["step"])
                 acc = evaluate(model, data.val, device, amp=settings.amp)
                 state["curve"].append({"step": state["step"], "train_loss": loss, "val_accuracy": acc})
                 bar.set_postfix(loss=f"{state['curve'][-1]['train_loss']:.3f}", val=f"{acc:.3f}")

@@ -98,6 +98,9 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     out = Path(config.out or config.default_out())
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
         raise ReservoirError(f"--seeds must be an integer in 1..{MAX_SWEEP_SEEDS}, found {seeds!r}")
+    if config.seed + seeds - 1 > options.SEED_MAX:
+        raise ReservoirError(f"--seed {config.seed} with --seeds {seeds}: expected seeds up to "
+                             f"{options.SEED_MAX}; found them up to {config.seed + seeds - 1}")
     # every run's settings checked before the first trains (an lr or seed out of range, refused after hours of
     # earlier runs, was the alternative)
     configs = [[replace(config, lr=lr, seed=s, out=str(out / run_name(lr, s)))
