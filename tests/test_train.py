@@ -394,21 +394,23 @@ def test_train_puts_back_the_frozen_weights_it_cast_for_the_run():
     assert 0 <= evaluate(model, data.test, torch.device("cpu"), amp="none") <= 1
 
 
-def test_a_run_loaded_again_needs_the_backbone_weights_it_was_trained_with(tmp_path):
+def _save_tiny_gpt2(folder, seed):
+    """A 2-layer GPT-2 of seeded random weights saved in ``folder`` (saved again: the folder replaced since a run)."""
     from transformers import GPT2Config, GPT2Model
 
+    torch.manual_seed(seed)
+    GPT2Model(GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=64, vocab_size=8)).save_pretrained(folder)
+
+
+def test_a_run_loaded_again_needs_the_backbone_weights_it_was_trained_with(tmp_path):
     folder = tmp_path / "gpt2"
 
-    def save(seed):
-        torch.manual_seed(seed)
-        GPT2Model(GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=64, vocab_size=8)).save_pretrained(folder)
-
-    save(0)
+    _save_tiny_gpt2(folder, 0)
     cfg = TrainConfig(task="bit-xor", backbone=str(folder), steps=2, eval_every=2, task_params=XOR, device="cpu",
                       out=str(tmp_path / "run"))
     run(cfg, progress=False)
     load_run(tmp_path / "run")
-    save(1)  # the folder replaced (or a hub revision moved) since the run
+    _save_tiny_gpt2(folder, 1)  # the folder replaced (or a hub revision moved) since the run
     with pytest.raises(ReservoirError, match="expected the backbone weights the run was trained with"):
         load_run(tmp_path / "run")
 
@@ -416,37 +418,21 @@ def test_a_run_loaded_again_needs_the_backbone_weights_it_was_trained_with(tmp_p
 def test_a_run_resumed_or_retested_needs_the_backbone_weights_it_was_trained_with(tmp_path, monkeypatch):
     """A model folder overwritten between two invocations of one run: the resume (and the retest of a finished
     run) is refused, not trained on and reported as the run."""
-    import reservoir.training.loop as tr
-    from transformers import GPT2Config, GPT2Model
+    from test_recipes import _interrupted_at_the_second_validation
 
     folder = tmp_path / "gpt2"
 
-    def save(seed):
-        torch.manual_seed(seed)
-        GPT2Model(GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=64, vocab_size=8)).save_pretrained(folder)
-
-    save(0)
+    _save_tiny_gpt2(folder, 0)
     cfg = TrainConfig(task="bit-xor", backbone=str(folder), steps=4, eval_every=2, task_params=XOR, device="cpu",
                       out=str(tmp_path / "run"))
-    evaluate, calls = tr.evaluate, []
-
-    def stopped_at_the_second(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return evaluate(*a, **k)
-
-    monkeypatch.setattr(tr, "evaluate", stopped_at_the_second)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg, progress=False)
-    monkeypatch.setattr(tr, "evaluate", evaluate)
-    save(1)
+    _interrupted_at_the_second_validation(monkeypatch, lambda: run(cfg, progress=False))
+    _save_tiny_gpt2(folder, 1)
     with pytest.raises(ReservoirError, match=r"holds a run trained on another backbone's weights \(backbone="):
         run(cfg, progress=False)
-    save(0)
+    _save_tiny_gpt2(folder, 0)
     run(cfg, progress=False)  # the same weights again: resumed and finished
     (tmp_path / "run" / "results.json").unlink()
-    save(1)
+    _save_tiny_gpt2(folder, 1)
     with pytest.raises(ReservoirError, match="another backbone's weights"):
         run(cfg, progress=False)  # a finished run is not tested again with another model
 

@@ -107,10 +107,9 @@ def _check_classes(store: FeatureStore) -> None:
     """Refuse (one line) a train split of one class (a readout learns nothing; a fit would report 100%), and say
     (a warning) when test labels hold classes the train split lacks: no readout predicts them, and they count as
     errors."""
-    train = np.unique(np.asarray(store.labels("train")))
-    if len(train) < 2:
-        raise ReservoirError(f"{store.path}: expected at least two classes in the train split; found only "
-                             f"{'class ' + str(int(train[0])) if len(train) else 'no label'}")
+    from reservoir.tasks.arrays import train_classes
+
+    train = train_classes(store.labels("train"), str(store.path))
     for split in store.splits:
         if split != "train":
             unseen = np.setdiff1d(np.unique(np.asarray(store.labels(split))), train)
@@ -409,9 +408,9 @@ def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, rea
                              f"task_params {task_params!r} (build the task with them instead)")
     else:
         data = task
-    if len(np.unique(data.splits["train"].labels)) < 2:
-        raise ReservoirError(f"task {data.name!r}: expected at least two classes in the train split; found only "
-                             f"class {int(data.splits['train'].labels.reshape(-1)[0])}")
+    from reservoir.tasks.arrays import train_classes
+
+    train_classes(data.splits["train"].labels, f"task {data.name!r}")
     if data.kind != "continuous" or data.n_out_tokens != 1:
         raise ReservoirError(f"a raw-input baseline needs a continuous task with one output token; found "
                              f"{data.name!r} ({data.kind}, {data.n_out_tokens} output tokens)")

@@ -24,7 +24,7 @@ from reservoir.io import one_line
 from reservoir.tasks.base import Split, TaskData
 from reservoir.tasks.params import int_param
 
-__all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack"]
+__all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack", "train_classes"]
 
 #: Integer dtypes the backbone reads as token ids without a conversion (``ReservoirBackbone.project``).
 TOKEN_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
@@ -72,6 +72,22 @@ def from_arrays(name: str, splits: Mapping[str, Any], *, kind: str | None = None
         raise ReservoirError(f"expected a name that is not a registered task's; found {name!r}, which is one")
     return checked_task(name, splits, kind=kind, d_in=d_in, n_classes=n_classes, n_out_tokens=n_out_tokens,
                         vocab=vocab, params=params)
+
+
+def train_classes(labels: Any, where: str) -> np.ndarray:
+    """The classes of a train split's labels, refusing (one line naming ``where``) fewer than two: nothing to learn,
+    and a fit or a run would report the share of that one class (``fit-linear``, ``fit-raw``, ``train``).
+
+    Examples
+    --------
+    >>> train_classes([0, 1, 1], "task 'x'")
+    array([0, 1])
+    """
+    classes = np.unique(np.asarray(labels))
+    if len(classes) < 2:
+        found = f"class {int(classes[0])}" if len(classes) else "no label"
+        raise ReservoirError(f"{where}: expected at least two classes in the train split; found only {found}")
+    return classes
 
 
 def gather_splits(splits: Mapping[str, Any] | None, train: Any = None, val: Any = None, test: Any = None,

@@ -371,10 +371,10 @@ def _parse_text(source: Path, field: str, arr: Any) -> Any:
             return pc.cast(parts, pa.list_(pa.int64() if integers else pa.float64()))
         except pa.ArrowException as err:  # an integer beyond int64
             raise _fail(source, field, "lists of numbers (or of vectors of numbers)", one_line(err)) from None
-    if not all(arr[int(i)].as_py().lstrip().startswith("[") for i in bad):  # not a JSON list: refused as it is
-        i = next(int(i) for i in bad if not arr[int(i)].as_py().lstrip().startswith("["))
+    unlisted = next((int(i) for i in bad if not arr[int(i)].as_py().lstrip().startswith("[")), None)
+    if unlisted is not None:  # not a JSON list either: refused as it is
         raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
-                    f"{arr[i].as_py()[:40]!r} at row {i}")
+                    f"{arr[unlisted].as_py()[:40]!r} at row {unlisted}")
     check_memory(f"{source}: {field}", _NESTED_PER_BYTE * arr.nbytes, "cells parsed (about 20 times their text)")
     rows: list[Any] = []
     for i, cell in enumerate(arr.to_pylist()):

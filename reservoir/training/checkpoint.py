@@ -218,6 +218,21 @@ def check_same_run(ckpt: dict[str, Any], where: Path, config: TrainConfig, data:
                                  "pass another --out")
 
 
+def check_best(folder: Path, config: TrainConfig, data: dict[str, Any] | None, head: bool) -> None:
+    """Refuse (one line) a ``best.pt`` in ``folder`` of another run: of the other kind (a head trained on stored
+    features when ``head`` is false, trained tensors of a live run when it is true), or of other settings or data
+    (:func:`check_same_run`; an older cached run that recorded neither is taken)."""
+    best = folder / "best.pt"
+    if not best.exists():
+        return
+    saved = load(best, ("step",))  # (a folder or garbage there: one line)
+    if ("head" in saved) != head:
+        what = "a live run (best.pt of its trained tensors)" if head else "a head trained on stored features (best.pt)"
+        raise ReservoirError(f"{folder} holds {what}; pass another --out")
+    if "config" in saved:
+        check_same_run(saved, folder, config, data, with_course=False)
+
+
 def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.Optimizer, device,
            data: dict[str, Any] | None = None, steps: int | None = None) -> dict[str, Any]:
     """Restore an interrupted run from ``last.pt``: trained tensors, optimizer, RNG; return the loop state.

@@ -133,15 +133,15 @@ class TrainData:
         >>> len(data.train), len(data.val), len(data.test)
         (90, 10, 20)
         """
+        from reservoir.tasks.arrays import train_classes
+
         tr, te = task.splits["train"], task.splits["test"]
         if "val" in task.splits:
             train, val = Feeder.from_split(tr), Feeder.from_split(task.splits["val"])
         else:
             t, v = carve_val(len(tr), val_fraction, seed)
             train, val = Feeder.from_split(tr, t), Feeder.from_split(tr, v)
-        if len(np.unique(tr.labels)) < 2:  # nothing to learn: a run would report the share of that class
-            raise ReservoirError(f"task {task.name!r}: expected at least two classes in the train split; found only "
-                                 f"class {int(np.asarray(tr.labels).reshape(-1)[0])}")
+        train_classes(tr.labels, f"task {task.name!r}")
         task_info = {"name": task.name, "params": task.params, "fingerprint": task.fingerprint}
         return cls(train, val, Feeder.from_split(te), provenance={"task": task_info})
 

@@ -260,7 +260,7 @@ def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any])
     stored features. The same run's files are computed again in place."""
     from reservoir.settings import first_difference
 
-    results, best = folder / "results.json", folder / "best.pt"
+    results = folder / "results.json"
     if results.is_file():
         try:
             raw = TrainResult.read(results)
@@ -273,12 +273,7 @@ def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any])
             if diff is not None or raw.cached:
                 what = "a head trained on stored features" if raw.cached else f"a run with {diff[0]}={diff[1]!r}"
                 raise ReservoirError(f"{folder} holds {what} (results.json); pass another --out")
-    if best.is_file():
-        saved = ckpt.load(best, ("step",))
-        if "head" in saved:
-            raise ReservoirError(f"{folder} holds a head trained on stored features (best.pt); pass another --out")
-        if "config" in saved:
-            ckpt.check_same_run(saved, folder, settings, identity, with_course=False)
+    ckpt.check_best(folder, settings, identity, head=False)
 
 
 def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig

@@ -242,13 +242,7 @@ def _check_cached_folder(folder: Path, config: TrainConfig, identity: dict[str, 
     tensors), or a cached one of other settings or data. The same cached run is computed again in place."""
     if (folder / "last.pt").exists():
         raise ReservoirError(f"{folder} holds a live run (last.pt); pass another --out")
-    best = folder / "best.pt"
-    if best.exists():
-        saved = ckpt.load(best, ("step",))
-        if "head" not in saved:
-            raise ReservoirError(f"{folder} holds a live run (best.pt of its trained tensors); pass another --out")
-        if "config" in saved:  # an older cached run recorded neither settings nor data: computed again
-            ckpt.check_same_run(saved, folder, config, identity)
+    ckpt.check_best(folder, config, identity, head=True)
 
 
 def _resident_splits(config: TrainConfig, device) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict, dict]:

@@ -60,13 +60,13 @@ def read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         found = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise ReservoirError(f"CIFAR-10 file {path}: expected b'data' uint8 (n, 3072); found {found}")
-    labels = _labels(labels, len(data))
-    if labels is None:
+    checked = _labels(labels, len(data))
+    if checked is None:
         raise ReservoirError(f"CIFAR-10 file {path}: expected {len(data)} integer labels (one per row of b'data'); "
-                             f"found {_described(obj.get(b'labels', obj.get('labels')))}")
-    if len(labels) and (labels.min() < 0 or labels.max() > 9):
-        raise ReservoirError(f"CIFAR-10 file {path}: expected labels in 0..9; found {labels.min()}..{labels.max()}")
-    return data, labels
+                             f"found {_described(labels)}")
+    if len(checked) and (checked.min() < 0 or checked.max() > 9):
+        raise ReservoirError(f"CIFAR-10 file {path}: expected labels in 0..9; found {checked.min()}..{checked.max()}")
+    return data, checked
 
 
 def _labels(labels: Any, n: int) -> np.ndarray | None:
