@@ -234,12 +234,22 @@ class Lease:
                 try:
                     self._put(obstore, self.url.bucket_store, self._version)
                 except (obstore.exceptions.PreconditionError, FileNotFoundError, FileExistsError):
-                    self._lost = "another writer has taken it over"
+                    self._lost = self._taker()
                     return
                 except obstore.exceptions.BaseError as err:
                     if self._run_out():
                         self._lost = f"it could not be renewed before it expired ({cause(err)})"
                         return
+
+    def _taker(self) -> str:
+        """Why a renewal was refused, naming who holds the lease now where the store says."""
+        try:
+            now, _ = read(self.url)
+        except ReservoirError:
+            now = None
+        if now is None:
+            return "another writer has taken it over, or it was deleted"
+        return f"another writer has taken it over: {describe(now)}"
 
     def check(self) -> None:
         """Refuse to write once the lease is lost (replaced by another writer, or not renewed in time).
