@@ -205,11 +205,12 @@ def test_weights_hash_is_of_the_loaded_weights():
     assert load_backbone("tiny-gpt2", d_in=1).info.weights_sha256 == weights_sha256(hf)
 
 
-def _saved(tmp_path, name="model", **config_changes):
-    """The tiny GPT-2's pretrained draw saved as a model folder (safetensors), its config.json edited."""
+def _saved(tmp_path, name="model", base="tiny-gpt2", **config_changes):
+    """A tiny model's pretrained draw (GPT-2 unless ``base`` names another) saved as a model folder (safetensors),
+    its config.json edited."""
     import json
 
-    hf, _, _ = _load_hf("tiny-gpt2", "pretrained", 0, None, "sdpa")
+    hf, _, _ = _load_hf(base, "pretrained", 0, None, "sdpa")
     folder = tmp_path / name
     hf.save_pretrained(folder)
     if config_changes:
@@ -314,6 +315,60 @@ def test_sizes_and_values_no_model_can_have_are_refused_before_anything_is_built
     for name in ("", "  "):
         with pytest.raises(ReservoirError, match="expected a backbone: a built-in name, a model folder or a hub id"):
             load_backbone(name, d_in=3)
+
+
+@pytest.mark.parametrize("choice", ["flex_attention", "kernels-community/flash-attn", "flash_attention_2"])
+def test_a_folder_cannot_choose_its_attention_code(tmp_path, choice):
+    """config.json's ``_attn_implementation`` won over the one asked: flex attention crashed the process on
+    reservoir's masks, and a hub kernel name has transformers fetch compiled code. The asked one is built."""
+    plain = load_backbone(str(_saved(tmp_path, "plain")), d_in=3)
+    for attn in ("sdpa", "eager"):
+        bb = load_backbone(str(_saved(tmp_path, "chosen", _attn_implementation=choice)), d_in=3,
+                           attn_implementation=attn)
+        assert bb.attn_implementation == attn and bb.config._attn_implementation == attn  # before any forward
+        x, lengths = torch.randn(2, 5, 3), torch.tensor([5, 3])
+        torch.testing.assert_close(bb.features(x, lengths, [2]), plain.features(x, lengths, [2]), rtol=1e-5,
+                                   atol=1e-5)
+
+
+@pytest.mark.parametrize("base, changes, why", [
+    ("tiny-gpt2", {"n_head": -2}, r"expected a positive number of attention heads \(num_attention_heads\); found -2"),
+    ("tiny-llama", {"num_key_value_heads": 3}, r"expected a number of key/value heads \(num_key_value_heads\) "
+                                               r"dividing the 2 attention heads; found 3"),
+    ("tiny-llama", {"num_key_value_heads": -1}, r"dividing the 2 attention heads; found -1"),
+    ("tiny-mistral", {"sliding_window": 0}, r"expected a sliding_window of at least 1 position \(or null: none\); "
+                                            r"found 0"),
+    ("tiny-mistral", {"sliding_window": -1}, r"found -1"),
+    ("tiny-bert", {"is_decoder": True}, r"\(bert\): expected an encoder config \(is_decoder false\); found "
+                                        r"is_decoder true"),
+    ("tiny-roberta", {"is_decoder": True}, r"\(roberta\): expected an encoder config"),
+])
+def test_configs_hugging_face_builds_but_cannot_run_as_asked_are_refused(tmp_path, base, changes, why):
+    """A negative head count built and failed at the first forward with a traceback; a window of 0 ran full
+    attention and one of -1 hid every key (stores marked complete); a BERT with is_decoder runs causally in
+    Hugging Face, so bidirectional features from it were another model's. Each is one line at load."""
+    folder = _saved(tmp_path, base=base, **changes)
+    for init in ("pretrained", "random"):
+        with pytest.raises(ReservoirError, match=why):
+            load_backbone(str(folder), d_in=3, init=init)
+    assert load_backbone(str(_saved(tmp_path, "plain", base=base)), d_in=3).depth == 2
+
+
+def test_only_weights_the_reservoir_runs_need_be_finite(tmp_path):
+    """The token embedding (replaced by the projection) and blocks above the depth never run: a NaN there is no
+    reason to refuse the folder; one in a kept block is."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _saved(tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    weights["wte.weight"][0, 0] = float("inf")
+    weights["h.1.mlp.c_fc.weight"][0, 0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    bb = load_backbone(str(folder), d_in=3, depth=1)
+    assert bool(torch.isfinite(bb.features(torch.randn(2, 4, 3), torch.tensor([4, 2]), [1])).all())
+    with pytest.raises(ReservoirError, match="expected finite weights; found NaN or infinite values in "
+                                             "h.1.mlp.c_fc.weight"):
+        load_backbone(str(folder), d_in=3)
 
 
 def test_float32_is_asked_for_by_the_keyword_the_installed_transformers_reads(monkeypatch):

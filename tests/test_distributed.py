@@ -220,21 +220,20 @@ def test_rank_devices_and_timeout_setting(monkeypatch):
     assert distributed.group._timeout() == 2.5
 
 
-def test_chunks_or_windows_are_dealt_round_robin_over_the_splits():
-    """Equal lengths: chunks dealt (continuing over the splits); varying lengths: the single-process windows dealt."""
+def test_windows_are_dealt_round_robin_over_the_splits():
+    """The windows a single process would run (those holding an unfinished chunk) are dealt, continuing over the
+    splits: each row is batched as in one process, whatever its split's lengths."""
     from reservoir.extract.plan import plan_windows
 
     def plan(chunks):  # 10 rows a chunk, 2 chunks a window
-        return plan_windows(np.asarray(chunks, dtype=int), 10, 75, 1, budget=20, max_rows=20)
+        return plan_windows(np.asarray(chunks, dtype=int), 10, 75, 1, budget=20, max_rows=20, stable=True)
 
-    todo = np.array([1, 2, 4, 5, 6, 7])  # chunks 0 and 3 done
+    todo = np.array([1, 2, 4, 5, 6, 7])  # chunks 0 and 3 done: their windows run whole, only 1 and 2 written
     jobs = [distributed.Job(r, 3, r, "cpu", 10.0) for r in range(3)]
-    chunks = [[c for w in plan(j.deal(todo)) for c in w.chunks] for j in jobs]  # equal lengths: chunks dealt
-    assert chunks == [[1, 5], [2, 6], [4, 7]]
-    windows = [[w.chunks for w in j.deal(plan(todo))] for j in jobs]  # varying lengths: windows dealt
-    assert windows == [[[1, 2]], [[4, 5]], [[6, 7]]] and sum(windows, []) == [w.chunks for w in plan(todo)]
+    windows = [[(w.chunks, w.done) for w in j.deal(plan(todo))] for j in jobs]
+    assert windows == [[([0, 1], (0,)), ([6, 7], ())], [([2, 3], (3,))], [([4, 5], ())]]
     more = [[w.chunks for w in j.deal(plan(np.array([0, 1, 2])))] for j in jobs]
-    assert more == [[[0, 1]], [[2]], []]  # after 6 chunks and 3 windows: rank 0 deals first again
+    assert more == [[], [[0, 1]], [[2, 3]]]  # after 4 windows: rank 1 deals first
 
 
 # the Python API: extract(..., sharded=True) on every rank, or rank 0 alone extracting (the default) in a DDP job

@@ -124,24 +124,40 @@ def test_extract_on_objects_equals_the_config_builder(tmp_path):
 
 
 
-def test_resumed_varying_length_store_equals_the_uninterrupted_one(tmp_path, monkeypatch):
-    """Rows of varying lengths are batched by length within their window: a resumed run runs the whole window of
-    an unfinished chunk again (writing only that chunk), so the store is the same bit for bit."""
+@pytest.mark.parametrize("lengths", ["varying", "equal"])
+def test_resumed_store_batches_every_row_as_the_uninterrupted_one(tmp_path, monkeypatch, lengths):
+    """A resumed run runs the whole window of an unfinished chunk again (writing only that chunk), so every row
+    shares its batch with the rows it did: rows of varying lengths are batched by length within their window, and
+    a row's result can depend on its batch's size even where every row has one length (a lone row takes another
+    matrix kernel, whose sums round otherwise on the CPU's threads). The store is the same bit for bit."""
     import shutil
 
     import reservoir.store.files
     from reservoir import extract, get_task, load_backbone
+    from reservoir.extract.engine import Engine
 
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 32 * 4 * 40)  # 40 rows a chunk
-    task = get_task("listops", n_train=400, n_test=80, min_length=5, max_length=60)
+    if lengths == "varying":
+        task = get_task("listops", n_train=400, n_test=80, min_length=5, max_length=60)
+    else:
+        task = get_task("bit-xor", n_train=400, n_test=80)
+    batches: list[tuple[int, ...]] = []
+    original_run = Engine.run
 
-    def run(out):
+    def run_batches(self, inputs, lengths, rows, order, bounds, *args, **kwargs):
+        batches.extend(tuple(sorted(rows[order[lo:hi]].tolist())) for lo, hi in bounds)
+        return original_run(self, inputs, lengths, rows, order, bounds, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "run", run_batches)
+
+    def run(out):  # 16 rows a batch: chunks of 40 rows start inside batches
         bb = load_backbone("tiny-bert", d_in=task.d_in)
         return extract(task, bb, out, layers=[0, 1, 2], dtype="float32", device="cpu", batch_size=16, progress=False)
 
     with run(tmp_path / "ref.zarr") as ref:
         assert ref.chunk_rows("train") == 40 and len(ref.done("train")) == 10
         expected = np.asarray(ref.features("train")[:])
+    uninterrupted, batches[:] = set(batches), []
     resumed = shutil.copytree(tmp_path / "ref.zarr", tmp_path / "resumed.zarr")
     for c in (3, 7):  # as a kill leaves them: features and done flag never written
         (resumed / "train" / "done" / "c" / str(c)).unlink()
@@ -156,4 +172,6 @@ def test_resumed_varying_length_store_equals_the_uninterrupted_one(tmp_path, mon
     monkeypatch.setattr(FeatureStore, "write_chunks", write_chunks)
     with run(resumed) as st:
         assert [c for _, cs in written for c in cs] == [3, 7] and {s for s, _ in written} == {"train"}
+        assert batches and set(batches) <= uninterrupted  # each row batched with the rows it was batched with
+        assert {r for b in batches for r in b} >= {*range(120, 160), *range(280, 320)}
         assert np.array_equal(np.asarray(st.features("train")[:]), expected)

@@ -50,8 +50,8 @@ def test_window_copies_to_pinned_memory_and_many_windows_equal_cpu(tmp_path):
 
 
 def test_a_resumed_cuda_store_equals_the_uninterrupted_one(tmp_path):
-    """Equal lengths: a resume plans windows from the unfinished chunks only, so a row may share its batch with
-    other rows than before; on CUDA (kernels chosen by batch shape) the store must still be bit for bit the same."""
+    """Equal lengths: a resume runs the windows of a fresh store again, so each row shares its batch with the rows it
+    did before; on CUDA (kernels chosen by batch shape) the store is bit for bit the same."""
     import shutil
 
     import zarr

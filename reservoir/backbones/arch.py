@@ -50,10 +50,17 @@ def _vit_patches(config: Any) -> int:
     return (int(config.image_size) // int(config.patch_size)) ** 2
 
 
+def _encoder_refusal(config: Any) -> str | None:
+    """A BERT-style config set up as a decoder: Hugging Face runs its blocks causally, the family bidirectionally."""
+    if getattr(config, "is_decoder", False):
+        return "expected an encoder config (is_decoder false); found is_decoder true, a causal BERT-style model"
+    return None
+
+
 def _roberta_refusal(config: Any) -> str | None:
     if getattr(config, "pad_token_id", None) is None:
         return "expected pad_token_id in the config (RoBERTa's positions start after it); found none"
-    return None
+    return _encoder_refusal(config)
 
 
 def _opt_refusal(config: Any) -> str | None:
@@ -174,7 +181,7 @@ ARCHS: dict[str, ArchFacts] = {
         max_positions=_attr("max_position_embeddings"), pre_norm=True, attention_weights="self_attn",
         position_offset=lambda config: 2, refuse=_opt_refusal,
     ),
-    "bert": ArchFacts(family="bert", model_types=("bert",), **_BERT_LIKE),
+    "bert": ArchFacts(family="bert", model_types=("bert",), **_BERT_LIKE, refuse=_encoder_refusal),
     "roberta": ArchFacts(family="roberta", model_types=("roberta",),
                          **{**_BERT_LIKE, "max_positions": _roberta_positions}, position_offset=_after_padding,
                          refuse=_roberta_refusal),
@@ -210,6 +217,29 @@ def norm_types() -> tuple[type[nn.Module], ...]:
         if cls not in found:
             found.append(cls)
     return tuple(found)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def config_refusal(config: Any, arch: ArchFacts) -> str | None:
+    """Why ``config`` cannot be used (``None`` when it can): the family's own :attr:`ArchFacts.refuse`, then what
+    every family needs and Hugging Face does not check when it builds the model (a negative head count builds, and
+    fails only at the first forward; a window of 0 or less builds, and hides every key)."""
+    why = arch.refuse(config)
+    if why is not None:
+        return why
+    heads, groups = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if heads is not None and not _positive(heads):
+        return f"expected a positive number of attention heads (num_attention_heads); found {heads!r}"
+    if groups is not None and not (_positive(groups) and heads % groups == 0):
+        return (f"expected a number of key/value heads (num_key_value_heads) dividing the {heads} attention heads; "
+                f"found {groups!r}")
+    window = getattr(config, "sliding_window", None) if arch.sliding else None
+    if window is not None and not _positive(window):
+        return f"expected a sliding_window of at least 1 position (or null: none); found {window!r}"
+    return None
 
 
 def arch_for(model_type: str) -> ArchFacts:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reservoir.backbones.arch import arch_for, get_module
+from reservoir.backbones.arch import arch_for, config_refusal, get_module
 from reservoir.backbones.hub import check_folder, from_pretrained, hub_offline, load_error
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
@@ -193,18 +193,25 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
         _check_layers(name, getattr(config, "num_hidden_layers", None))
+        # the folder's own choice of attention code (config.json's "_attn_implementation": flex attention, a hub
+        # kernel) never runs: the model is built with the config read here, and the implementation asked
+        config._attn_implementation = None
         kwargs = _attention_for(name, config, kwargs)
         _check_fits(name, lambda: AutoModel.from_config(config, **kwargs))
         if init == "random":
             model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), seed)
         else:
             # parameters the checkpoint lacks (a pooler the task head replaced) get a fixed draw: same hash every load
-            model = _seeded_init(lambda: from_pretrained(name, source, use_safetensors=True,
+            model = _seeded_init(lambda: from_pretrained(name, source, use_safetensors=True, config=config,
                                                          **{**hub_kwargs, **kwargs}), MISSING_WEIGHTS_SEED)
     except ReservoirError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
         raise load_error(name, source, is_folder, err) from None
+    found = getattr(model.config, "_attn_implementation", None)
+    if found != kwargs["attn_implementation"]:  # the masks reservoir builds are for SDPA or eager attention only
+        raise ReservoirError(f"backbone {name!r}: expected {kwargs['attn_implementation']} attention; the model was "
+                             f"built with {found!r}")
     return model, model_id, revision
 
 
@@ -218,7 +225,7 @@ def _attention_for(name: str, config: Any, kwargs: dict[str, Any]) -> dict[str, 
         refuses (e.g. OPT with ``project_in``).
     """
     arch = arch_for(config.model_type)
-    why = arch.refuse(config)
+    why = config_refusal(config, arch)
     if why is not None:
         raise ReservoirError(f"backbone {name!r} ({arch.family}): {why}")
     if arch.eager and kwargs["attn_implementation"] != "eager":
@@ -352,6 +359,18 @@ def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | N
                    projection_gain=projection_gain, projection_seed=projection_seed)
 
 
+def _check_finite(name: str, model: nn.Module, backbone: nn.Module) -> None:
+    """Refuse (one line, naming the checkpoint's tensor) NaN or infinite values in a weight the reservoir runs: its
+    blocks up to its depth, positions, norms (a NaN in the final norm would never fail a forward). Weights it drops
+    (the token embedding the projection replaces, a pooler, blocks above the depth) are not its concern."""
+    kept = {id(p) for p in backbone.parameters()}
+    tensors = [(n, p) for n, p in model.named_parameters() if id(p) in kept]
+    tensors += [(n, b) for n, b in backbone.named_buffers() if b.is_floating_point()]  # e.g. token type 0's row
+    bad = next((n for n, t in tensors if not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise ReservoirError(f"backbone {name!r}: expected finite weights; found NaN or infinite values in {bad}")
+
+
 def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone], facts: dict[str, Any], *, init: str,
             depth: int | None, d_in: int, seed: int, projection_gain: float,
             projection_seed: int | None) -> ReservoirBackbone:
@@ -378,9 +397,6 @@ def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone],
     if not 0 <= depth <= n_layer:
         raise ReservoirError(f"depth {depth} is beyond backbone {name!r}: expected 0..{n_layer} layers, found {depth}")
     sha = weights_sha256(model)
-    bad = next((n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())), None)
-    if bad is not None:  # (a NaN in a block would fail at the first stored chunk; one in the final norm, never)
-        raise ReservoirError(f"backbone {name!r}: expected finite weights; found NaN or infinite values in {bad}")
     model.eval()
     model.requires_grad_(False)
     proj_seed = seed if projection_seed is None else projection_seed
@@ -388,5 +404,6 @@ def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone],
     projection.requires_grad_(False)
     info = BackboneInfo(**facts, init=init, seed=seed, depth=depth, weights_sha256=sha)
     backbone = wrap(model, depth=depth, projection=projection, info=info).eval()
+    _check_finite(name, model, backbone)
     backbone.projection_info = {"kind": "orthogonal", "gain": projection_gain, "seed": proj_seed, "d_in": d_in}
     return backbone

@@ -170,28 +170,21 @@ def iter_windows(plan: ExtractionPlan, store: FeatureStore, progress: bool = Tru
     """Yield a :class:`PlannedWindow` for every unfinished window (of this rank's share).
 
     The one plan both the pass and ``bench extract``'s bare forward follow
-    (the latter with ``every_chunk``: the windows of a fresh store). A split
-    of varying lengths runs the windows of a fresh store that hold an
-    unfinished chunk, so a resumed store equals an uninterrupted one bit for
-    bit (:func:`~reservoir.extract.plan.plan_windows` with ``stable``).
-
-    A rank of a sharded job gets every ``world``-th unit. A split whose
-    sequences all have one length deals its chunks (then plans this rank's
-    windows from them): a row's batch mates change, its features do not (on
-    the CPU, batch size does not change a row's result). A split of varying
-    lengths deals the windows a single process would run, so every row is
-    padded and batched as in a single process and the store is the same, bit
-    for bit.
+    (the latter with ``every_chunk``: the windows of a fresh store). Every
+    split runs the windows of a fresh store that hold an unfinished chunk
+    (:func:`~reservoir.extract.plan.plan_windows` with ``stable``), and a rank
+    of a sharded job every ``world``-th of them, so each row is padded and
+    batched as in one uninterrupted process: a resumed, repaired or sharded
+    store is the same bit for bit. Rows of one length too: a row's result can
+    depend on its batch's size (a lone row takes another matrix kernel than a
+    batch of two, with another summation order, on the CPU's threads as on
+    CUDA).
     """
     for name, split in plan.task.splits.items():
         flags = store.done(name) if done is None else done[name]
         todo = np.arange(len(flags)) if every_chunk else np.flatnonzero(~flags)
-        varying = len(split) > 0 and int(split.lengths.min()) != int(split.lengths.max())
         args = (store.chunk_rows(name), len(split), _row_bytes(store, name, split))
-        if varying:
-            windows = job.deal(plan_windows(todo, *args, stable=True))
-        else:
-            windows = plan_windows(np.asarray(job.deal(todo.tolist()), dtype=np.int64), *args, stable=False)
+        windows = job.deal(plan_windows(todo, *args, stable=True))
         with job.bar(f"extract {name}", sum(len(w.rows) for w in windows), progress) as bar:
             for w in windows:
                 yield PlannedWindow(name, split, w, *plan_order(split.lengths[w.rows], *plan.batching), bar)
