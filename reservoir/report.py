@@ -27,7 +27,7 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside, control_char, read_json, save_figure
+from reservoir.io import atomic_write, check_inside, check_name, control_char, read_json, save_figure
 from reservoir.pairs import Scored, compare, markdown_pairs
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
@@ -48,6 +48,7 @@ class Row:
     per_row: list[tuple[np.ndarray, int]] = field(default_factory=list)  # each seed's correct heads per test row
     fingerprints: set[str] = field(default_factory=set)  # the task(s) whose test rows were scored
     unsettled: int = 0  # train seeds whose last validation ended more than 1 point below their best
+    expected: int = 0  # seeds the recipe asks of this row
 
     @property
     def paper(self) -> PaperValue | None:
@@ -179,6 +180,7 @@ def collect(results_dir: Path, recipe: Recipe,
     def add(label: dict[str, Any], acc: float | None = None, seed: int | None = None) -> Row:
         key = tuple(label.items())
         row = rows.setdefault(key, Row(label))
+        row.expected += len(run.cell.seeds) if run.cell.lr_sweep else 1
         if acc is not None:
             row.accs.append(float(acc))
             row.seeds.append(seed)
@@ -188,7 +190,7 @@ def collect(results_dir: Path, recipe: Recipe,
         for label, name in run.outputs():
             path = results_dir / run.id / name
             check_inside(path, results_dir, "results files")
-            state, why = file_state(run, path)
+            state, why = file_state(run, path, read_data=False)  # nothing outside the results folder is read
             if state in ("foreign", "stale") and outdated is not None:
                 outdated.append(f"{run.id}/{name} ({why})")
             res = None if state in ("foreign", "stale") else _load(path)
@@ -249,7 +251,8 @@ def _keep_rows(row: Row, res, path: Path) -> None:
     if interval is not None and None not in interval:  # null: no interval (no test rows)
         row.intervals.append(_numbers(interval, path, "metrics.test_interval"))
     record = (res.rows or {}).get("test") if isinstance(res.rows, dict) else None
-    task = res.task if res.task else (res.store or {}).get("task")
+    task = res.task if isinstance(res.task, dict) and res.task else \
+        res.store.get("task") if isinstance(res.store, dict) else None
     fingerprint = task.get("fingerprint") if isinstance(task, dict) else None
     if record is not None and fingerprint is not None:
         row.per_row.append(decode_rows(record, str(path)))
@@ -299,6 +302,18 @@ def _measured(row: Row) -> str:
     return "; ".join(said)
 
 
+#: Characters a recipe's text (a description, a task's tag, a backbone name, a paper source) could start markup
+#: with: HTML tags and entities, links and images, code spans. Such text is shown as written, never rendered.
+_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`",
+                         "\\": "\\\\"})
+
+
+def _text(text: str) -> str:
+    """A recipe's text as Markdown that shows it as written: no HTML, link, image or code span of its own (a table
+    of its own: see :func:`_cell`, and the description's ``|``)."""
+    return text.translate(_MARKUP)
+
+
 def _cell(text: str) -> str:
     """A Markdown table cell: ``|`` escaped, line breaks and other control characters as spaces (one row a
     line)."""
@@ -315,9 +330,11 @@ def markdown_table(rows: list[Row]) -> str:
         task = lab["task"] + (f" ({lab['tag']})" if lab.get("tag") else "")
         layer = "—" if lab["layer"] is None else str(lab["layer"])
         papers = [row.papers[m] for m in METRICS if m in row.papers]
-        cells = [task, lab["backbone"] or "—", lab["init"] or "—", layer,
-                 _setting(lab, row), _pct(row), str(len(row.seeds)), _measured(row) or "—",
-                 " · ".join(p.format() for p in papers) or "—", "; ".join(dict.fromkeys(p.source for p in papers))]
+        seeds = str(len(row.seeds)) + (f" of {row.expected}" if len(row.seeds) < row.expected else "")
+        cells = [_text(task), _text(lab["backbone"] or "—"), lab["init"] or "—", layer,
+                 _setting(lab, row), _pct(row), seeds, _measured(row) or "—",
+                 " · ".join(p.format() for p in papers) or "—",
+                 _text("; ".join(dict.fromkeys(p.source for p in papers)))]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -461,6 +478,10 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
     >>> print(r.markdown); print(r.files)  # doctest: +SKIP
     """
     d = Path(results_dir)
+    check_name(d)
+    if not d.is_dir():
+        raise ReservoirError(f"{d}: expected a results folder (written by `reservoir recipe run`), found "
+                             f"{'a file' if d.exists() else 'no such folder'}")
     if not (d / "recipe.yaml").is_file():
         raise ReservoirError(f"{d}: expected a results folder with recipe.yaml (written by `reservoir recipe run`), "
                              "found none")
@@ -480,8 +501,8 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
             elif (d / name).is_file() or (d / name).is_symlink():  # an earlier render's figure of rows gone since
                 (d / name).unlink()
     parts = [f"# {recipe.name}", ""]
-    if recipe.description:
-        parts += [recipe.description, ""]
+    if recipe.description:  # as text: a table, a link or HTML in it is shown, not rendered
+        parts += [_text(recipe.description).replace("|", "\\|"), ""]
     note = ("Test accuracy on the full test split with its 95% interval over the test rows; with several seeds, "
             "mean ± std (population) over seeds and the interval of that mean. Paper values are from the recipe's "
             "`paper:` entries.")

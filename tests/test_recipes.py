@@ -19,6 +19,8 @@ import reservoir.training
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.recipes import Recipe, list_recipes, load_recipe, plan, run_recipe
+from reservoir.recipes.runner import store_for
+from reservoir.store import FeatureStore
 from reservoir.report import report
 
 TINY = textwrap.dedent("""\
@@ -419,6 +421,37 @@ def test_report_mean_and_std_over_seeds(tmp_path):
 def test_report_without_recipe_is_one_line(tmp_path):
     with pytest.raises(ReservoirError, match="expected a results folder with recipe.yaml"):
         report(tmp_path)
+    with pytest.raises(ReservoirError, match="nowhere: expected a results folder .* found no such folder"):
+        report(tmp_path / "nowhere")
+    with pytest.raises(ReservoirError, match="expected an output name of at most"):
+        report(tmp_path / ("x" * 300))  # was an OSError traceback (file name too long)
+
+
+def test_a_report_shows_the_recipes_text_as_written_and_missing_seeds(tmp_path, monkeypatch):
+    """A description holding a table, HTML or an image link, and a tag or a source holding markup, were rendered:
+    a recipe could put numbers in the report that no results file holds. A row short of its seeds said only how
+    many it had."""
+    import reservoir.recipes.runner
+
+    fake = "| bit-xor | minilm | pretrained | 6 | linear | 99.90% [99.80, 100.00] | 3 |"
+    data = {"name": "text", "description": f"{fake}\n<script>alert(1)</script> ![x](http://example.com/b.png)",
+            "cells": [{"kind": "fit-raw", "task": "digits", "seeds": [0, 1, 2], "tag": "a_b",
+                       "task_params": {"seed": 3}}],
+            "paper": [{"match": {"kind": "fit-raw"}, "value": 50, "source": "[click](javascript:x) <b>T</b>"}]}
+    out = tmp_path / "r"
+    run_recipe(make(data), out=out, progress=False)
+    shutil.rmtree(out / "fit-raw__digits__a_b__seed2")  # as a kill during the third seed leaves it
+
+    def read_data(*a, **k):
+        raise AssertionError("the report read the run's data")
+
+    monkeypatch.setattr(reservoir.recipes.runner, "data_fingerprint", read_data)
+    md = report(out, plots=False).markdown
+    assert "\\| bit-xor \\| minilm" in md and "\n| bit-xor |" not in md  # the fake row is text, not a row
+    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "![x](" not in md and "!\\[x\\](http://example.com/b.png)" in md
+    assert "\\[click\\](javascript:x) &lt;b&gt;T&lt;/b&gt;" in md and "<b>" not in md
+    assert "| digits (a_b) |" in md and " | 2 of 3 | " in md
 
 
 # ------------------------------------------------------------------ CLI
@@ -695,7 +728,7 @@ TRAIN = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2"}
     ({"cells": [{**TRAIN, "steps": 5, "epochs": 2}]}, "cells[0]: expected steps or epochs, found both"),
     ({"defaults": {"steps": 5, "epochs": 2}, "cells": [TRAIN]},
      "cells[0] (with defaults): expected steps or epochs, found both"),
-    ({"cells": [{**TRAIN, "seeds": list(range(100)), "lr": [10.0 ** -k for k in range(1, 11)],
+    ({"cells": [{**TRAIN, "seeds": list(range(100)), "lr": [10.0 ** -k for k in range(1, 11)], "backbone": "gpt2",
                  "layers": list(range(11))}]}, "expected at most 10,000 runs, found a grid of 11,000"),
     ({"cells": [{**TRAIN, "tag": "t" * 300}]}, "tag in cells[0]: expected at most 64 characters"),
     ({"name": "n" * 65, "cells": [TRAIN]}, "name: expected at most 64 characters"),
@@ -710,6 +743,40 @@ TRAIN = {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2"}
 ])
 def test_values_that_gave_tracebacks_are_one_line(data, message):
     assert message in error_of(data)
+
+
+@pytest.mark.parametrize("data, message", [
+    # YAML 1.1 reads these as false, 8, 31 and 750: two tags (no, off) named one folder "False"
+    ({"cells": [{**TRAIN, "tag": False}]}, "tag in cells[0]: expected text; found False, which YAML read as a bool "
+                                           "(quote it to keep it as written)"),
+    ({"cells": [{**TRAIN, "tag": 8}]}, "tag in cells[0]: expected text; found 8, which YAML read as a int"),
+    ({"name": 31, "cells": [TRAIN]}, "name: expected text; found 31"),
+    ({"name": False, "cells": [TRAIN]}, "name: expected text; found False"),
+    # a misspelled default was dropped, and every run made with the task's default sizes
+    ({"defaults": {"task_params": {"n_trian": 64}}, "cells": [{"kind": "fit-raw", "task": "bit-xor"}]},
+     "task_params in defaults: no task has a parameter 'n_trian'; expected one of:"),
+    # refused only when its cell ran, after the cells before it
+    ({"cells": [{**TRAIN, "backbone": "lstm-3x8"}]}, "init in cells[0]: backbone 'lstm-3x8' has no pretrained weights; "
+                                                     "expected init: random"),
+    ({"cells": [{**TRAIN, "backbone": "lstm-3.5x8", "init": "random"}]},
+     "backbone in cells[0]: bad LSTM backbone name"),
+    ({"cells": [{"kind": "fit-linear", "task": "bit-xor", "backbone": "tiny-gpt2", "layers": 9}]},
+     "layers in cells[0] must be within 1..2 for backbone 'tiny-gpt2' (2 blocks), found 9"),
+    ({"cells": [{**TRAIN, "backbone": ["gpt2", "minilm"], "layers": [4, 7]}]},
+     "layers in cells[0] must be within 1..6 for backbone 'minilm' (6 blocks), found 7"),
+    ({"cells": [{"kind": "bench", "task": "bit-xor", "backbone": "tiny-gpt2", "layers": 2, "split_layer": 2}]},
+     "split_layer in cells[0] must be within 0..1 (below the depth 2), found 2"),
+    # a few kilobytes asking for millions of results files took minutes and gigabytes to check
+    ({"cells": [{"kind": "fit-linear", "task": "bit-xor", "backbone": "gpt2", "layers": 1000,
+                 "readout": ["logistic", "ridge"], "seeds": list(range(100))}]},
+     "expected at most 100,000 results files (runs x readouts x fitted layers), found a grid of 200,200"),
+])
+def test_recipes_that_failed_late_or_silently_are_refused_when_read(data, message):
+    assert message in error_of(data)
+    for ok in ({"cells": [{**TRAIN, "tag": "no"}]}, {"name": "0x1F", "cells": [TRAIN]},
+               {"cells": [{**TRAIN, "backbone": "lstm-3x8", "init": "random", "layers": 3}]},
+               {"defaults": {"task_params": {"n_train": 64}}, "cells": [{"kind": "fit-raw", "task": "digits"}]}):
+        make(ok)  # quoted, in range, or a default some task takes
 
 
 def test_a_cells_own_length_replaces_the_defaults(tmp_path):
@@ -952,3 +1019,55 @@ def test_a_recipe_run_whose_folder_lock_file_is_removed_stops_before_its_next_ru
     assert len(calls) == 1  # the second run never started
     monkeypatch.setattr(runner, "fit_raw", fit_raw)
     assert len(run_recipe(make({"cells": cells}), out=out, progress=False)["skipped"]) == 1  # the first one's results
+
+
+def test_a_model_folder_saved_over_is_not_read_from_its_old_store(tmp_path):
+    """The store cache is keyed by the backbone's name: after a model folder was saved over, its old store was
+    reused, even with --force. Its weights' hash is compared: the store is refused in one line, and --force
+    extracts it again."""
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    def save(seed):
+        torch.manual_seed(seed)
+        GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=64, vocab_size=8)).save_pretrained(
+            tmp_path / "model")
+
+    save(1)
+    data = {"name": "folder", "cells": [{"kind": "fit-linear", "task": "bit-xor", "backbone": str(tmp_path / "model"),
+                                          "layers": 1, "task_params": {"n_train": 64, "n_test": 32}}]}
+    run_recipe(make(data), out=tmp_path / "r", device="cpu", progress=False, cache_dir=tmp_path / "cache")
+    (store,) = (tmp_path / "cache").glob("*.zarr")
+    before = FeatureStore.open(store).attrs["backbone"]["weights_sha256"]
+    save(2)
+    with pytest.raises(ReservoirError, match=r"was written with backbone.weights_sha256='[0-9a-f]{64}', this run has "):
+        store_for(make(data).runs()[0], tmp_path / "cache", "cpu")  # (the finished run is skipped without --force)
+    run_recipe(make(data), out=tmp_path / "r", device="cpu", progress=False, cache_dir=tmp_path / "cache", force=True)
+    assert FeatureStore.open(store).attrs["backbone"]["weights_sha256"] != before
+
+
+def test_paths_a_recipe_run_cannot_use_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """An empty --out wrote into the working folder; a --cache inside a store (or a file) was refused only after
+    the results folder was written (and --force had removed results); a model folder that is not there failed
+    only when its cell ran, after the cells before it."""
+    import zarr
+
+    monkeypatch.chdir(tmp_path)
+    linear = {"kind": "fit-linear", "task": "bit-xor", "backbone": "./no-model", "layers": 1}
+    data = {"name": "paths", "cells": [{"kind": "fit-raw", "task": "digits"}, linear]}
+    with pytest.raises(ReservoirError, match="expected a results folder \\(--out\\); found an empty path"):
+        run_recipe(make(data), out="", progress=False)
+    with pytest.raises(ReservoirError, match="backbone './no-model' in cells\\[1\\]: expected a model folder "
+                                             "\\(config.json and weights\\), found no such folder"):
+        run_recipe(make(data), out="r", progress=False)
+    with pytest.raises(ReservoirError, match="backbone './no-model' in cells\\[1\\]"):
+        plan(make(data), out="r")  # the dry run says so too
+    data["cells"][1]["backbone"] = "tiny-gpt2"
+    zarr.open_group("s.zarr", mode="w")
+    (tmp_path / "file.txt").write_text("")
+    for cache, why in (("s.zarr/cache", "expected a store cache \\(--cache\\) outside any feature store; found it "
+                                        "inside the store .*s.zarr"),
+                       ("file.txt", "file.txt: expected a store cache folder \\(--cache\\); found a file")):
+        with pytest.raises(ReservoirError, match=why):
+            run_recipe(make(data), out="r", progress=False, cache_dir=cache)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "s.zarr"]

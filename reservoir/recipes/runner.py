@@ -11,8 +11,8 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside, check_local
-from reservoir.settings import describe_difference, first_difference
+from reservoir.io import atomic_write, check_inside, check_name, zarr_store_around
+from reservoir.settings import describe_difference, first_difference, folder_only
 from reservoir.store.lock import run_folder_lock, writer_lock
 from reservoir.store.remote import StoreURL, is_url
 from reservoir.recipes.files import load_recipe
@@ -28,7 +28,9 @@ def _check_inside(path: Path, root: Path) -> None:
 def _out_dir(recipe: Recipe, out: str | os.PathLike | None) -> Path:
     """The recipe's results folder: ``out``, else ``results/<name>`` (checked to lie inside ``results``)."""
     if out is not None:
-        check_local(out, "a results folder")
+        if not str(os.fspath(out)).strip():
+            raise ReservoirError("expected a results folder (--out); found an empty path")
+        check_name(out)
         return Path(out)
     _check_inside(Path("results") / recipe.name, Path("results"))
     return Path("results") / recipe.name
@@ -101,7 +103,10 @@ def recipe_folder(out_dir: Path) -> Path | None:
     except ReservoirError:  # none (an earlier version's results), or unreadable: the copy's folder
         return None
     folder = found.get("folder") if isinstance(found, dict) else None
-    return Path(folder) if isinstance(folder, str) and Path(folder).is_dir() else None
+    try:
+        return Path(folder) if isinstance(folder, str) and Path(folder).is_dir() else None
+    except OSError:  # a name too long for a path (a garbled record) is no folder
+        return None
 
 
 def _begin(run: Run, folder: Path, meta: dict[str, Any]) -> None:
@@ -147,8 +152,11 @@ def _begun_otherwise(run: Run, folder: Path) -> str | None:
     return None
 
 
-def file_state(run: Run, path: Path) -> tuple[str, str]:
-    """One results file of ``run`` as :func:`run_state` judges it: ``todo``, ``foreign``, ``stale`` or ``done``."""
+def file_state(run: Run, path: Path, read_data: bool = True) -> tuple[str, str]:
+    """One results file of ``run`` as :func:`run_state` judges it: ``todo``, ``foreign``, ``stale`` or ``done``.
+
+    ``read_data=False`` judges by the recorded settings alone, never reading the run's data files (``report`` reads
+    nothing outside the results folder it renders)."""
     data = _valid(path)
     if data is None:
         return "todo", ""
@@ -161,6 +169,8 @@ def file_state(run: Run, path: Path) -> tuple[str, str]:
         diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
         if diff is not None:
             return "stale", f"computed with {describe_difference(diff)}"
+    if not read_data:
+        return "done", ""
     try:
         now = data_fingerprint(run)
     except ReservoirError:  # the data is not here (results copied elsewhere): the results stand as they are
@@ -200,13 +210,39 @@ def data_fingerprint(run: Run) -> str | None:
 def _checked(recipe: Recipe, out_dir: Path) -> list[Run]:
     """Every run of ``recipe``, once every path it reads, writes or removes is checked (before anything is
     written)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ReservoirError(f"{out_dir}: expected a results folder, found a file")
+    try:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ReservoirError(f"{out_dir}: expected a results folder, found a file")
+    except OSError as err:
+        raise ReservoirError(f"{str(out_dir)[:80]}: expected a results folder; found {err.strerror}") from None
     runs = recipe.runs()
     runs_paths = (p for run in runs for p in (out_dir / run.id, *result_files(run, out_dir / run.id)))
     for path in [out_dir / "recipe.yaml", out_dir / SOURCE, *runs_paths]:
         _check_inside(path, out_dir)
+    for run in runs:  # a model folder that is not there fails now, not after the runs before it
+        if run.backbone is not None and folder_only(run.backbone) and not _is_dir(run.backbone):
+            raise ReservoirError(f"backbone {run.backbone!r} in {run.cell.where}: expected a model folder "
+                                 "(config.json and weights), found no such folder")
     return runs
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(os.path.expanduser(path)).is_dir()
+    except OSError:  # a name too long for a path
+        return False
+
+
+def _check_cache(cache: Path | StoreURL) -> None:
+    """Refuse (one line) a local store cache inside a Zarr store (whose rebuild would delete every store in it),
+    before the results folder is written."""
+    if isinstance(cache, Path):
+        if cache.exists() and not cache.is_dir():
+            raise ReservoirError(f"{cache}: expected a store cache folder (--cache); found a file")
+        around = zarr_store_around(cache / "_")
+        if around is not None:
+            raise ReservoirError(f"{cache}: expected a store cache (--cache) outside any feature store; found it "
+                                 f"inside the store {around}")
 
 
 def _states(runs: list[Run], out_dir: Path) -> list[tuple[Run, str, str]]:
@@ -272,7 +308,12 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
                      "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
                      "compute_dtype": a.get("compute_dtype"), "gain": a["projection"]["gain"]}
             diff = first_difference(found, key, keys=found)
+            recorded = a["backbone"].get("weights_sha256")
             complete = st.complete
+        if diff is None and recorded is not None:  # a model folder saved over since, or another hub revision
+            now = _weights_sha256(run)
+            if now != recorded:
+                diff = ("backbone.weights_sha256", recorded, now)
         if diff is not None:
             if not force:
                 raise ReservoirError(f"{path} was written with {describe_difference(diff)}; delete it or pass --force")
@@ -284,6 +325,14 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
                            task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, amp=c.amp,
                            device=device, batch_size=c.batch_size or 64)
     return ex.run(cfg, progress=False, task=task)
+
+
+def _weights_sha256(run: Run) -> str:
+    """The hash of the weights ``run``'s backbone loads with now (:attr:`BackboneInfo.weights_sha256`)."""
+    from reservoir.backbones import load_backbone
+
+    assert run.backbone is not None and run.init is not None  # (a fit-linear run always names them)
+    return load_backbone(run.backbone, init=run.init, seed=run.seed, d_in=1, depth=0).info.weights_sha256
 
 
 def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, force: bool, meta: dict) -> str:
@@ -398,6 +447,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
         recipe = load_recipe(recipe)
     out_dir = _out_dir(recipe, out)
     cache = StoreURL(str(cache_dir)) if is_url(cache_dir) else Path(cache_dir)
+    _check_cache(cache)
     resolve_device(device)  # an unknown or absent device is refused before --force removes anything
     # before anything is written: the recipe's copy, every run folder and every results file it reads or writes
     runs = _checked(recipe, out_dir)

@@ -101,8 +101,12 @@ _ID = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def _check_id(value: Any, what: str) -> str:
-    """A recipe name or a cell tag: it names a results folder, so one safe folder name (no ``/``, not ``..``)."""
-    text = str(value)
+    """A recipe name or a cell tag: it names a results folder, so one safe folder name (no ``/``, not ``..``),
+    written as text (YAML reads ``no`` as false, ``010`` as 8 and ``12:30`` as 750: quoted, they stay as written)."""
+    if not isinstance(value, str):
+        raise ReservoirError(f"{what}: expected text; found {options.shown(value)}, which YAML read as a "
+                             f"{type(value).__name__} (quote it to keep it as written)")
+    text = value
     if len(text) > MAX_ID:
         raise ReservoirError(f"{what}: expected at most {MAX_ID} characters (it names a folder), found "
                              f"{len(text):,}")
@@ -188,6 +192,7 @@ class Cell:
                 if name == "layers" and v is not None and v > MAX_DEPTH:
                     raise ReservoirError(f"layers in {w} must be a depth of at most {MAX_DEPTH:,}, found "
                                          f"{v if v < 10**12 else f'a number of {len(str(v)):,} digits'}")
+        self._check_backbones()
         if self.kind == "bench" and (len(self.layers) != 1 or self.layers[0] == 0):
             raise ReservoirError(f"layers in {w} must be one depth of at least 1 for bench (its split-point part "
                                  f"trains the top block), found {self.layers}")
@@ -214,6 +219,10 @@ class Cell:
             setattr(self, name, _number(getattr(self, name), f"{name} in {w}", integer))
             if name in BOUNDS:
                 check_number(name, getattr(self, name), f"{name} in {w}")
+        if self.kind == "bench" and self.split_layer is not None and self.layers[0] is not None \
+                and not 0 <= self.split_layer < self.layers[0]:
+            raise ReservoirError(f"split_layer in {w} must be within 0..{self.layers[0] - 1} (below the depth "
+                                 f"{self.layers[0]}), found {self.split_layer}")
         if self.max_live_rows < 1:
             raise ReservoirError(f"max_live_rows in {w} must be an integer >= 1, found {self.max_live_rows}")
         for f in self.finetune if self.kind == "train" else ():
@@ -241,6 +250,25 @@ class Cell:
             if t == "data" and not self.task_params.get("path"):
                 raise ReservoirError(f"task_params in {w}: task 'data' needs path, the data file (relative to the "
                                      f"recipe's folder); found {self.task_params!r}")
+
+    def _check_backbones(self) -> None:
+        """What can be known of each backbone without loading it: an LSTM has no pretrained weights, and a built-in
+        backbone's depth bounds ``layers`` (a folder's or a hub model's is checked when it loads)."""
+        from reservoir.backbones.load import builtin_layers, lstm_spec
+
+        for bb in self.backbone:
+            try:
+                lstm = lstm_spec(bb) is not None
+            except ReservoirError as err:
+                raise ReservoirError(f"backbone in {self.where}: {err}") from None
+            if lstm and self.kind != "fit-raw" and self.init != ["random"]:
+                raise ReservoirError(f"init in {self.where}: backbone {bb!r} has no pretrained weights; expected "
+                                     f"init: random, found {self.init}")
+            n = builtin_layers(bb)
+            deepest = max((k for k in self.layers if k is not None), default=0)
+            if n is not None and self.kind != "fit-raw" and deepest > n:
+                raise ReservoirError(f"layers in {self.where} must be within 1..{n} for backbone {bb!r} ({n} "
+                                     f"blocks), found {deepest}")
 
     @classmethod
     def from_dict(cls, raw: Any, defaults: dict[str, Any], where: str) -> Cell:
@@ -414,6 +442,7 @@ class Recipe:
             if not isinstance(cells_raw, list) or not cells_raw:
                 raise ReservoirError("expected a non-empty list under 'cells'")
             cells = [Cell.from_dict(c, defaults, f"cells[{i}]") for i, c in enumerate(cells_raw)]
+            _check_defaults_used(defaults)
             for cell in cells:  # a data file beside the recipe, wherever it is run from
                 path = cell.task_params.get("path")
                 if "data" in cell.task and isinstance(path, str) and path:
@@ -429,8 +458,9 @@ class Recipe:
                 if "match" not in p or "value" not in p:
                     raise ReservoirError(f"paper[{i}] needs 'match' and 'value'")
                 paper.append(PaperValue(where=f"paper[{i}]", **p))
-            what = "name" if data.get("name") else "name (the file's stem; set name: in the recipe)"
-            name = _check_id(data.get("name") or Path(source).stem, what)
+            given = data.get("name") not in (None, "")
+            what = "name" if given else "name (the file's stem; set name: in the recipe)"
+            name = _check_id(data["name"] if given else Path(source).stem, what)
             description = str(data.get("description") or "").strip()
             if any(control_char(c) and c not in "\n\t" for c in description):  # a terminal's escapes, say
                 raise ReservoirError(f"description: expected text, found control characters in "
@@ -454,6 +484,10 @@ class Recipe:
         total = sum(_size(cell) for cell in self.cells)
         if total > MAX_RUNS:
             raise ReservoirError(f"expected at most {MAX_RUNS:,} runs, found a grid of {total:,}; split the recipe")
+        files = sum(_outputs(cell) for cell in self.cells)
+        if files > MAX_OUTPUTS:
+            raise ReservoirError(f"expected at most {MAX_OUTPUTS:,} results files (runs x readouts x fitted "
+                                 f"layers), found a grid of {files:,}; split the recipe or fit fewer layers")
         runs: list[Run] = []
         for cell in self.cells:
             runs.extend(_expand(cell))
@@ -488,6 +522,32 @@ class Recipe:
     def paper_value(self, label: dict[str, Any], metric: str = "test_accuracy") -> PaperValue | None:
         """The first paper entry for ``metric`` whose ``match`` fits ``label``."""
         return next((p for p in self.paper if p.metric == metric and p.matches(label)), None)
+
+
+def _check_defaults_used(defaults: dict[str, Any]) -> None:
+    """Refuse (one line) a task parameter in ``defaults`` that no task takes (a misspelling): defaults apply only
+    to the cells whose tasks take them, so it would be dropped without a word, and every run made without it."""
+    from reservoir.tasks import TASKS
+
+    for key in _mapping(defaults.get("task_params"), "task_params in defaults"):
+        if not any(key in task.defaults for task in TASKS.values()):
+            raise ReservoirError(f"task_params in defaults: no task has a parameter {key!r}; expected one of: "
+                                 f"{', '.join(sorted({k for t in TASKS.values() for k in t.defaults}))}")
+
+
+#: The most results files a recipe may ask for (runs x readouts x fitted layers): a few kilobytes of YAML could
+#: otherwise ask for millions, whose labels alone take minutes and gigabytes to check.
+MAX_OUTPUTS = 100_000
+
+
+def _outputs(c: Cell) -> int:
+    """How many results files ``c`` asks for (before expanding it): a fit-linear run's readouts x fitted layers
+    (``all``: its depth + 1), a fit-raw run's readouts, one otherwise."""
+    n = _size(c)
+    if c.kind == "fit-linear":
+        layers = (c.layers[0] or 0) + 1 if c.fit_layers == "all" else len(c.fit_layers)
+        return n * len(c.readout) * layers
+    return n * len(c.readout) if c.kind == "fit-raw" else n
 
 
 def _size(c: Cell) -> int:
