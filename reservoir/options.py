@@ -146,6 +146,8 @@ def grid(each: Constraint) -> Constraint:
     return Constraint(ok, f"None or a non-empty list, each {each.expected}")
 
 
+#: A path as text: not empty (an empty path is the working folder, where nothing is meant to be written).
+PATH = Constraint(lambda v: isinstance(v, str) and v.strip() != "", "a path (not empty)")
 #: True or False.
 FLAG = Constraint(lambda v: isinstance(v, bool) or type(v).__name__ == "bool_", "True or False")
 #: What scikit-learn's ``random_state`` takes here.

@@ -539,3 +539,48 @@ def test_text_parameters_stay_text_and_paths_the_system_refuses_are_one_line(tmp
     assert_bad_input(r)
     assert "Invalid value for --layer: expected depths below 1,000,000" in r.output
     assert _parse_params(("data_dir=null",)) == {"data_dir": None}  # JSON's null: the default folder
+
+
+def test_a_group_named_alone_shows_its_help():
+    """`reservoir bench` (plot, recipe) with no subcommand was a traceback ('NoneType' object has no attribute
+    'color'): it shows the group's help and exits 2, as `reservoir` alone does."""
+    for group in ("bench", "plot", "recipe"):
+        result = invoke(group)
+        assert result.exit_code == 2 and (result.exception is None or isinstance(result.exception, SystemExit))
+        assert "Traceback" not in result.output and f"Usage: main {group} [OPTIONS] COMMAND" in result.output
+
+
+def test_empty_paths_and_other_files_as_outputs_are_refused(xor_store, tmp_path, monkeypatch):
+    """An empty --out or --results was the working folder, or silently the default; `predict --out` took any
+    file (a results JSON was replaced by an archive)."""
+    monkeypatch.chdir(tmp_path)
+    small = ["--task", "bit-xor", "-p", "n_train=20", "-p", "n_test=10", *TINY]
+    for args, why in ((["train", *small, "--steps", 2, "--out", ""], "--out must be a path (not empty), found ''"),
+                      (["fit-raw", "--task", "bit-xor", "--out", ""], "expected a file path; found an empty one"),
+                      (["fit-linear", xor_store, "--results", ""], "expected a folder for the results; found an "
+                                                                     "empty path"),
+                      (["plot", "attention", "--run", "x", "--out", " "], "expected a figure file path; found an "
+                                                                          "empty one")):
+        assert why in assert_bad_input(invoke(*args))
+    assert list(tmp_path.iterdir()) == []
+    assert_ok(invoke("fit-linear", xor_store, "--layer", 1, "--save", "--results", "r"))
+    probe, result = tmp_path / "r" / "xor" / "logistic-layer1", tmp_path / "r" / "xor" / "logistic-layer1.json"
+    before = result.read_bytes()
+    for out in ("", str(result)):
+        line = assert_bad_input(invoke("predict", probe, xor_store, "--out", out))
+        assert "expected a file path; found an empty one" in line or "expected a .npz file for the predictions" in line
+    assert result.read_bytes() == before
+    assert_ok(invoke("predict", probe, xor_store, "--out", tmp_path / "p.npz"))
+
+
+def test_one_depth_options_take_all_and_full_seq_layer_says_its_range(tmp_path):
+    """`train --layers all` was refused ('all' is not a valid integer) while its help said 'default all'; a negative
+    --full-seq-layer was 'must be below the depth 2, found -1'."""
+    small = ["--task", "bit-xor", "-p", "n_train=20", "-p", "n_test=10", *TINY]
+    assert_ok(invoke("train", *small, "--layers", "all", "--steps", 2, "--eval-every", 1, "--out", tmp_path / "t"))
+    assert json.loads((tmp_path / "t" / "results.json").read_text())["config"]["layers"] is None
+    assert "expected a depth K (an integer) or 'all'; found 'soon'" in assert_bad_input(
+        invoke("train", *small, "--layers", "soon", "--steps", 2))
+    line = assert_bad_input(invoke("extract", *small, "--full-seq-layer", -1, "--out", tmp_path / "s.zarr"))
+    assert "--full-seq-layer must be an integer >= 0, found -1" in line
+    assert not (tmp_path / "s.zarr").exists()

@@ -165,7 +165,7 @@ def test_from_store_bad_split(tmp_path):
     line = one_error_line(run("extract", "--task", "listops", "-p", "n_train=30", "-p", "n_test=10", "-p",
                               "max_length=30", "--backbone", "tiny-bert", "--layers", 2, "--full-seq-layer", 2,
                               "--out", tmp_path / "bad.zarr"))
-    assert "--full-seq-layer must be below the depth 2" in line
+    assert "--full-seq-layer must be within 0..1, below the depth 2" in line
 
 
 def test_from_store_refuses_options_the_store_fixes_and_takes_the_seed(tmp_path):

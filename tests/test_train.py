@@ -637,7 +637,7 @@ def test_a_head_trained_on_stored_features_that_diverges_stops_in_one_line(tmp_p
 
 def test_split_point_store_errors(tmp_path):
     params = {"n_train": 40, "n_test": 20, "max_length": 30}
-    with pytest.raises(ReservoirError, match="--full-seq-layer must be below the depth 2"):
+    with pytest.raises(ReservoirError, match="--full-seq-layer must be within 0..1, below the depth 2"):
         run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, full_seq_layer=2, task_params=params,
                               out=str(tmp_path / "bad.zarr")), progress=False)
     plain = run_extract(ExtractConfig(task="listops", backbone="tiny-bert", layers=2, task_params=params,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from reservoir.cli.common import (
+    DEPTH,
     SEED,
     _check_out,
     _parse_layers,
@@ -31,7 +32,7 @@ def _live_options(f):
         train_option("task_params", "--param", "-p", "params", multiple=True, metavar="KEY=VALUE", default=None),
         train_option("backbone"),
         train_option("init"),
-        train_option("layers"),
+        train_option("layers", type=DEPTH),
     ]):
         f = option(f)
     return f

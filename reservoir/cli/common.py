@@ -21,6 +21,12 @@ from reservoir.errors import ReservoirError
 from reservoir.io import check_local, request_stop
 
 
+#: What click raises for a group given no subcommand, to show its help (click 8.2 on; none before, where the help
+#: is printed and the command exits without an error).
+_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+    e for e in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if e is not None)
+
+
 class _Group(click.Group):
     """Turns :class:`ReservoirError` into one line on stderr and exit status 2."""
 
@@ -29,7 +35,8 @@ class _Group(click.Group):
             with _terminate_as_interrupt():
                 return super().invoke(ctx)
         except click.UsageError as err:
-            err.ctx = None  # one line: no usage banner, no "Try --help" hint
+            if not isinstance(err, _HELP_ERRORS):  # a group named alone shows its help (which needs the context)
+                err.ctx = None  # one line: no usage banner, no "Try --help" hint
             raise
         except ReservoirError as err:
             click.echo(f"Error: {error_line(err)}", err=True)
@@ -170,6 +177,8 @@ def _check_out(out: str | None, *inputs: Any) -> None:
 
     if out is None:
         return
+    if not out.strip():
+        raise click.BadParameter("expected a file path; found an empty one", param_hint="--out")
     check_name(out)
     try:
         target, is_dir = Path(out).resolve(), Path(out).is_dir()
@@ -300,6 +309,25 @@ def forward_options(f: Any) -> Any:
     for name in reversed(("batch_size", "max_tokens", "writers", "dtype", "device", "amp", "seed")):
         f = extract_option(name)(f)
     return f
+
+
+class _Depth(click.ParamType):
+    """A depth K (keep blocks 1..K), or ``all`` (every block): what ``--layers`` takes where one depth is run."""
+
+    name = "K|all"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip() == "all":
+            return None
+        try:
+            return int(str(value))
+        except ValueError:
+            self.fail(f"expected a depth K (an integer) or 'all'; found {value!r}", param, ctx)
+
+
+DEPTH = _Depth()
 
 
 def train_option(name: str, *decls: str, **changes: Any) -> Any:

@@ -82,6 +82,9 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
     from reservoir.readouts.run import fit_linear as run_fit, result_stem, results_folder
 
+    if not results_dir.strip():  # the working folder would take the results' folders
+        raise click.BadParameter("expected a folder for the results; found an empty path", param_hint="--results")
+
     layers = "all" if layer == "all" else _parse_layers(layer, "--layer")
     if isinstance(layers, list):
         layers = list(dict.fromkeys(layers))  # a layer named twice is fitted once
@@ -145,7 +148,11 @@ def predict(probe, store, splits, out):
     from reservoir.readouts.run import store_stem
 
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
-    target = Path(out) if out else Path(f"{base}-{store_stem(store)}.predictions.npz")
+    if out is not None:
+        _check_out(out)
+        if Path(out).suffix.lower() != ".npz":  # a results file or a probe named here was replaced by an archive
+            raise click.BadParameter(f"expected a .npz file for the predictions; found {out}", param_hint="--out")
+    target = Path(out) if out is not None else Path(f"{base}-{store_stem(store)}.predictions.npz")
     _check_out(str(target), store, f"{base}.probe.json", f"{base}.safetensors")
     if out is None:
         _check_predictions_owner(target, str(store))

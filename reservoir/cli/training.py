@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from reservoir.cli.common import _Group, _task_from, ci, data_options, step_options, storage_option, train_option
+from reservoir.cli.common import (DEPTH, _Group, _task_from, ci, data_options, step_options, storage_option,
+                                   train_option)
 
 
 @click.command()
@@ -16,7 +17,7 @@ from reservoir.cli.common import _Group, _task_from, ci, data_options, step_opti
 @train_option("from_store", type=click.Path())
 @train_option("backbone")
 @train_option("init")
-@train_option("layers")
+@train_option("layers", type=DEPTH)
 @train_option("finetune")
 @train_option("lr")
 @click.option("--lr-sweep", default=None, metavar="LOW:HIGH:N",
@@ -117,6 +118,8 @@ def plot_attention(run_dir, task, data, input_column, label_column, params, back
     from reservoir.training.attention import plot_attention as draw
 
     if out is not None:  # before any training or drawing
+        if not out.strip():
+            raise click.BadParameter("expected a figure file path; found an empty one", param_hint="--out")
         check_local(out, "a figure path")
         out = figure_path(out)
         writable_folder(out.absolute().parent)

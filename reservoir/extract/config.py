@@ -53,7 +53,7 @@ class ExtractConfig:
     amp: str = options.AMP.field()
     revision: str | None = setting("Hub revision (branch, tag or commit) for hub ids.", None)
     full_seq_layer: int | None = setting("Also store every position's state at this layer: a split-point store for "
-                                         "`train --from-store`.", None)
+                                         "`train --from-store`.", None, options.optional(options.integer(0)))
     pooling: list[str] = setting("How each layer becomes a row: the last real token, the first token, the mean over "
                                  "real tokens; several in one pass, e.g. last,mean (read with fit-linear --pooling).",
                                  factory=lambda: ["last"])

@@ -108,8 +108,11 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
                              f"--pooling last, found {','.join(config.pooling)}")
     s_layer = config.full_seq_layer
     if s_layer is not None and not 0 <= s_layer < max(layers):
-        raise ReservoirError(f"--full-seq-layer must be below the depth {max(layers)} (blocks above it train from the "
-                             f"store), found {s_layer}")
+        if max(layers) == 0:
+            raise ReservoirError("--full-seq-layer needs a depth of at least 1 (blocks above it train from the "
+                                 "store), found --layers 0")
+        raise ReservoirError(f"--full-seq-layer must be within 0..{max(layers) - 1}, below the depth {max(layers)} "
+                             f"(blocks above it train from the store), found {s_layer}")
     truncated = None
     if task.max_length > backbone.info.max_positions:
         if not config.truncate:

@@ -83,7 +83,8 @@ class TrainConfig:
     compile: bool = setting("Compile the model's forward for the training steps with torch.compile (opt-in: "
                             "compiling costs tens of seconds, which only long runs repay; trains what the eager steps "
                             "train, to float rounding).", False, options.FLAG)
-    out: str | None = setting("Run folder (checkpoints, results.json); default results/train/<run>.", None)
+    out: str | None = setting("Run folder (checkpoints, results.json); default results/train/<run>.", None,
+                              options.optional(options.PATH))
 
     def __post_init__(self) -> None:
         """Refuse bad settings before anything is built or written (one line naming the option)."""
