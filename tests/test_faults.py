@@ -315,7 +315,7 @@ def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, m
         ("delete train/labels", "array train/labels is missing or unreadable"),
         ("garble train/features/zarr.json", "array train/features is missing or unreadable"),
         ("shape train/features", "array train/features is float32 (7000, 3, 1, 32), expected float32 (6000"),
-        ("delete zarr.json", "expected a readable zarr feature store"),
+        ("delete zarr.json", "expected a feature store (a Zarr folder holding zarr.json); found a folder without one"),
     ],
 )
 def test_structurally_damaged_store_is_one_line_everywhere(tmp_path, reference, damage, expected):

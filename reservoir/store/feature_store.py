@@ -133,6 +133,9 @@ class FeatureStore:
             raise ReservoirError(f"{p}: expected a feature store, found no such file or folder"
                                  f"{' (no object under that prefix)' if isinstance(p, StoreURL) else ''}")
         fmt = detect_format(p)
+        if isinstance(p, Path) and p.is_dir() and not (p / "zarr.json").is_file():  # an empty or a results folder
+            raise ReservoirError(f"{p}: expected a feature store (a Zarr folder holding zarr.json); found a folder "
+                                 "without one")
         writer = locks.holder(p) if _lock is None else None
         if writer is not None and not allow_incomplete:
             raise ReservoirError(f"{p} is being written by {locks.describe(writer)}; wait for it to finish")
