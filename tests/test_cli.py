@@ -526,7 +526,7 @@ def test_text_parameters_stay_text_and_paths_the_system_refuses_are_one_line(tmp
                                                                           "source": "lra"}
     r = invoke("fit-raw", "--task", "mnist", "-p", "data_dir=123", "--out", tmp_path / "x.json")
     assert_bad_input(r)
-    assert "in 123" in r.output and not (tmp_path / "x.json").exists()
+    assert "found no folder 123;" in r.output and not (tmp_path / "x.json").exists()
     with pytest.raises(ReservoirError, match=r"task 'mnist': expected data_dir as non-empty text, found 123 \(int\)"):
         get_task("mnist", data_dir=123)
     r = invoke("fit-raw", "--task", "digits", "--out", tmp_path / ("a" * 300) / "y.json")
@@ -584,3 +584,25 @@ def test_one_depth_options_take_all_and_full_seq_layer_says_its_range(tmp_path):
     line = assert_bad_input(invoke("extract", *small, "--full-seq-layer", -1, "--out", tmp_path / "s.zarr"))
     assert "--full-seq-layer must be an integer >= 0, found -1" in line
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_options_a_command_would_ignore_are_refused(tmp_path):
+    """`train --lr` beside `--lr-sweep`, and `plot attention --run` beside the options of a run to train, were
+    silently ignored."""
+    small = ["--task", "bit-xor", "-p", "n_train=20", "-p", "n_test=10", *TINY]
+    line = assert_bad_input(invoke("train", *small, "--lr-sweep", "1e-3:1e-2:2", "--lr", 0.5, "--steps", 2))
+    assert "expected --lr or --lr-sweep, not both (the sweep chooses the rate); found --lr 0.5 and --lr-sweep" in line
+    line = assert_bad_input(invoke("plot", "attention", "--run", tmp_path, "--task", "digits", "--steps", 5))
+    assert "expected --run or the options of a run to train, not both; found --run with --steps, --task" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_format_contradicting_the_suffix_is_refused(tmp_path):
+    """`--format hdf5 --out x.zarr` wrote an HDF5 file named .zarr (which every reader then took for a folder)."""
+    small = ["--task", "bit-xor", "-p", "n_train=20", "-p", "n_test=10", *TINY]
+    for fmt, name in (("hdf5", "x.zarr"), ("zarr", "x.h5")):
+        line = assert_bad_input(invoke("extract", *small, "--format", fmt, "--out", tmp_path / name))
+        assert f"--format {fmt} contradicts the path's suffix" in line
+    assert list(tmp_path.iterdir()) == []
+    assert_ok(invoke("extract", *small, "--format", "hdf5", "--out", tmp_path / "x.store"))
+    assert (tmp_path / "x.store").read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"

@@ -239,8 +239,8 @@ def test_recipe_cell_reads_a_data_file_beside_the_recipe(tmp_path, monkeypatch):
 
 
 def test_a_recipe_redoes_the_runs_whose_data_file_changed_and_its_report_says_so(tmp_path, monkeypatch):
-    """A data file rewritten at the same path: its runs are redone, not skipped, and until then the report counts
-    them as not run; without the data (results copied elsewhere) the results stand."""
+    """A data file rewritten at the same path: its runs are redone, not skipped (the dry run says why). The report
+    reads nothing outside the results folder: it judges the results by their recorded settings, data or none."""
     from reservoir.recipes import load_recipe, run_recipe
     from reservoir.report import report
 
@@ -253,8 +253,7 @@ def test_a_recipe_redoes_the_runs_whose_data_file_changed_and_its_report_says_so
                  test_labels=labels[40:])
 
     write((x[:, 0, 0] > 0).astype(np.int64))
-    # a relative path: the report reads the results folder's copy of the recipe, and takes the path from the folder
-    # the run took it from (recipe-source.json), not from beside the copy
+    # a relative path: taken from the recipe's folder, wherever the run is started from
     (tmp_path / "r.yaml").write_text("cells:\n  - {kind: fit-raw, task: data, task_params: {path: d.npz}}\n")
     recipe, out = load_recipe(tmp_path / "r.yaml"), tmp_path / "out"
     kw = dict(out=out, progress=False, cache_dir=tmp_path / "stores", device="cpu")
@@ -263,9 +262,11 @@ def test_a_recipe_redoes_the_runs_whose_data_file_changed_and_its_report_says_so
     assert run_recipe(recipe, **kw)["skipped"] == [run.id]  # the same data: skipped
     before = json.loads((out / run.id / "logistic.json").read_text())["recipe"]["data"]
     write(rng.integers(0, 2, 60))  # other labels, same path
-    assert "not run" in report(out).markdown
+    monkeypatch.setenv("RESERVOIR_TASK_CACHE", str(tmp_path / "no-tasks"))
+    assert "not run" not in report(out).markdown and not (tmp_path / "no-tasks").exists()  # the data never read
     assert "(computed on other data (data digest " in invoke("recipe", "run", tmp_path / "r.yaml", "--out", out,
                                                                   "--dry-run").output
+    monkeypatch.setenv("RESERVOIR_TASK_CACHE", str(tmp_path / "tasks"))
     assert run_recipe(recipe, **kw)["ran"] == [run.id]
     after = json.loads((out / run.id / "logistic.json").read_text())["recipe"]["data"]
     assert len(before) == len(after) == 64 and before != after

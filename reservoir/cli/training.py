@@ -47,6 +47,9 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
         raise click.UsageError(f"--seeds {seeds} applies to an lr sweep: pass --lr-sweep LOW:HIGH:N, or drop --seeds")
     if steps is not None and epochs is not None:
         raise click.UsageError(f"expected --steps or --epochs, not both; found --steps {steps} and --epochs {epochs:g}")
+    if lr_sweep is not None and _explicit(click.get_current_context(), {"lr": "lr"}):
+        raise click.UsageError(f"expected --lr or --lr-sweep, not both (the sweep chooses the rate); found --lr {lr:g} "
+                               f"and --lr-sweep {lr_sweep}")
     settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
                     batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
                     device=device, amp=amp, cuda_graphs=cuda_graphs, compile=compiled, out=out)
@@ -117,6 +120,12 @@ def plot_attention(run_dir, task, data, input_column, label_column, params, back
     from reservoir.training.attention import attention, figure_path, summary
     from reservoir.training.attention import plot_attention as draw
 
+    ctx = click.get_current_context()
+    training = _explicit(ctx, {n: n for n in ("task", "data", "params", "backbone", "init", "finetune", "lr", "steps",
+                                               "seed")})
+    if run_dir is not None and training:  # the run's own settings are drawn, not these
+        flags = ", ".join(sorted("-p" if n == "params" else f"--{n}" for n in training))
+        raise click.UsageError(f"expected --run or the options of a run to train, not both; found --run with {flags}")
     if out is not None:  # before any training or drawing
         if not out.strip():
             raise click.BadParameter("expected a figure file path; found an empty one", param_hint="--out")

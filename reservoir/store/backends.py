@@ -95,9 +95,14 @@ def detect_format(path: str | os.PathLike | StoreURL, fmt: str | None = None) ->
             raise ReservoirError(f"{p} is an existing {found} store, --format asks for {fmt}; "
                                  "drop --format or pass another --out")
         return found
+    by_suffix: Format | None = "hdf5" if p.suffix.lower() in (".h5", ".hdf5", ".hdf") else \
+        "zarr" if p.suffix.lower() == ".zarr" else None
     if fmt is not None:
+        if by_suffix is not None and by_suffix != fmt:  # an HDF5 file named .zarr (or the reverse) misleads its reader
+            raise ReservoirError(f"{p}: --format {fmt} contradicts the path's suffix {p.suffix} ({by_suffix}); drop "
+                                 "--format or pass a path with its format's suffix")
         return fmt  # type: ignore[return-value]
-    return "hdf5" if p.suffix.lower() in (".h5", ".hdf5", ".hdf") else "zarr"
+    return by_suffix or "zarr"
 
 
 #: How a backend opens a store: read, read and write, or create (refusing an existing one).

@@ -196,6 +196,8 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
            opt: torch.optim.Optimizer, out: str | os.PathLike | None, progress: bool, extra: dict[str, Any] | None
            ) -> TrainResult:
     print(describe(counts))
+    if settings.cuda_graphs == "on" and next(model.parameters()).device.type != "cuda":  # before the folder is made
+        raise ReservoirError(f"--cuda-graphs on needs a CUDA device; found {next(model.parameters()).device.type}")
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     with run_folder_lock(folder) as lock:  # one writer per run folder
         device = next(model.parameters()).device

@@ -141,7 +141,11 @@ def find_mnist(name: str, data_dir: Any, download: bool, default: str | None = N
             if _idx_path(folder, gz[:-3]) is None:
                 download_file(MNIST_URLS[name] + gz, os.path.join(folder, gz), ", ".join(gz_names))
     elif not complete(folder):
-        where = f"not all in {folder}" if data_dir is not None or default else f"data_dir=None and none in {folder}"
+        if data_dir is None and not default:
+            where = f"data_dir=None and none in {folder}"
+        else:
+            where = f"not all in {folder}" if os.path.isdir(folder) else f"no folder {folder}"
         raise ReservoirError(f"task {name!r}: expected the files {', '.join(gz_names)} (or unzipped) in data_dir; "
-                             f"found {where}; place them there, or pass download=True (-p download=true)")  # fmt: skip
+                             f"found {where}; place them there, or pass download=True (--download, or -p "
+                             "download=true)")
     return folder
