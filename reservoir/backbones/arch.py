@@ -233,7 +233,7 @@ def config_refusal(config: Any, arch: ArchFacts) -> str | None:
     heads, groups = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if heads is not None and not _positive(heads):
         return f"expected a positive number of attention heads (num_attention_heads); found {heads!r}"
-    if groups is not None and not (_positive(groups) and heads % groups == 0):
+    if groups is not None and not (_positive(groups) and (heads is None or heads % groups == 0)):
         return (f"expected a number of key/value heads (num_key_value_heads) dividing the {heads} attention heads; "
                 f"found {groups!r}")
     window = getattr(config, "sliding_window", None) if arch.sliding else None
