@@ -200,9 +200,12 @@ def test_sharded_hdf5_is_refused(tmp_path, monkeypatch):
         with open_job(tmp_path / "x.h5", None, "cpu"):
             pass
     with pytest.raises(ReservoirError, match="expected a Zarr store"):
+        with open_job(tmp_path / "x.store", "hdf5", "cpu"):
+            pass
+    with pytest.raises(ReservoirError, match="--format hdf5 contradicts the path's suffix .zarr"):
         with open_job(tmp_path / "x.zarr", "hdf5", "cpu"):
             pass
-    assert not (tmp_path / "x.h5").exists()
+    assert not (tmp_path / "x.h5").exists() and not (tmp_path / "x.store").exists()
 
 
 def test_rank_devices_and_timeout_setting(monkeypatch):
