@@ -91,6 +91,24 @@ def compare(rows: list[Scored], unpaired: list[str] | None = None) -> list[Compa
     return out
 
 
+#: Characters a recipe's text (a description, a task's tag, a backbone name, a paper source, a run id) could start
+#: markup with: HTML tags and entities, links and images, code spans. Such text is shown as written, never rendered.
+_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`",
+                         "\\": "\\\\"})
+
+
+def markdown_text(text: str) -> str:
+    """Text from a recipe as Markdown that shows it as written: no HTML, link, image or code span of its own (a
+    table cell also escapes ``|``).
+
+    Examples
+    --------
+    >>> markdown_text("a<b>[x](y)")
+    'a&lt;b&gt;\\\\[x\\\\](y)'
+    """
+    return text.translate(_MARKUP)
+
+
 def markdown_pairs(comparisons: list[Comparison]) -> str:
     """The comparisons as a markdown table (points of accuracy; ``yes`` where the interval excludes zero)."""
     head = ["task", "backbone", "setting", "layer", "comparison", "difference", "95% paired interval",
@@ -106,7 +124,7 @@ def markdown_pairs(comparisons: list[Comparison]) -> str:
         if lab.get("kind") == "train" and lab.get("lr") is not None:  # rows of several rates differ only there
             lr = lab["lr"]
             setting += f", lr {lr:g}" if isinstance(lr, (int, float)) else f", lr {lr}"
-        cells = [task, str(lab.get("backbone") or "—"), setting, layer, c.what,
+        cells = [markdown_text(task), markdown_text(str(lab.get("backbone") or "—")), setting, layer, c.what,
                  f"{100 * d.diff:+.2f} pts", f"[{100 * d.low:+.2f}, {100 * d.high:+.2f}]",
                  "yes" if d.excludes_zero else "no"]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")

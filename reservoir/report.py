@@ -28,7 +28,7 @@ import numpy as np
 from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import atomic_write, check_inside, check_name, control_char, read_json, save_figure
-from reservoir.pairs import Scored, compare, markdown_pairs
+from reservoir.pairs import Scored, compare, markdown_pairs, markdown_text as _text
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
 from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
 
@@ -302,18 +302,6 @@ def _measured(row: Row) -> str:
     return "; ".join(said)
 
 
-#: Characters a recipe's text (a description, a task's tag, a backbone name, a paper source) could start markup
-#: with: HTML tags and entities, links and images, code spans. Such text is shown as written, never rendered.
-_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`",
-                         "\\": "\\\\"})
-
-
-def _text(text: str) -> str:
-    """A recipe's text as Markdown that shows it as written: no HTML, link, image or code span of its own (a table
-    of its own: see :func:`_cell`, and the description's ``|``)."""
-    return text.translate(_MARKUP)
-
-
 def _cell(text: str) -> str:
     """A Markdown table cell: ``|`` escaped, line breaks and other control characters as spaces (one row a
     line)."""
@@ -510,7 +498,7 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
     if outdated:
         parts += [f"**Not current:** {len(outdated)} results file(s) hold another run's results, or this recipe's "
                   "with other settings (the recipe was edited since), and show as not run; `reservoir recipe run` "
-                  f"redoes them. First: {outdated[0]}.", ""]
+                  f"redoes them. First: {_text(outdated[0])}.", ""]
     unpaired: list[str] = []
     comparisons = compare([sc for r in rows if (sc := r.scored()) is not None], unpaired)
     if comparisons:
@@ -521,7 +509,7 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
                   "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
     if unpaired:
         parts += [f"Not compared: {len(unpaired)} pair(s) of rows on the same test rows but with different numbers "
-                  f"of seeds, e.g. {unpaired[0]}; give both rows the same seeds to compare them.", ""]
+                  f"of seeds, e.g. {_text(unpaired[0])}; give both rows the same seeds to compare them.", ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"
     with atomic_write(d / "report.md", "the report", text=True) as f:

@@ -427,6 +427,21 @@ def test_report_without_recipe_is_one_line(tmp_path):
         report(tmp_path / ("x" * 300))  # was an OSError traceback (file name too long)
 
 
+def test_paired_differences_show_a_rows_text_as_written():
+    """The paired-differences table wrote a row's task tag and backbone (a model folder's name) as they were."""
+    import numpy as np
+
+    from reservoir.pairs import Comparison, Scored, markdown_pairs
+    from reservoir.readouts.intervals import paired_difference
+
+    label = {"kind": "fit-linear", "task": "bit-xor", "tag": "t", "backbone": "./m<i>[x](y)", "init": "pretrained",
+             "layer": 1, "readout": "logistic"}
+    a = Scored(label, "f", np.ones(20), 1)
+    b = Scored({**label, "init": "random"}, "f", np.zeros(20), 1)
+    md = markdown_pairs([Comparison(a, b, "pretrained - random", paired_difference(a.correct, b.correct))])
+    assert "./m&lt;i&gt;\\[x\\](y)" in md and "<i>" not in md and "[x](y)" not in md
+
+
 def test_a_report_shows_the_recipes_text_as_written_and_missing_seeds(tmp_path, monkeypatch):
     """A description holding a table, HTML or an image link, and a tag or a source holding markup, were rendered:
     a recipe could put numbers in the report that no results file holds. A row short of its seeds said only how

@@ -319,7 +319,7 @@ class _Depth(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
         if value is None or isinstance(value, int):
             return value
-        if str(value).strip() == "all":
+        if str(value).strip().lower() == "all":  # (the help shows the metavar as K|ALL)
             return None
         try:
             return int(str(value))
