@@ -60,6 +60,14 @@ def folder_only(name: str) -> bool:
     return name.startswith((".", "~", os.sep)) or name.count("/") > 1
 
 
+def is_folder(name: str) -> bool:
+    """Whether ``name`` (``~`` expanded) is an existing folder; a name too long for a path is none."""
+    try:
+        return Path(os.path.expanduser(name)).is_dir()
+    except OSError:
+        return False
+
+
 def slug(name: str) -> str:
     """A backbone name, hub id or folder (or a group list) as part of a file or folder name.
 
@@ -71,9 +79,5 @@ def slug(name: str) -> str:
     >>> slug("openai-community/gpt2"), slug("layernorm,output")
     ('openai-community_gpt2', 'layernorm+output')
     """
-    try:
-        is_dir = Path(os.path.expanduser(name)).is_dir()
-    except OSError:  # a name too long for a path is no folder
-        is_dir = False
-    folder = is_dir or folder_only(name)
+    folder = is_folder(name) or folder_only(name)
     return Path(name.rstrip("/" + os.sep)).name if folder else name.replace("/", "_").replace(",", "+")

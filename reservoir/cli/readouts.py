@@ -148,10 +148,8 @@ def predict(probe, store, splits, out):
     from reservoir.readouts.run import store_stem
 
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
-    if out is not None and not out.strip():
-        raise click.BadParameter("expected a file path; found an empty one", param_hint="--out")
     target = Path(out) if out is not None else Path(f"{base}-{store_stem(store)}.predictions.npz")
-    _check_out(str(target), store, f"{base}.probe.json", f"{base}.safetensors")
+    _check_out(str(target) if out is None else out, store, f"{base}.probe.json", f"{base}.safetensors")
     if target.suffix.lower() != ".npz":  # a results file or a probe named here was replaced by an archive
         raise click.BadParameter(f"expected a .npz file for the predictions; found {out}", param_hint="--out")
     if out is None:

@@ -12,7 +12,7 @@ from typing import Any
 from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import atomic_write, check_inside, check_name, zarr_store_around
-from reservoir.settings import describe_difference, first_difference, folder_only
+from reservoir.settings import describe_difference, first_difference, folder_only, is_folder
 from reservoir.store.lock import run_folder_lock, writer_lock
 from reservoir.store.remote import StoreURL, is_url
 from reservoir.recipes.files import load_recipe
@@ -220,17 +220,10 @@ def _checked(recipe: Recipe, out_dir: Path) -> list[Run]:
     for path in [out_dir / "recipe.yaml", out_dir / SOURCE, *runs_paths]:
         _check_inside(path, out_dir)
     for run in runs:  # a model folder that is not there fails now, not after the runs before it
-        if run.backbone is not None and folder_only(run.backbone) and not _is_dir(run.backbone):
+        if run.backbone is not None and folder_only(run.backbone) and not is_folder(run.backbone):
             raise ReservoirError(f"backbone {run.backbone!r} in {run.cell.where}: expected a model folder "
                                  "(config.json and weights), found no such folder")
     return runs
-
-
-def _is_dir(path: str) -> bool:
-    try:
-        return Path(os.path.expanduser(path)).is_dir()
-    except OSError:  # a name too long for a path
-        return False
 
 
 def _check_cache(cache: Path | StoreURL) -> None:

@@ -196,11 +196,11 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
            opt: torch.optim.Optimizer, out: str | os.PathLike | None, progress: bool, extra: dict[str, Any] | None
            ) -> TrainResult:
     print(describe(counts))
-    if settings.cuda_graphs == "on" and next(model.parameters()).device.type != "cuda":  # before the folder is made
-        raise ReservoirError(f"--cuda-graphs on needs a CUDA device; found {next(model.parameters()).device.type}")
+    device = next(model.parameters()).device
+    if settings.cuda_graphs == "on" and device.type != "cuda":  # before the folder is made
+        raise ReservoirError(f"--cuda-graphs on needs a CUDA device; found {device.type}")
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     with run_folder_lock(folder) as lock:  # one writer per run folder
-        device = next(model.parameters()).device
         steps = settings.total_steps(len(data.train))
         flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
         state, identity = ckpt.new_state(), run_identity(model, data)
