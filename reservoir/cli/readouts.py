@@ -72,7 +72,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--stream", default="off", show_default=True, type=click.Choice(["off", "on", "auto"]),
               help="Fit from store chunks instead of loading the layer; auto streams above 2 GiB of float32 features.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
-              help="Seed of the validation split, the path's subsample, the learning curve and the bootstrap.")
+              help="Seed of the validation split, the path's subsample and the learning curve.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
 @setting_option(options.DEVICE, default="cpu",
                 help="Torch device of the logistic readout (cpu, cuda, cuda:N, auto); the ridge readout runs on the CPU.")

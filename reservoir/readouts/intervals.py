@@ -2,18 +2,21 @@
 
 An accuracy is a mean over rows of each row's share of correct heads (one
 head for most tasks; bit XOR's bits, bit memory's output tokens x bits are
-several heads of one row). The rows are the unit of resampling, so a row with
+several heads of one row). The rows are the unit of sampling, so a row with
 many heads counts once, as it was drawn once.
 
 * One head per row: the correct rows are binomial, and the interval is
   Wilson's score interval (close to 95% coverage at every accuracy, and not
   degenerate at 0% or 100%, where a bootstrap collapses to a point).
-* Several heads: a seeded percentile bootstrap over rows. A row's share of
-  correct heads takes few distinct values, so a resample is a multinomial
-  draw over them, and the bootstrap is exact and cheap for any number of
-  rows. When every row scored alike (all heads right on every row), the
-  bootstrap is a point, and Wilson's interval over the rows (each row one
-  trial) is given instead.
+* Several heads: Wilson's interval with the rows' effective number of
+  trials (Kish's design effect): ``n_eff = p (1 - p) / var`` for the variance
+  ``var`` of the mean of the rows' shares of correct heads. Independent heads
+  give ``n_eff`` = rows x heads, heads that always agree within a row
+  ``n_eff`` = rows; ``n_eff`` is kept within those two. Near 100%, where a
+  few failing rows hold all the spread, a percentile bootstrap over rows
+  held the truth in 89-92% of simulated readouts, this interval in 94-95%.
+  When every row scored alike (all heads right on every row), each row is
+  one trial.
 * A difference of two readouts on the same rows: the paired bootstrap of the
   mean per-row difference (seeded, same draw), so what both get right or wrong
   cancels; the difference is marked when its interval excludes zero.
@@ -59,12 +62,7 @@ def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """
     if n <= 0:
         return (math.nan, math.nan)
-    z, p = _z(level), k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    # exact at the ends (the formula's rounding left 1 - 1e-16 above an accuracy of 100%), and around p always
-    low, high = (0.0 if k <= 0 else max(0.0, centre - half)), (1.0 if k >= n else min(1.0, centre + half))
-    return (min(low, p), max(high, p))
+    return _wilson_p(k / n, n, level)
 
 
 def _bootstrap_means(values: np.ndarray, seed: int, resamples: int) -> np.ndarray:
@@ -75,22 +73,38 @@ def _bootstrap_means(values: np.ndarray, seed: int, resamples: int) -> np.ndarra
     return draws @ levels / len(values)  # (resamples,)
 
 
-def accuracy_interval(correct: np.ndarray, heads: int = 1, *, seed: int = 0, level: float = LEVEL,
-                      resamples: int = RESAMPLES) -> tuple[float, float]:
+def accuracy_interval(correct: np.ndarray, heads: int = 1, *, level: float = LEVEL) -> tuple[float, float]:
     """The 95% interval of the accuracy of rows with ``correct[i]`` of ``heads`` heads right.
 
-    Wilson's interval for one head, a seeded percentile bootstrap over rows for several.
+    Wilson's interval: over the rows for one head, over the rows' effective number of trials for several.
+
+    Examples
+    --------
+    >>> [round(v, 4) for v in accuracy_interval(np.r_[np.full(999, 5), 4], heads=5)]
+    [0.9989, 1.0]
     """
     correct = np.asarray(correct)
-    if len(correct) == 0:
+    n = len(correct)
+    if n == 0:
         return (math.nan, math.nan)
     if heads == 1:
-        return wilson(int(correct.sum()), len(correct), level)
-    if np.all(correct == correct[0]):  # every row alike (all right, say): the bootstrap is a point; count rows
-        return wilson(round(float(correct[0]) / heads * len(correct)), len(correct), level)
-    means = _bootstrap_means(correct / heads, seed, resamples)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return (float(lo), float(hi))
+        return wilson(int(correct.sum()), n, level)
+    if np.all(correct == correct[0]):  # every row alike (all right, say): no spread to measure; count rows
+        return wilson(round(float(correct[0]) / heads * n), n, level)
+    share = correct / heads  # (n,)
+    p = float(share.mean())
+    variance = float(share.var(ddof=1)) / n  # of the mean
+    n_eff = min(max(p * (1 - p) / variance, n), n * heads) if variance > 0 else n * heads
+    return _wilson_p(p, n_eff, level)
+
+
+def _wilson_p(p: float, n: float, level: float) -> tuple[float, float]:
+    """Wilson's score interval of a proportion ``p`` over ``n`` (effective, not necessarily whole) trials."""
+    z = _z(level)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = (0.0 if p <= 0 else max(0.0, centre - half)), (1.0 if p >= 1 else min(1.0, centre + half))
+    return (min(low, p), max(high, p))
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,7 @@ def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, heads: int =
     return Difference(float(d.mean()), float(lo), float(hi))
 
 
-def accuracy_metrics(prefix: str, correct: np.ndarray, heads: int, *, seed: int = 0,
+def accuracy_metrics(prefix: str, correct: np.ndarray, heads: int, *,
                      accuracy: float | None = None) -> dict[str, float | list[float]]:
     """``{prefix}_accuracy`` and ``{prefix}_interval`` of per-row counts of correct heads (the accuracy computed
     from the counts unless given, e.g. as an estimator's ``score`` computed it).
@@ -140,7 +154,7 @@ def accuracy_metrics(prefix: str, correct: np.ndarray, heads: int, *, seed: int 
     if accuracy is None:
         accuracy = int(correct.sum()) / max(len(correct) * heads, 1) if len(correct) else float("nan")
     return {f"{prefix}_accuracy": accuracy,
-            f"{prefix}_interval": list(accuracy_interval(correct, heads, seed=seed))}
+            f"{prefix}_interval": list(accuracy_interval(correct, heads))}
 
 
 def encode_rows(correct: np.ndarray, heads: int) -> dict:

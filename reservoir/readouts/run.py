@@ -177,8 +177,8 @@ def fit_linear(
         :class:`~reservoir.readouts.LogisticReadout` or
         :class:`~reservoir.readouts.RidgeReadout`.
     seed : int
-        Seed of the carved validation split, the path's subsample, the
-        learning curve's subsets and the bootstrap.
+        Seed of the carved validation split, the path's subsample and the
+        learning curve's subsets.
     device : str
         Torch device of the logistic fit (``cpu``, ``cuda``, ``cuda:N``, ``auto``).
     final_norm : bool
@@ -425,13 +425,13 @@ def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, rea
     t0 = time.perf_counter()
     est.fit(X, tr.labels, validation_data=val)
     t_fit = time.perf_counter() - t0
-    test, correct, heads = test_metrics(est, Xt, te.labels, 1, seed)
+    test, correct, heads = test_metrics(est, Xt, te.labels, 1)
     return FitResult(
         kind="fit-raw",
         config={"task": task if isinstance(task, str) else data.name, "task_params": data.params, "readout": readout,
                 "seed": seed},
         task={"name": data.name, "fingerprint": data.fingerprint},
-        metrics={"train_accuracy": est.score(X, tr.labels), **validation_metrics(est, seed),
+        metrics={"train_accuracy": est.score(X, tr.labels), **validation_metrics(est),
                  **test,
                  "alpha": est.alpha_, "n_features": int(X.shape[1]), "n_train": len(X), "n_test": len(Xt)},
         timings={"fit_s": t_fit},

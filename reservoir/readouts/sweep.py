@@ -83,18 +83,18 @@ def scored(est, X: np.ndarray, y: np.ndarray, n_out: int) -> tuple[float, np.nda
     return int(hit.sum()) / max(hit.size, 1), per_row.sum(1), per_row.shape[1]
 
 
-def test_metrics(est, X: np.ndarray, y: np.ndarray, n_out: int, seed: int) -> tuple[dict[str, Any], np.ndarray, int]:
+def test_metrics(est, X: np.ndarray, y: np.ndarray, n_out: int) -> tuple[dict[str, Any], np.ndarray, int]:
     """``test_accuracy`` and ``test_interval`` of ``est`` on ``(X, y)``, the per-row counts and heads per row."""
     accuracy, correct, heads = scored(est, X, y, n_out)
-    return accuracy_metrics("test", correct, heads, seed=seed, accuracy=accuracy), correct, heads
+    return accuracy_metrics("test", correct, heads, accuracy=accuracy), correct, heads
 
 
-def validation_metrics(est, seed: int) -> dict[str, Any]:
+def validation_metrics(est) -> dict[str, Any]:
     """The chosen strength's validation accuracy and interval (from the estimator's per-row record)."""
     if getattr(est, "val_correct_", None) is None:
         return {"val_accuracy": float("nan"), "val_interval": [float("nan"), float("nan")]}
     heads = (est.n_heads_ or 1) * est.group_rows  # val_correct_ counts per example
-    out = accuracy_metrics("val", est.val_correct_, heads, seed=seed)
+    out = accuracy_metrics("val", est.val_correct_, heads)
     out["val_accuracy"] = est.val_scores_[est.alpha_]
     return out
 
@@ -129,8 +129,8 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
             t0 = time.perf_counter()
             est.fit(X[i], y, validation_data=val)
             fit_s = time.perf_counter() - t0
-            test, correct, heads = test_metrics(est, Xt[i], yt, n_out, seed)
-            metrics = {"train_accuracy": est.score(X[i], y), **validation_metrics(est, seed), **test}
+            test, correct, heads = test_metrics(est, Xt[i], yt, n_out)
+            metrics = {"train_accuracy": est.score(X[i], y), **validation_metrics(est), **test}
             metrics.update(_path_metrics(est, len(X[i]), len(Xt[i]), float(np.mean(yt == majority))))
             curve = _learning_curve(store, readout, seed, device, X[i], y, Xt[i], yt, val, n_out, train_sizes)
             yield LayerFit(k, est, metrics, {"load_s": load_s, "fit_s": fit_s}, correct, heads, curve)
@@ -139,7 +139,7 @@ def sweep(store: FeatureStore, layers: list[int], readout: str, *, seed: int, de
 def _path_metrics(est, n_train: int, n_test: int, chance: float) -> dict[str, Any]:
     return {"alpha": est.alpha_, "val_scores": {str(a): s for a, s in est.val_scores_.items()},
             "n_train": n_train, "n_test": n_test, "chance": chance,
-            "interval": "95%: Wilson score (one head per row) or bootstrap over rows (several heads)"}
+            "interval": "95% Wilson score: over rows (one head per row), over the rows' effective trials (several)"}
 
 
 def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, sizes) -> list[dict[str, Any]]:
@@ -164,7 +164,7 @@ def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, size
         t0 = time.perf_counter()
         est.fit(X[rows], y[rows], validation_data=val)
         fit_s = time.perf_counter() - t0
-        curve.append({"n_train": s, **test_metrics(est, Xt, yt, n_out, seed)[0], "alpha": est.alpha_,
+        curve.append({"n_train": s, **test_metrics(est, Xt, yt, n_out)[0], "alpha": est.alpha_,
                       "fit_s": fit_s})
     return curve
 
@@ -208,7 +208,7 @@ def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: 
         parts.append(correct)
         same, entries = same + float((y == majority).sum()), entries + y.size
     correct = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    metrics = {"train_accuracy": hits / max(rows, 1), **validation_metrics(est, seed),
-               **accuracy_metrics("test", correct, heads, seed=seed)}
+    metrics = {"train_accuracy": hits / max(rows, 1), **validation_metrics(est),
+               **accuracy_metrics("test", correct, heads)}
     metrics.update(_path_metrics(est, rows, len(correct) * n_out, same / max(entries, 1)))
     return LayerFit(k, est, metrics, {"load_s": read_s[0], "fit_s": fit_s}, correct, heads)

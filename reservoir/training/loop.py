@@ -68,14 +68,13 @@ class TrainResult(Result):
     step_mode: str | None = None
 
 
-def scored_metrics(test: tuple[np.ndarray, int], val: tuple[np.ndarray, int], seed: int
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+def scored_metrics(test: tuple[np.ndarray, int], val: tuple[np.ndarray, int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """From the per-row counts of correct heads (and heads per row) of the test and validation splits:
     ``test_accuracy``, ``test_interval`` and ``best_val_interval``, and the ``rows`` record of the test rows."""
     from reservoir.readouts.intervals import accuracy_interval, accuracy_metrics, encode_rows
 
-    metrics = accuracy_metrics("test", *test, seed=seed)
-    metrics["best_val_interval"] = list(accuracy_interval(*val, seed=seed))
+    metrics = accuracy_metrics("test", *test)
+    metrics["best_val_interval"] = list(accuracy_interval(*val))
     return metrics, {"test": encode_rows(*test)}
 
 
@@ -220,7 +219,7 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
         ckpt.load_trainable(model, best, folder / "best.pt" if folder is not None else "the best step's tensors")
         t_eval = time.perf_counter()
         test, rows = scored_metrics(evaluate_rows(model, data.test, device, amp=settings.amp),
-                                    evaluate_rows(model, data.val, device, amp=settings.amp), settings.seed)
+                                    evaluate_rows(model, data.val, device, amp=settings.amp))
         p = data.provenance
         result = TrainResult(
             config=asdict(settings),

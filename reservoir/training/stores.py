@@ -202,7 +202,7 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
         curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
         train_s = time.perf_counter() - t0
         head.load_state_dict(best)
-        test, rows = scored_metrics(trainer.correct_rows(*splits["test"]), trainer.correct_rows(Xv, Yv), config.seed)
+        test, rows = scored_metrics(trainer.correct_rows(*splits["test"]), trainer.correct_rows(Xv, Yv))
         result = TrainResult(
             config=asdict(config), backbone=attrs["backbone"], task=attrs["task"], store=fingerprint, cached=True,
             parameters=counts,

@@ -118,14 +118,14 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
         best_lr = max(lrs, key=lambda lr: mean_val[lr])
         tests = [r["test_accuracy"] for r in by_lr[best_lr]]
         metrics = {"test_accuracy_mean": float(np.mean(tests)), "test_accuracy_std": float(np.std(tests)),
-                   "test_accuracies": tests, "test_interval": _pooled_interval(rows[best_lr], config.seed)}
+                   "test_accuracies": tests, "test_interval": _pooled_interval(rows[best_lr])}
         result = SweepResult(config=asdict(config), lrs=lrs, seeds=seeds, runs=runs, best_lr=best_lr, metrics=metrics,
                              mean_val_by_lr={str(k): v for k, v in mean_val.items()}, extra=dict(extra or {}))
         result.write(out / "sweep.json")
     return result
 
 
-def _pooled_interval(records: list, seed: int) -> list[float] | None:
+def _pooled_interval(records: list) -> list[float] | None:
     """The 95% interval of the mean test accuracy over seeds: each test row's correct heads summed over the
     seeds' runs, resampled by row (the seeds' spread is ``test_accuracy_std``)."""
     from reservoir.readouts.intervals import accuracy_interval, decode_rows
@@ -134,4 +134,4 @@ def _pooled_interval(records: list, seed: int) -> list[float] | None:
         return None
     decoded = [decode_rows(r) for r in records]
     total = np.sum([c for c, _ in decoded], axis=0)  # (N,)
-    return list(accuracy_interval(total, decoded[0][1] * len(decoded), seed=seed))
+    return list(accuracy_interval(total, decoded[0][1] * len(decoded)))
