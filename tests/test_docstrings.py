@@ -21,3 +21,15 @@ def test_docstring_examples_run_as_shown(name, tmp_path, monkeypatch):
                              raise_on_error=False, verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (run " \
                                f"`python -m doctest -v` on its file to see them)"
+
+
+def test_the_callable_extract_package_shows_the_function():
+    """``reservoir.extract`` is a package that calls :func:`reservoir.extract.api.extract`: help and tooltips
+    show that function's parameters and text first, not ``(*args, **kwargs)``."""
+    import inspect
+
+    from reservoir.extract.api import extract
+
+    assert inspect.signature(reservoir.extract) == inspect.signature(extract)
+    assert reservoir.extract.__doc__.startswith(inspect.cleandoc(extract.__doc__))
+    assert "The package, in data-flow order" in reservoir.extract.__doc__

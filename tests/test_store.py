@@ -505,3 +505,19 @@ def test_an_unfinished_store_resumes_only_with_the_batching_it_was_begun_with(tm
     run_extract(_config(out, batch_size=16), progress=False)
     with FeatureStore.open(out) as st:
         assert st.complete and st.done("test").all()
+
+
+@pytest.mark.parametrize("suffix", [".zarr", ".h5"])
+def test_a_closed_store_says_so_in_both_formats(tmp_path, suffix):
+    """HDF5 raised h5py's KeyError on a closed file and Zarr read on: both say the store is closed; closing again
+    does nothing."""
+    from reservoir.readouts import load_layer
+
+    run_extract(_config(tmp_path / f"s{suffix}"))
+    with FeatureStore.open(tmp_path / f"s{suffix}") as st:
+        assert not st.closed
+    assert st.closed
+    st.close()
+    for read in (lambda: st.features("train"), lambda: load_layer(st, "train", 1), lambda: st.labels("train")):
+        with pytest.raises(ReservoirError, match="expected an open store; found it closed"):
+            read()

@@ -15,6 +15,7 @@ is :func:`extract`, the name the toolkit has always exported.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from typing import Any
@@ -37,3 +38,6 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+# what ``help(reservoir.extract)``, ``inspect.signature`` and notebook tooltips show: the function called, first
+__signature__ = inspect.signature(extract)
+__doc__ = f"{inspect.cleandoc(extract.__doc__ or '')}\n\nThe package, in data-flow order:\n\n{inspect.cleandoc(__doc__)}"

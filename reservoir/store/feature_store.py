@@ -105,7 +105,7 @@ class FeatureStore:
     """
 
     def __init__(self, backend: Backend, fmt: Format, lock: locks.StoreLock | locks.SharedLock | None = None):
-        self._b = backend
+        self._backend: Backend | None = backend  # None once closed
         self._lock = lock
         self.format = fmt
         self.path = backend.path
@@ -116,6 +116,19 @@ class FeatureStore:
         # write_chunks may run on several threads (disjoint chunks); the checksums and done flags of many chunks
         # share a backend chunk, so their read-modify-write is one thread's at a time
         self._flags_lock = threading.Lock()
+
+    @property
+    def _b(self) -> Backend:
+        """The open backend; a closed store is one line (HDF5 would raise its own error, Zarr read on)."""
+        if self._backend is None:
+            raise ReservoirError(f"{self.path}: expected an open store; found it closed (FeatureStore.open "
+                                 "opens it again)")
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` (or the ``with`` block) has closed the store."""
+        return self._backend is None
 
     # -- opening -----------------------------------------------------------
     @classmethod
@@ -607,6 +620,7 @@ class FeatureStore:
         except Exception:  # noqa: BLE001 - unreadable: leave it for the next run to refuse or repair
             written = True
         close_quietly(self._b)
+        self._backend = None
         try:
             if not written:
                 remove(self.path, ignore_errors=True)
@@ -615,9 +629,12 @@ class FeatureStore:
                 self._lock.release()
 
     def close(self) -> None:
-        """Close the store (and release the write lock); a failing close is one line."""
+        """Close the store (and release the write lock); a failing close is one line. Closing again does nothing."""
+        if self._backend is None:
+            return
+        backend, self._backend = self._backend, None
         try:
-            self._b.close()
+            backend.close()
         except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
             raise ReservoirError(f"{self.path}: could not close the store ({cause(err)}); rerun the same "
                                  "command to resume") from err
