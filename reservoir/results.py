@@ -27,19 +27,52 @@ from reservoir.options import shown
 
 
 def environment() -> dict[str, Any]:
-    """Versions and machine facts recorded beside every result."""
+    """Versions and machine facts recorded beside every result: what a time or a last digit depends on (the CPU
+    model and its native bf16, the GPUs, the library versions)."""
     import numpy as np
     import torch
 
+    from reservoir.runtime import native_bf16
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
+        else []
     return {
         "reservoir_version": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "transformers": _version("transformers"),
         "numpy": np.__version__,
         "machine": platform.machine(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "native_bf16": native_bf16(),
+        "cuda": gpus[0] if gpus else None,  # the first GPU, as earlier files recorded it
+        "gpus": gpus,
+        "cuda_version": torch.version.cuda,
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def _version(package: str) -> str | None:
+    """An installed package's version from its metadata, without importing it (transformers takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what the platform says), or ``None``."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:

@@ -575,8 +575,19 @@ def test_csv_cells_are_parsed_at_the_speed_of_the_file_and_checked_against_memor
     assert task.splits["train"].inputs.shape == (60, 25_000) and (task.splits["train"].inputs == 7).all()
     monkeypatch.setattr(rio, "available_memory", lambda: 8 * 2**20)  # the file (4 MiB) is read; its cells' parse
     assert_one_line(invoke("fit-raw", "--data", tmp_path / "wide.csv"),  # needs about 8 x 3 MiB
-                    "split 'train', column 'inputs': expected cells parsed (about eight times their text) that fit "
+                    "column 'inputs': expected cells parsed (about eight times their text) that fit "
                     "in the 8.0 MiB of memory available")
+
+
+def test_a_csv_file_is_tokens_or_numbers_as_a_whole(tmp_path):
+    """A writer that prints 1.0 as 1 left one split all integers: the file was refused as continuous in one split
+    and tokens in another. The kind is decided over the whole column: here, numbers."""
+    pytest.importorskip("pyarrow")
+    text = "inputs,label,split\n1.0 2.5,0,train\n0.5 2,1,train\n2 2,0,test\n3 1,1,test\n"
+    (tmp_path / "mixed.csv").write_text(text)
+    task = load_task("data", {"path": str(tmp_path / "mixed.csv")}, cache_dir=None)
+    assert task.kind == "continuous" and task.splits["test"].inputs.dtype == np.float32
+    np.testing.assert_array_equal(task.splits["test"].inputs[..., 0], [[2, 2], [3, 1]])
 
 
 def test_token_ids_beyond_int64_and_floats_beyond_float32_are_one_line_as_they_are(tmp_path):
@@ -614,12 +625,29 @@ def test_missing_optional_package_says_how_to_install(tmp_path, monkeypatch):
     parquet = write_columnar(tmp_path / "t.parquet", token_rows(n=(4, 2)), "parquet")
     folder = tmp_path / "folder"
     folder.mkdir()
+    (folder / "state.json").write_text("{}")  # the top of a saved dataset
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(ReservoirError, match=r"datasets to read a save_to_disk .*pip install 'reservoir\[datasets\]'"):
         get_task("data", path=str(folder))
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(ReservoirError, match=r"pyarrow to read Parquet.*pip install 'reservoir\[datasets\]'"):
         get_task("data", path=str(parquet))
+
+
+def test_a_folder_not_saved_by_datasets_is_refused_without_walking_it(tmp_path, monkeypatch):
+    """A mistyped --data /usr walked its 137,000 files twice (the cache key's stamps, the links check): 23 s before
+    the refusal. A folder without dataset_dict.json or state.json at its top is refused before any walk."""
+    from pathlib import Path
+
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "deep" / "er" / "file.txt").write_text("x")
+
+    def walk(*args, **kwargs):
+        raise AssertionError("the folder was walked")
+
+    monkeypatch.setattr(Path, "rglob", walk)
+    assert_one_line(invoke("fit-raw", "--data", tmp_path), "expected a folder written by datasets' save_to_disk "
+                    "(dataset_dict.json or state.json at its top)", "found neither file")
 
 
 def test_empty_data_path_is_refused():

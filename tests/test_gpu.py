@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from reservoir.errors import ReservoirError
 from reservoir.extract import ExtractConfig
 from reservoir.extract import run as run_extract
 from reservoir.store import FeatureStore
@@ -203,8 +204,6 @@ def test_cuda_training_equals_cpu_training_in_float32(tmp_path):
 
 
 def test_cuda_graphs_on_refused_for_varying_lengths(tmp_path):
-    from reservoir.errors import ReservoirError
-
     with pytest.raises(ReservoirError, match="--cuda-graphs on needs .* found the training rows differ in length"):
         _train(tmp_path, "bad", task="listops", task_params={"n_train": 100, "n_test": 20, "max_length": 40},
                cuda_graphs="on")
@@ -272,6 +271,9 @@ def test_bench_train_on_cuda_captures_bit_xor(tmp_path):
     assert r["project"]["mode"] == "cuda-graph"
     assert r["ratio"] == pytest.approx(r["project"]["step_ms"] / r["plain"]["step_ms"])
     assert r["project"]["final_loss"] == pytest.approx(r["plain"]["final_loss"], rel=0.05)
+    with pytest.raises(ReservoirError, match="--warmup must be at least 4 where the step is captured"):
+        bench_train(TrainConfig(task="bit-xor", backbone="tiny-gpt2", task_params={"n_train": 400, "n_test": 50},
+                                device="cuda"), steps=20, warmup=3)  # the capture would be one of the timed steps
 
 
 NCCL_JOB = """

@@ -648,6 +648,14 @@ def test_bench_extract_times_the_pass_to_object_storage_beside_local_disk(bucket
     assert not objects(f"s3://{bucket}/bench")  # the timed store is removed
 
 
+def test_bench_extract_lists_the_bucket_before_the_local_pass(bucket):
+    """A missing bucket was found only after the local pass and the bare forward had run (minutes at README size)."""
+    r = invoke("bench", "extract", "--task", "bit-xor", "-p", "n_train=500", "-p", "n_test=100", "--backbone",
+               "tiny-gpt2", "--layers", 2, "--naive-rows", 8, "--store-url", "s3://no-such-bucket-here/bench")
+    assert_bad_input(r)
+    assert "NoSuchBucket" in r.stderr and "task bit-xor" not in r.output + r.stderr  # before the task loads
+
+
 def test_gcs_and_azure_urls_take_the_same_path():
     """No server for them here: their URLs parse and build obstore's GCS and Azure stores, and HDF5 is refused."""
     from reservoir.store import detect_format

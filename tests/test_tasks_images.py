@@ -177,6 +177,12 @@ def _corrupt(folder, case):
     if case == "missing":
         img.unlink()
         return img.name, "download=True"
+    if case == "oblong":  # read as "expected size >= the image side 28, larger by an even number"
+        img.write_bytes(idx_bytes(np.zeros((6, 28, 30)), 0x803))
+        return "expected square train images", "found 28 x 30"
+    if case == "sizes":  # padded by different amounts otherwise
+        img.write_bytes(idx_bytes(np.zeros((6, 26, 26)), 0x803))
+        return "expected the test images of the train images' size, 26 x 26", "found 28 x 28"
     if case == "bad-gz":
         img.unlink()
         (folder / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
@@ -189,7 +195,7 @@ def _corrupt(folder, case):
 
 
 @pytest.mark.parametrize("case", ["truncated", "trailing", "header", "magic", "swapped", "count", "label", "missing",
-                                  "bad-gz", "short-gz"])  # fmt: skip
+                                  "bad-gz", "short-gz", "oblong", "sizes"])  # fmt: skip
 def test_mnist_corrupted_files(tmp_path, case):
     write_mnist(tmp_path)
     fragments = _corrupt(tmp_path, case)

@@ -245,7 +245,10 @@ def test_fpt_task_matches_lra_task_without_brackets():
     [({"source": "web"}, "source"), ({"tokenization": "bpe"}, "tokenization"),
      ({"min_length": 10, "max_length": 11}, "bounds"), ({"min_length": 1, "max_length": 4}, "bounds"),
      ({"n_train": 0}, "n_train"), ({"n_val": -1}, "n_val"),
-     ({"max_tokens": 0}, "max_tokens"), ({"seed": 1.5}, "seed"), ({"no_such": 1}, "no_such")],
+     ({"max_tokens": 0}, "max_tokens"), ({"seed": 1.5}, "seed"), ({"no_such": 1}, "no_such"),
+     # a folder a generated task would ignore; bounds no tree meets in practice (minutes of draws before a refusal)
+     ({"data_dir": "/tmp"}, "source=lra"), ({"min_length": 99_999_998, "max_length": 100_000_000}, "at most 3,000"),
+     ({"n_train": 10**8, "n_val": 10**8, "n_test": 10**8, "max_length": 2000}, "memory available")],
 )  # fmt: skip
 def test_bad_params(params, word):
     with pytest.raises(ReservoirError) as err:
@@ -335,6 +338,13 @@ def test_lra_source_needs_files(tmp_path):
         ([("[MAX 1 2 ]", 2, "extra")], None, 2, ["2 tab-separated", "found 3"]),
         ([("", 2)], None, 2, ["non-empty"]),
         ([], None, 1, ["at least one example"]),
+        # read as token ids before, not one tree: refused, as is a Target that is not the value
+        ([("( ( [MAX 2 ) 3 )", 3)], None, 2, ["1 operator never closed"]),
+        ([("[MAX 2 3 ] ] ]", 3)], None, 2, ["tokens after it ends at token 3"]),
+        ([("[MAX ]", 3)], None, 2, ["closed with no argument at token 1"]),
+        ([("1 2 3", 3)], None, 2, ["tokens after it ends at token 0"]),
+        ([("] 3", 3)], None, 2, ["] at token 0 with nothing open"]),
+        ([("[MAX 1 2 ]", 2), ("[MAX 2 3 ]", 7)], None, 3, ["the expression's value, 3; found 7"]),
     ],
 )
 def test_reader_rejects_malformed(tmp_path, rows, header, line, words):

@@ -663,23 +663,32 @@ def test_bench_speedup_reports_consistent_ratios(monkeypatch):
     bench = importlib.import_module("reservoir.bench.speedup")  # the module (the package exports its function)
 
     batches = {"live": [], "cached": []}  # the batch size each timed epoch ran at, by side
+    timed = {"live": [], "cached": []}  # what each timed call returned
     time_steps, time_cached = bench._time_steps, bench._time_cached
 
     def live(model, feeder, batch_size, *args, **kwargs):
         batches["live"].append(batch_size)
-        return time_steps(model, feeder, batch_size, *args, **kwargs)
+        timed["live"].append(time_steps(model, feeder, batch_size, *args, **kwargs))
+        return timed["live"][-1]
 
     def cached(head, X, Y, n_classes, batch_size, *args, **kwargs):
         batches["cached"].append(batch_size)
-        return time_cached(head, X, Y, n_classes, batch_size, *args, **kwargs)
+        timed["cached"].append(time_cached(head, X, Y, n_classes, batch_size, *args, **kwargs))
+        return timed["cached"][-1]
 
     monkeypatch.setattr(bench, "_time_steps", live)
     monkeypatch.setattr(bench, "_time_cached", cached)
-    r = speedup("bit-xor", {"n_train": 96, "n_test": 16}, backbone="tiny-gpt2", batch_size=16, max_live_rows=48,
+    r = speedup("bit-xor", {"n_train": 100, "n_test": 16}, backbone="tiny-gpt2", batch_size=16, max_live_rows=48,
                 device="cpu")
     a, b = r["output_only"], r["layernorm_top"]
-    assert a["live_rows_timed"] == 48 and r["n_train"] == 96
+    assert a["live_rows_timed"] == 48 and r["n_train"] == 100
     assert a["speedup"] == pytest.approx(a["live_epoch_s"] / a["cached_epoch_s"])
+    # both sides' epoch is the 100 // 16 = 6 whole batches a cached epoch runs (96 rows): the speedup is the live
+    # step's time over the cached step's (it was scaled to 100 rows live, 96 cached: 4% too high)
+    (live_s, live_rows, _), cached_s = timed["live"][0], timed["cached"][0]
+    assert live_rows == 48 and a["live_epoch_s"] == pytest.approx(live_s / 3 * 6)
+    assert a["speedup"] == pytest.approx((live_s / 3) / (cached_s / 6))
+    assert a["cached_step_ms"] == pytest.approx(1e3 * cached_s / 6)
     assert b["blocks_trained"] == [2] and r["split_layer"] == 1
     assert b["speedup"] == pytest.approx(b["live_epoch_s"] / b["split_store_epoch_s"])
     assert r["extract_overhead"] == pytest.approx(r["pass_s"] / r["bare_forward_s"])

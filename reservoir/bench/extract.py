@@ -17,8 +17,10 @@ batches:
 
 Ratios (``pass / bare forward``, ``bare forward / HF forward``,
 ``naive / pass``) compare times taken minutes apart on one machine; seconds
-are not comparable across runs. The plan's largest batch runs once before the
-timed parts, so one-time set-up (kernels, allocator growth) is not counted.
+are not comparable across runs. Each timed part follows one untimed batch
+(the pass and the bare forward: the first window's largest; the Hugging
+Face forward: the plan's largest; the naive way: one batch of 32), so one-time
+set-up (kernels, allocator growth) is not counted.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     from reservoir.extract import prepare
     from reservoir.extract.passes import writers
 
+    if store_url is not None:  # the bucket listed now, not after the local pass has run for minutes
+        from reservoir.store.remote import StoreURL
+
+        StoreURL(store_url).check_outside_stores()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     prep = prepare(config)
@@ -238,19 +244,36 @@ def _time_hf(prep, plan, dtype, autocast_cpu: bool = False) -> float:
     if hf is None:  # the LSTM baseline has no Hugging Face model
         return float("nan")
     engine = prep.engine()
-    t0 = time.perf_counter()
     context = torch.autocast("cpu", dtype=dtype) if mixed else contextlib.nullcontext()
+
+    def forward(hf, split, rows, order, bounds) -> None:
+        x, lens = engine.upload(split.inputs, split.lengths, rows[order])
+        sorted_len = split.lengths[rows[order]]
+        for lo, hi in bounds:
+            L = int(sorted_len[hi - 1])
+            mask = (torch.arange(L, device=dev)[None, :] < lens[lo:hi, None]).long()  # (b, L)
+            _hf_forward(hf, bb.project(x[lo:hi, :L]).to(torch.float32 if mixed else dtype), mask)
+
     with torch.inference_mode(), context:  # as a user runs it: PyTorch's default attention dispatch
-        for split, rows, order, bounds in plan:
-            x, lens = engine.upload(split.inputs, split.lengths, rows[order])
-            sorted_len = split.lengths[rows[order]]
-            for lo, hi in bounds:
-                L = int(sorted_len[hi - 1])
-                mask = (torch.arange(L, device=dev)[None, :] < lens[lo:hi, None]).long()  # (b, L)
-                _hf_forward(hf, bb.project(x[lo:hi, :L]).to(torch.float32 if mixed else dtype), mask)
+        forward(hf, *_largest_batch(plan))  # untimed, as the pass's warm-up: kernels chosen, allocator grown
+        _sync(dev)
+        t0 = time.perf_counter()
+        for window in plan:
+            forward(hf, *window)
     _sync(dev)
     del hf
     return time.perf_counter() - t0
+
+
+def _largest_batch(plan) -> tuple[Any, np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """The plan's batch of most padded tokens, as a window of that one batch ``(split, rows, order, bounds)``."""
+    def tokens(window, bound) -> int:
+        split, rows, order, _ = window
+        return (bound[1] - bound[0]) * int(split.lengths[rows[order[bound[1] - 1]]])
+
+    window, (lo, hi) = max(((w, b) for w in plan for b in w[3]), key=lambda wb: tokens(*wb))
+    split, rows, order, _ = window
+    return split, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)]
 
 
 def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
@@ -262,19 +285,25 @@ def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
     hf = _hf_model(prep, full=True, dtype=torch.float32)
     proj = copy.deepcopy(bb.input).float()
     L = task.max_length
+
+    def batch(hf, split, lo: int, n: int) -> int:
+        x = np.zeros((n, L, *split.inputs.shape[2:]), dtype=split.inputs.dtype)
+        x[:, : split.inputs.shape[1]] = split.inputs[lo : lo + n, :L]
+        emb = _embed_fp32(proj, torch.from_numpy(x).to(dev))
+        hs = _hf_forward(hf, emb, None, output_hidden_states=True).hidden_states
+        torch.stack([h[:, -1] for h in hs], dim=1).cpu()  # (b, n_layer + 1, n_dim), as the official code reads
+        return n
+
     timed = 0
-    t0 = time.perf_counter()
     with torch.inference_mode():
+        first = next(iter(task.splits.values()))
+        batch(hf, first, 0, min(32, len(first)))  # untimed warm-up, as the other parts have: one whole batch
+        _sync(dev)
+        t0 = time.perf_counter()
         for split in task.splits.values():
             take = min(len(split), max(1, round(naive_rows * len(split) / n_all)))  # a small split: all of it
             for lo in range(0, take, 32):
-                x = np.zeros((min(32, take - lo), L, *split.inputs.shape[2:]), dtype=split.inputs.dtype)
-                x[:, : split.inputs.shape[1]] = split.inputs[lo : lo + len(x), :L]
-                xt = torch.from_numpy(x).to(dev)
-                emb = _embed_fp32(proj, xt)
-                hs = _hf_forward(hf, emb, None, output_hidden_states=True).hidden_states
-                torch.stack([h[:, -1] for h in hs], dim=1).cpu()  # (b, n_layer + 1, n_dim), as the official code reads
-                timed += len(x)
+                timed += batch(hf, split, lo, min(32, take - lo))
     _sync(dev)
     seconds = time.perf_counter() - t0
     del hf
@@ -330,9 +359,11 @@ def _size_mb(path: Path) -> float:
 
 def format_extract(r: BenchResult) -> str:
     """The benchmark as the lines ``reservoir bench extract`` prints."""
-    batches = f"{r['max_tokens']} tokens" if r["max_tokens"] else f"{r['batch_size'] or 64} rows"
+    batches = f"{r['max_tokens']:,} tokens" if r["max_tokens"] else f"{r['batch_size'] or 64} rows"
     if r["max_tokens"] and r["batch_size"]:
         batches += f" / {r['batch_size']} rows"
+    if r["max_tokens"] and r["max_tokens"] < r["max_length"]:  # a row longer than the budget is a batch of its own
+        batches += " (a longer row alone)"
     dev_mem = "" if r["peak_device_mb"] is None else f"; device {r['peak_device_mb']:,.0f} MB"
     return "\n".join(line for line in [
         f"{r['task']} through {r['backbone']['id']} ({r['backbone']['init']}), depth {r['depth']}, "

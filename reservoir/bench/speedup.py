@@ -14,16 +14,20 @@
   backward through the top blocks) vs from a split-point store at layer ``s``
   (blocks ``s+1..K`` only).
 
-Live epochs run ``reservoir train``'s step (:class:`~reservoir.training.step.Stepper`)
-on at most ``max_live_rows`` rows and are scaled to the
-epoch (per-row cost is flat across an epoch); cached epochs are timed whole,
-repeated for half a second and averaged.
+An epoch is what both sides run, live and cached: ``n_train // batch``
+whole batches (the last partial batch is dropped). Live epochs run
+``reservoir train``'s step (:class:`~reservoir.training.step.Stepper`) on at
+most ``max_live_rows`` rows, and their time per step is scaled to the
+epoch's steps (a step's cost is flat across an epoch); cached epochs are
+timed whole, repeated for half a second and averaged.
 The split-point store keeps every position of every row, so it is extracted
 for the timed rows only and its cost scaled to the epoch. Every timed part
 follows warm-up steps (live: including the CUDA graph capture). The break-even point is the number of epochs after
 which extracting first was cheaper than training live: what only caching
 pays once (the pass, and reading the store back: ``cached_extra_s``) over
-what it saves per epoch. The setup (task and model loads) is paid by a live
+what it saves per epoch. The pass counted is over every split, though a live
+run also runs its validation and test rows forward to evaluate: the
+break-even point errs late. The setup (task and model loads) is paid by a live
 run too and is not counted. Times are wall-clock on this machine and noisy:
 compare ratios from one run, not seconds across runs.
 """
@@ -72,6 +76,12 @@ def _time_steps(model, feeder, batch_size: int, seed: int, device, amp: str = op
     finally:
         stepper.close()
     return seconds, n_steps * min(batch_size, len(feeder)), mode
+
+
+def _epoch_s(seconds: float, rows_timed: int, batch_size: int, n_rows: int) -> float:
+    """An epoch's seconds from ``seconds`` timed over ``rows_timed`` rows in whole batches: the time per step
+    times the epoch's ``n_rows // batch_size`` steps (what a cached or a live epoch of ``n_rows`` rows runs)."""
+    return seconds / max(1, rows_timed // batch_size) * max(1, n_rows // batch_size)
 
 
 def _time_cached(head: torch.nn.Linear, X: torch.Tensor, Y: torch.Tensor, n_classes: int, batch_size: int,
@@ -157,7 +167,8 @@ def speedup(
     result: dict[str, Any] = {"task": data.name, "task_params": data.params, "backbone": prep.backbone.info.to_dict(),
                               "depth": K, "split_layer": s, "batch_size": batch_size, "large_batch": large,
                               "n_train": len(data.splits["train"]), "device": str(dev),
-                              "torch_threads": torch.get_num_threads(),
+                              "torch_threads": torch.get_num_threads(), "seed": seed, "amp": amp,
+                              "max_live_rows": max_live_rows,
                               "compute_dtype": str(compute_dtype(dev, amp)).removeprefix("torch.")}
     # live training keeps float32 weights (autocast on CUDA), as `reservoir train` does
     live_bb = prep.backbone if next(prep.backbone.parameters()).dtype == torch.float32 else load_backbone(
@@ -232,7 +243,7 @@ class _Timing:
         feeder = Feeder.from_split(self.data.splits["train"], timed)
         for key, b in (("", self.batch_size), ("large_batch_", self.large_batch)):  # both <= the timed rows
             seconds, live_rows, mode = _time_steps(model, feeder, b, self.seed, self.dev, self.amp)
-            t_live = seconds * self.n / live_rows
+            t_live = _epoch_s(seconds, live_rows, b, self.n)  # the cached epoch's steps, at the live step's cost
             t_cached = _time_cached(model.head, X, Y, model.n_classes, b, self.seed, self.dev)
             steps = max(1, self.n // b)
             out.update({f"{key}live_epoch_s": t_live, f"{key}cached_epoch_s": t_cached,
@@ -257,7 +268,7 @@ class _Timing:
         b = min(self.batch_size, len(timed))
         seconds, rows, _ = _time_steps(model, Feeder.from_split(self.data.splits["train"], timed), b, self.seed,
                                        self.dev, self.amp)
-        t_live = seconds * self.n / rows
+        t_live = _epoch_s(seconds, rows, b, self.n)
         t0 = time.perf_counter()
         with FeatureStore.open(split_store) as st:
             states = np.asarray(st.states("train")[...], dtype=np.float32)
@@ -265,7 +276,7 @@ class _Timing:
         sub = _subset(self.data, timed).splits["train"]
         seconds, rows, _ = _time_steps(model, Feeder(states, sub.lengths, sub.labels, start=s), b, self.seed,
                                        self.dev, self.amp)
-        t_split = seconds * self.n / rows
+        t_split = _epoch_s(seconds, rows, b, self.n)
         extra = split_pass_s + split_read_s
         return {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live, "split_store_epoch_s": t_split,
                 "speedup": t_live / t_split, "rows_timed": len(timed), "split_pass_s": split_pass_s,
@@ -317,9 +328,9 @@ def format_speedup(r: BenchResult) -> str:
         f"{'(b) layernorm, blocks ' + str(b['blocks_trained'][0]) + '..' + str(b['blocks_trained'][-1]):<34} "
         f"{b['live_epoch_s']:9.2f} {b['split_store_epoch_s']:9.3f} {'':>8} {b['speedup']:8.1f}x "
         f"{_epochs(b['break_even_epochs']):>18}",
-        f"(live epochs timed on {a['live_rows_timed']} rows ({a.get('live_step_mode', 'eager')} steps) and scaled to "
-        f"{r['n_train']}; cached epochs repeated for 0.5 s and averaged; break-even epochs = what only caching pays "
-        f"once / what it saves per epoch, the setup not counted)",
+        f"(an epoch: {r['n_train']} // batch whole batches, both ways; live steps timed on {a['live_rows_timed']} rows "
+        f"({a.get('live_step_mode', 'eager')}), cached epochs repeated for 0.5 s and averaged; break-even epochs = "
+        f"what only caching pays once / what it saves per epoch, the setup not counted)",
         f"cached step of a 768 x 10 head at batch {r['batch_size']}: {a['head_768x10_step_ms']:.3f} ms",
     ]
     return "\n".join(lines)

@@ -172,7 +172,7 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     """
     from reservoir.training import build
     from reservoir.training.loop import ready_to_train
-    from reservoir.training.step import Stepper
+    from reservoir.training.step import GRAPH_WARMUP_STEPS, Stepper
 
     if steps < 1 or warmup < 1:
         raise ReservoirError(f"bench train needs at least 1 timed and 1 warm-up step, found {steps} and {warmup}")
@@ -185,6 +185,11 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     counts, opt = ready_to_train(model, data, config)
     stepper = Stepper(model, opt, data.train, device, config.batch_size, config.seed, amp=config.amp,
                       grad_clip=config.grad_clip, cuda_graphs=config.cuda_graphs, compile=config.compile)
+    if stepper.use_graph and warmup <= GRAPH_WARMUP_STEPS:  # the capture would be timed as one of the steps
+        stepper.close()
+        raise ReservoirError(f"--warmup must be at least {GRAPH_WARMUP_STEPS + 1} where the step is captured as a "
+                             f"CUDA graph ({GRAPH_WARMUP_STEPS} eager steps, then the capture, precede the timed "
+                             f"steps), found {warmup}")
     r: dict[str, Any] = {
         "task": task.name, "task_params": task.params, "backbone": model.backbone.info.to_dict(),
         "depth": model.backbone.depth, "finetune": config.finetune, "batch_size": config.batch_size,
@@ -192,6 +197,8 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
         "compute_dtype": str(compute_dtype(device, config.amp)).replace("torch.", ""),
         "compute_path": compute_path(device, config.amp),
         "torch_threads": torch.get_num_threads(), "steps": steps, "warmup": warmup, "parameters": counts,
+        "settings": {k: getattr(config, k) for k in ("init", "lr", "seed", "grad_clip", "amp", "cuda_graphs",
+                                                      "compile", "dropout")},
     }
     try:
         if device.type == "cuda":

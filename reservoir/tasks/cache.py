@@ -36,6 +36,7 @@ import numpy as np
 from reservoir import __version__
 from reservoir.io import load_npy, read_json
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
+from reservoir.tasks.columns import is_saved_dataset
 from reservoir.tasks.files import data_folder
 
 log = logging.getLogger("reservoir")
@@ -73,10 +74,13 @@ def data_files(name: str, params: dict[str, Any]) -> list[list[Any]]:
     data_dir = params.get("data_dir")
     if data_dir is None and "data_dir" in params:  # the task reads its default folder (where download puts files)
         data_dir = data_folder(name, None, False, None, lambda folder: True)
-    for source in (data_dir, params.get("path")):
+    path = params.get("path")
+    for source in (data_dir, path):
         root = Path(source).expanduser() if source else None  # a folder of files; the data task's file or folder
         if root is not None and root.is_file():
             files.append([root.name, *_stamp(root.stat())])
+        elif root is not None and source is path and not is_saved_dataset(root):
+            continue  # not a dataset folder (a mistyped /usr, say): the build refuses it without a walk
         elif root is not None and root.is_dir():
             for p in sorted(root.rglob("*")):
                 if p.is_file():

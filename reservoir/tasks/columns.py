@@ -123,6 +123,10 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
             if table.column_names.count(name) > 1:
                 raise _fail(source, f"column {name!r}", "it once in the header row",
                             f"it {table.column_names.count(name)} times")
+        # parsed whole, before the rows are split: tokens or numbers is one decision for the file (a writer that
+        # prints 1.0 as 1 leaves one split all integers), and a bad cell's row is its row in the file
+        parsed = _parse_text(source, f"column {inputs!r}", _plain(pa, table[inputs]))
+        table = table.set_column(table.column_names.index(inputs), inputs, parsed)
     return _split_column(source, table.select(list(single)))
 
 
@@ -143,6 +147,9 @@ def _parquet_bytes(meta: Any, columns: set[str]) -> int:
 
 def _load_from_disk(source: Path) -> Any:
     """What ``datasets.load_from_disk`` reads from the folder (a Dataset or a DatasetDict)."""
+    if not is_saved_dataset(source):  # refused now, not after walking a mistyped folder (/usr, say) twice
+        raise ReservoirError(f"{source}: expected a folder written by datasets' save_to_disk (dataset_dict.json or "
+                             "state.json at its top), or a data file (.npz, .parquet, .csv); found neither file")
     try:
         import datasets
     except ImportError:
@@ -154,6 +161,12 @@ def _load_from_disk(source: Path) -> Any:
     except Exception as err:  # noqa: BLE001 - any library error is a folder it cannot read
         raise ReservoirError(f"{source}: expected a folder written by datasets' save_to_disk (or a data file: .npz, "
                              f".parquet, .csv); found {one_line(err)}") from None
+
+
+def is_saved_dataset(folder: Path) -> bool:
+    """Whether ``folder`` has the top of a ``save_to_disk`` folder: ``dataset_dict.json`` (splits) or
+    ``state.json`` (one dataset)."""
+    return any((folder / name).is_file() for name in ("dataset_dict.json", "state.json"))
 
 
 def _check_contained(source: Path) -> None:

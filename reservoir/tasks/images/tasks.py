@@ -72,14 +72,22 @@ def _build_idx_task(name: str, data_dir: Any, size: Any, patch: Any, download: b
     size, patch, n_train, n_test = _check_idx(name, size, patch, n_train, n_test)
     folder = find_mnist(name, data_dir, download, default)
     splits = {}
+    side = None  # the train images' side
     for split, n in (("train", n_train), ("test", n_test)):
         try:
             images, labels = read_mnist(folder, split, n)  # uint8 (N, H, W), int64 (N,)
         except ReservoirError as err:
             raise ReservoirError(f"task {name!r}: {err}") from None
         check_size(name, len(images) * size * size * 5, f"{len(images):,} {split} images of {size}x{size} pixels")
+        if images.shape[1] != images.shape[2]:  # MNIST's and Fashion-MNIST's are 28 x 28
+            raise ReservoirError(f"task {name!r}: expected square {split} images in {folder}; found "
+                                 f"{images.shape[1]} x {images.shape[2]}")
+        if side is not None and images.shape[1] != side:  # padded by different amounts otherwise
+            raise ReservoirError(f"task {name!r}: expected the test images of the train images' size, {side} x "
+                                 f"{side}; found {images.shape[1]} x {images.shape[2]} in {folder}")
+        side = images.shape[1]
         pad = size - images.shape[1]
-        if pad < 0 or pad % 2 or images.shape[1] != images.shape[2]:
+        if pad < 0 or pad % 2:
             raise ReservoirError(f"task {name!r}: expected size >= the image side {images.shape[1]}, larger by an "
                                  f"even number; found size={size}")  # fmt: skip
         if pad:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from reservoir.errors import ReservoirError
 
 __all__ = ["APPLY", "CLOSE", "DIGITS", "FPT_MAX_TOKENS", "FPT_VOCAB", "LRA_ID", "LRA_TO_FPT", "LRA_VOCAB", "OPERATORS",
-           "Tree", "evaluate", "to_string", "tokenize_fpt", "tokenize_lra", "tree_tokens"]  # fmt: skip
+           "Tree", "evaluate", "evaluate_ids", "to_string", "tokenize_fpt", "tokenize_lra", "tree_tokens"]  # fmt: skip
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 CLOSE = "]"
@@ -62,6 +62,50 @@ def evaluate(tree: Tree) -> int:
         return int(tree)
     op, children = tree
     return APPLY[op]([evaluate(c) for c in children])
+
+
+def evaluate_ids(ids: Sequence[int]) -> int:
+    """Value (0..9) of an expression given as ``lra`` token ids; an expression that is not one tree (a ``]`` with
+    nothing open, an operator closed with no argument or never closed, tokens after the tree) is one line.
+
+    Examples
+    --------
+    >>> evaluate_ids(tokenize_lra("[MAX 4 3 [MIN 2 3 ] 1 0 ]"))
+    4
+    >>> evaluate_ids(tokenize_lra("[MAX 2 3"))
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: expected one ListOps expression; found 1 operator never closed
+    """
+    close, ops = LRA_ID[CLOSE], {LRA_ID[op]: APPLY[op] for op in OPERATORS}
+    stack: list[tuple[int, list[int]]] = []  # open operators and their argument values so far
+    value: int | None = None
+    for i, t in enumerate(ids):
+        if value is not None:
+            raise ReservoirError(f"expected one ListOps expression; found tokens after it ends at token {i - 1}")
+        if t in ops:
+            stack.append((t, []))
+            continue
+        if t == close:
+            if not stack:
+                raise ReservoirError(f"expected one ListOps expression; found ] at token {i} with nothing open")
+            op, args = stack.pop()
+            if not args:
+                raise ReservoirError(f"expected one ListOps expression; found an operator closed with no "
+                                     f"argument at token {i}")
+            v = ops[op](args)
+        else:
+            v = t - LRA_ID["0"]  # a digit
+        if stack:
+            stack[-1][1].append(v)
+        else:
+            value = v
+    if stack:
+        raise ReservoirError(f"expected one ListOps expression; found {len(stack)} operator"
+                             f"{'s' if len(stack) > 1 else ''} never closed")
+    if value is None:
+        raise ReservoirError("expected one ListOps expression; found no tokens")
+    return value
 
 
 def tree_tokens(tree: Tree, out: list[str] | None = None) -> list[str]:

@@ -13,7 +13,7 @@ import os
 from reservoir.errors import ReservoirError
 from reservoir.tasks.arrays import encode
 from reservoir.tasks.base import Split
-from reservoir.tasks.listops.language import tokenize_fpt, tokenize_lra
+from reservoir.tasks.listops.language import evaluate_ids, tokenize_fpt, tokenize_lra
 
 __all__ = ["HEADER", "SPLIT_FILES", "read_lra_split"]
 
@@ -38,7 +38,8 @@ def read_lra_split(path: str | os.PathLike, tokenization: str = "lra", max_token
     -------
     Split
         As :func:`~reservoir.tasks.arrays.encode`. Malformed input (missing or
-        empty file, wrong header or field count, bad target, unknown token, no
+        empty file, wrong header or field count, bad target, unknown token, an
+        expression that is not one tree, a Target that is not its value, no
         examples) raises ReservoirError, one line naming file, line, expected
         and found.
     """
@@ -83,4 +84,8 @@ def _parse_row(line: str, tokenization: str) -> tuple[list[int], int]:
         raise ReservoirError(f"expected an integer Target in 0..9; found {target[:60]!r}") from None
     if not 0 <= label <= 9:
         raise ReservoirError(f"expected an integer Target in 0..9; found {label}")
-    return (tokenize_lra(source) if tokenization == "lra" else tokenize_fpt(source, None)), label
+    lra = tokenize_lra(source)
+    value = evaluate_ids(lra)  # one well-formed tree, whose value is its Target
+    if value != label:
+        raise ReservoirError(f"expected the Target to be the expression's value, {value}; found {label}")
+    return (lra if tokenization == "lra" else tokenize_fpt(source, None)), label

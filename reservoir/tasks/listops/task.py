@@ -11,11 +11,13 @@ from reservoir.tasks.base import Split, TaskData, TaskSpec, register
 from reservoir.tasks.listops.generate import generate_split
 from reservoir.tasks.listops.language import FPT_MAX_TOKENS, FPT_VOCAB, LRA_VOCAB
 from reservoir.tasks.listops.lra import SPLIT_FILES, read_lra_split
-from reservoir.tasks.params import choice_param, int_param
+from reservoir.tasks.params import check_size, choice_param, int_param
 
 __all__ = ["build_listops"]
 
 NAME = "listops"
+#: The largest ``min_length`` the generator takes: a longer tree comes less than once in a thousand LRA draws.
+MAX_MIN_LENGTH = 3000
 
 
 def build_listops(
@@ -63,9 +65,9 @@ def build_listops(
         ``kind="tokens"``, ``d_in=len(vocab)``, ``n_classes=10``; inputs uint8
         ``(N, L)`` right-padded with 0, lengths int64 ``(N,)``, labels int64 ``(N,)``.
     """
-    checked = check_listops({"source": source, "tokenization": tokenization, "min_length": min_length,
-                             "max_length": max_length, "n_train": n_train, "n_val": n_val, "n_test": n_test,
-                             "seed": seed, "max_tokens": max_tokens})
+    checked = check_listops({"source": source, "data_dir": data_dir, "tokenization": tokenization,
+                             "min_length": min_length, "max_length": max_length, "n_train": n_train, "n_val": n_val,
+                             "n_test": n_test, "seed": seed, "max_tokens": max_tokens})
     source, tokenization, max_tokens = checked["source"], checked["tokenization"], checked["max_tokens"]
     vocab = LRA_VOCAB if tokenization == "lra" else FPT_VOCAB
     if source == "lra":
@@ -92,6 +94,9 @@ def check_listops(p: Mapping[str, Any]) -> dict[str, Any]:
     elif tokenization == "fpt":
         max_tokens = FPT_MAX_TOKENS
     out = {"source": source, "tokenization": tokenization, "max_tokens": max_tokens}
+    if source == "generate" and p.get("data_dir") is not None:  # the files would be silently ignored
+        raise ReservoirError(f"task {NAME!r}: data_dir is read with source=lra (the LRA release files); found "
+                             f"data_dir={os.fspath(p['data_dir'])!r} with source=generate: add -p source=lra")
     if source == "generate":
         out.update(_generate_params(p["min_length"], p["max_length"], p["n_train"], p["n_val"], p["n_test"],
                                     p["seed"]))
@@ -122,9 +127,21 @@ def _generate_params(min_length, max_length, n_train, n_val, n_test, seed) -> di
             f"task {NAME!r}: expected length bounds with a reachable length (1 or >= 4) strictly between them; "
             f"found min_length={min_length}, max_length={max_length}"
         )
-    return {"min_length": min_length, "max_length": max_length, "n_train": int_param(NAME, "n_train", n_train, 1),
-            "n_val": int_param(NAME, "n_val", n_val, 0), "n_test": int_param(NAME, "n_test", n_test, 1),
-            "seed": int_param(NAME, "seed", seed, 0)}
+    if min_length > MAX_MIN_LENGTH:  # reachable, but a kept tree would take more than a thousand draws
+        raise ReservoirError(
+            f"task {NAME!r}: expected min_length at most {MAX_MIN_LENGTH:,}: the LRA process draws a tree longer "
+            f"than that less than once in a thousand draws (the longest of 20,000 draws had 5,462 tokens); found "
+            f"min_length={min_length:,}"
+        )
+    out = {"min_length": min_length, "max_length": max_length, "n_train": int_param(NAME, "n_train", n_train, 1),
+           "n_val": int_param(NAME, "n_val", n_val, 0), "n_test": int_param(NAME, "n_test", n_test, 1),
+           "seed": int_param(NAME, "seed", seed, 0)}
+    rows = out["n_train"] + out["n_val"] + out["n_test"]
+    # the padded uint8 tokens (at most max_length - 1 wide; no wider than the longest tree, 10 x MAX_MIN_LENGTH
+    # in practice), int64 lengths and labels
+    check_size(NAME, rows * (min(max_length, 10 * MAX_MIN_LENGTH) + 16),
+               f"{rows:,} rows of up to {min(max_length, 10 * MAX_MIN_LENGTH):,} tokens")
+    return out
 
 
 register(
@@ -134,7 +151,7 @@ register(
         check=check_listops,
         summary="nested MIN/MAX/MED/SM expressions over digits (LRA ListOps); predict the value 0-9",
         source="generated (seeded, LRA process) or the LRA release files basic_{train,val,test}.tsv",
-        tokens="min_length..max_length (20..300); LRA files up to 2000",
+        tokens="strictly between min_length and max_length (21..299); LRA files up to 2000",
         d_in="15 (lra) or 14 (fpt) one-hot",
         classes="10",
         splits="train, [val], test",
