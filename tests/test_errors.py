@@ -523,3 +523,105 @@ def test_empty_layer_item_and_empty_out_are_refused(tmp_path):
     r = CliRunner().invoke(main, [*base, "--layers", "1", "--out", ""])
     assert r.exit_code == 2 and "found an empty path" in r.stderr
     assert not (tmp_path / "s.zarr").exists() and not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ the Python API: wrong kinds of argument
+@pytest.fixture(scope="module")
+def xor_store(tmp_path_factory):
+    from reservoir import extract, get_task, load_backbone
+
+    task = get_task("bit-xor", n_train=64, n_test=32)
+    path = tmp_path_factory.mktemp("api") / "x.zarr"
+    extract(task, load_backbone("tiny-gpt2", d_in=task.d_in), path, layers=2, device="cpu", progress=False).close()
+    return task, path
+
+
+@pytest.mark.parametrize("d_in,found", [(0, "found 0"), (-1, "found -1"), (3.5, "found 3.5"), ("3", "found '3'"),
+                                        (True, "found True")])
+def test_load_backbone_checks_d_in(d_in, found):
+    """-1 was torch's "negative dimension", 3.5 and "3" a TypeError from nn.Linear, 0 accepted."""
+    from reservoir import load_backbone
+
+    with pytest.raises(ReservoirError, match=rf"expected d_in an integer >= 1 \(the task's input dim, task.d_in\); "
+                                             rf"{found}"):
+        load_backbone("tiny-gpt2", d_in=d_in)
+    with pytest.raises(ReservoirError, match="expected depth an integer >= 0"):
+        load_backbone("tiny-gpt2", d_in=3, depth=1.5)
+    assert load_backbone("tiny-gpt2", d_in=np.int64(3), depth=np.int64(1)).depth == 1  # numpy integers are integers
+
+
+def test_extract_names_the_kind_of_argument_it_expected(tmp_path, xor_store):
+    from reservoir import extract, load_backbone
+
+    task, _ = xor_store
+    bb = load_backbone("tiny-gpt2", d_in=task.d_in)
+    for args, words in ((("bit-xor", bb, tmp_path / "a.zarr"), "expected task a TaskData"),
+                        ((task, "tiny-gpt2", tmp_path / "b.zarr"), "expected backbone a ReservoirBackbone"),
+                        ((task, bb, None), "expected out a store path")):
+        with pytest.raises(ReservoirError, match=words):
+            extract(*args, progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_load_layer_and_fit_linear_take_paths_and_layer_lists_alike(xor_store):
+    """load_layer took only an open store (AttributeError on a path); fit_linear took no numpy integer and
+    fitted nothing for an empty list."""
+    from reservoir import fit_linear, load_layer
+    from reservoir.store import FeatureStore
+
+    _, path = xor_store
+    X, y = load_layer(path, "train", 1)
+    with FeatureStore.open(path) as st:
+        X2, y2 = load_layer(st, "train", 1)
+        assert not st.closed  # a store passed in stays open
+    np.testing.assert_array_equal(X, X2)
+    np.testing.assert_array_equal(y, y2)
+    assert [r.config["layer"] for r in fit_linear(path, np.int64(1))] == [1]
+    assert [r.config["layer"] for r in fit_linear(path, np.array([0, 2]))] == [0, 2]
+    for bad in ([], "0,1", [1.5], None):
+        with pytest.raises(ReservoirError, match="expected layers 'all', a layer or a list of layers"):
+            fit_linear(path, bad)
+
+
+def test_train_refuses_settings_that_describe_other_data_or_objects(tmp_path):
+    """train(model, data, settings) trained bit XOR and recorded listops: the result names the settings."""
+    from reservoir.training import TrainConfig, build, train
+
+    config = TrainConfig(task="bit-xor", backbone="tiny-gpt2", task_params={"n_train": 64, "n_test": 32}, steps=2,
+                         device="cpu")
+    _, model, data = build(config)
+    for other, words in ((TrainConfig(task="listops", steps=2), "settings.task is 'listops', but the data trained "
+                                                                "has 'bit-xor'"),
+                         (TrainConfig(task="bit-xor", init="random", steps=2), "settings.init is 'random'"),
+                         (TrainConfig(task="bit-xor", layers=1, steps=2), "settings.layers is 1")):
+        with pytest.raises(ReservoirError, match=words):
+            train(model, data, other, progress=False)
+    with pytest.raises(ReservoirError, match="expected model a ReservoirClassifier"):
+        train("model", data, config, progress=False)
+    with pytest.raises(ReservoirError, match="expected settings a TrainConfig"):
+        train(model, data, {"task": "bit-xor"}, progress=False)
+    assert train(model, data, config, progress=False).metrics["steps"] == 2
+
+
+def test_sweep_refuses_no_learning_rates(tmp_path):
+    from reservoir.training import TrainConfig, sweep
+
+    config = TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=2, out=str(tmp_path / "s"))
+    for lrs in ([], [1e-3, 1e-3], "fast"):
+        with pytest.raises(ReservoirError, match="expected lrs"):
+            sweep(config, lrs, seeds=1, progress=False)
+    assert not (tmp_path / "s").exists()
+
+
+def test_readouts_refuse_one_class_and_a_probe_folder(tmp_path):
+    """LogisticReadout and RidgeReadout fitted one class and scored 1.0 (fit_linear refused it; the estimators did
+    not); loading the probe '.' read '..probe.json'."""
+    from reservoir import LogisticReadout, RidgeReadout
+
+    X = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    for est in (LogisticReadout(), RidgeReadout()):
+        with pytest.raises(ValueError, match=r"expected training labels of at least 2 classes; found one class, \[0\]"):
+            est.fit(X, np.zeros(50, int))
+    for base in (".", tmp_path):
+        with pytest.raises(ReservoirError, match="expected a probe's base name"):
+            LogisticReadout.load(base)

@@ -27,6 +27,7 @@ Inits (Lu et al. Table 2 and 9):
 
 from __future__ import annotations
 
+import numbers
 import functools
 import hashlib
 import logging
@@ -341,6 +342,12 @@ def load_backbone(
                              f"{options.shown(name)}")
     if init not in INITS:
         raise ReservoirError(f"unknown init {init!r}; expected one of: {', '.join(INITS)}")
+    for what, value, least, meaning in (("d_in", d_in, 1, "the task's input dim, task.d_in"),
+                                        ("depth", depth, 0, "the blocks to keep")):
+        if (value is not None or what == "d_in") and (
+                not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least):
+            raise ReservoirError(f"expected {what} an integer >= {least} ({meaning}); found {options.shown(value)}")
+    d_in, depth = int(d_in), None if depth is None else int(depth)
     seed = check_seed(seed)
     if projection_seed is not None:
         projection_seed = check_seed(projection_seed, "projection_seed")

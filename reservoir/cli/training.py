@@ -8,6 +8,7 @@ import click
 
 from reservoir.cli.common import (DEPTH, _Group, _task_from, ci, data_options, step_options, storage_option,
                                    train_option)
+from reservoir.training.config import DEFAULT_STEPS
 
 
 @click.command()
@@ -105,7 +106,7 @@ def plot():
 @train_option("init")
 @train_option("finetune")
 @train_option("lr")
-@train_option("steps")
+@train_option("steps", help=f"Optimizer steps of the run trained first (default {DEFAULT_STEPS}).")
 @train_option("seed")
 @click.option("--layer", default=1, show_default=True, type=int, help="Block whose attention is drawn (1 = first).")
 @click.option("--example", default=0, show_default=True, type=int, help="Index of the example drawn.")

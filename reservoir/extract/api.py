@@ -79,8 +79,20 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
     ...     store.features("test").shape
     (360, 3, 1, 32)
     """
-    from reservoir.store import FeatureStore
+    import os
 
+    from reservoir.backbones.model import ReservoirBackbone
+    from reservoir.errors import ReservoirError
+    from reservoir.store import FeatureStore
+    from reservoir.tasks import TaskData
+
+    for what, value, kind, hint in (("task", task, TaskData, "reservoir.get_task(name) or TaskData.from_arrays"),
+                                    ("backbone", backbone, ReservoirBackbone, "reservoir.load_backbone")):
+        if not isinstance(value, kind):
+            raise ReservoirError(f"expected {what} a {kind.__name__} (from {hint}); found {options.shown(value)}")
+    if not isinstance(out, (FeatureStore, StoreURL, str, os.PathLike)):
+        raise ReservoirError(f"expected out a store path (.zarr or .h5), URL or FeatureStore; found "
+                             f"{options.shown(out)}")
     target = out.path if isinstance(out, FeatureStore) else out  # a store handle names the store to resume
     info = backbone.info
     config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(target),

@@ -154,9 +154,24 @@ def read_layers(store: FeatureStore, split: str, layers: list[int], final_norm: 
     return X, labels
 
 
-def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = True,
+def load_layer(store: FeatureStore | str | os.PathLike, split: str, layer: int, final_norm: bool = True,
                chunk_rows: int | None = None, pooling: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of one split at one layer (all of :func:`iter_layer`, concatenated).
+
+    Parameters
+    ----------
+    store : FeatureStore or path
+        An open store (left open), or a store's path or URL (opened and closed here).
+    split : str
+        ``train``, ``val`` or ``test``.
+    layer : int
+        A layer the store holds (``store.layers``).
+    final_norm : bool
+        Apply the backbone's final norm, as the readouts do (the store keeps raw layer features).
+    chunk_rows : int, optional
+        Rows read at a time.
+    pooling : str, optional
+        One of the store's poolings (``last``, ``first``, ``mean``); default its first.
 
     Returns
     -------
@@ -165,14 +180,15 @@ def load_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
 
     Examples
     --------
-    >>> X, y = load_layer(FeatureStore.open("cache/xor.zarr"), "train", 2)  # doctest: +SKIP
+    >>> X, y = load_layer("cache/xor.zarr", "train", 2)  # doctest: +SKIP
     """
-    parts = list(iter_layer(store, split, layer, final_norm, chunk_rows, pooling))
-    if parts:
-        return np.concatenate([X for X, _ in parts]), np.concatenate([y for _, y in parts])
-    shape = store.features(split, pooling).shape  # (0, n_layers, n_out, n_dim)
-    labels = store.labels(split)
-    return np.zeros((0, shape[-1]), np.float32), labels.reshape(0, *labels.shape[1 + (shape[2] > 1):])
+    with opened(store) as st:
+        parts = list(iter_layer(st, split, layer, final_norm, chunk_rows, pooling))
+        if parts:
+            return np.concatenate([X for X, _ in parts]), np.concatenate([y for _, y in parts])
+        shape = st.features(split, pooling).shape  # (0, n_layers, n_out, n_dim)
+        labels = st.labels(split)
+        return np.zeros((0, shape[-1]), np.float32), labels.reshape(0, *labels.shape[1 + (shape[2] > 1):])
 
 
 def layer_bytes(store: FeatureStore, split: str) -> int:

@@ -191,6 +191,9 @@ class LogisticReadout(base.LinearReadout):
         if len(X) % self.group_rows:
             raise ValueError(f"expected rows in whole groups of group_rows={self.group_rows}; found {len(X)} rows")
         self.classes_ = np.unique(y)
+        if len(self.classes_) < 2:  # nothing to learn; every row would be predicted right (scikit-learn refuses too)
+            raise ValueError(f"expected training labels of at least 2 classes; found one class, "
+                             f"{self.classes_.tolist()}")
         Y = np.searchsorted(self.classes_, y).reshape(len(y), -1)  # (n, n_heads)
         moments = Moments(full=self.whiten)
         moments.update(X)

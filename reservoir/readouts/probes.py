@@ -106,6 +106,9 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     from reservoir.readouts.logistic import LogisticReadout
     from reservoir.readouts.ridge import RidgeReadout
 
+    if Path(base).is_dir() or not Path(base).name.strip("."):  # "." gave "..probe.json"
+        raise ReservoirError(f"{base}: expected a probe's base name (<folder>/logistic-layer6, the .probe.json or "
+                             "the .safetensors path); found a folder")
     weights, info = _files(base)
     meta = read_json(info, "a probe JSON object")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:

@@ -185,6 +185,9 @@ class RidgeReadout(base.LinearReadout):
                 everything, held, y_shape = self._accumulate(train_chunks, seed, fraction)
         fit_s = everything - held
         self.classes_ = np.unique(np.array(list(everything.by_class)))
+        if len(self.classes_) < 2:  # nothing to learn; every row would be predicted right (scikit-learn refuses too)
+            raise ValueError(f"expected training labels of at least 2 classes; found one class, "
+                             f"{self.classes_.tolist()}")
         carve = carve and can_carve(everything.x.n, held.x.n)
         if not carve:
             fit_s = everything

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -127,14 +128,22 @@ def _check_readout(readout: str) -> None:
 
 def _wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[int]:
     """The asked layers, each checked to be in the store (before anything is fitted)."""
+    expected = "expected layers 'all', a layer or a list of layers"
     if isinstance(layers, str):
         if layers != "all":
-            raise ReservoirError(f"expected layers 'all', a layer or a list of layers; found {layers!r}")
-        wanted = store.layers
-    elif isinstance(layers, int):
-        wanted = [layers]
+            raise ReservoirError(f"{expected}; found {options.shown(layers)}")
+        return list(store.layers)
+    if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+        wanted = [int(layers)]
     else:
-        wanted = list(layers)
+        given: Any = layers  # a list, a tuple, a numpy array, a range: anything of integers
+        try:
+            wanted = list(given)
+        except TypeError:
+            raise ReservoirError(f"{expected}; found {options.shown(layers)}") from None
+        if not wanted or any(not isinstance(k, numbers.Integral) or isinstance(k, bool) for k in wanted):
+            raise ReservoirError(f"{expected}; found {options.shown(layers)}")
+        wanted = [int(k) for k in wanted]
     for k in wanted:
         store.layer_index(k)
     return wanted

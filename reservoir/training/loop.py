@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import stop_deferred, writable_folder
 from reservoir.store.lock import StoreLock, run_folder_lock
@@ -177,6 +178,11 @@ def train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, *,
     >>> r.metrics["steps"]
     20
     """
+    for what, value, kind in (("model", model, ReservoirClassifier), ("data", data, TrainData),
+                              ("settings", settings, TrainConfig)):
+        if not isinstance(value, kind):  # as reservoir.training.build makes them
+            raise ReservoirError(f"expected {what} a {kind.__name__} (reservoir.training.build makes all three); "
+                                 f"found {options.shown(value)}")
     weights = {name: p.data for name, p in model.named_parameters()}  # the caller's tensors
     counts, opt = ready_to_train(model, data, settings)
     # the originals of the frozen weights cast for the run, kept on the host (not beside their copies on a GPU)
@@ -281,6 +287,7 @@ def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainC
                    ) -> tuple[dict[str, int], torch.optim.Optimizer]:
     """What every run does before its first step: freeze (:func:`_freeze`), seed, dropout and train mode set,
     and Adam (:func:`~reservoir.training.step.adam`) over the trainable parameters; the counts and the optimizer."""
+    _check_describes(model, data, settings)
     counts = _freeze(model, data, settings)
     torch.manual_seed(settings.seed)
     _set_dropout(model, settings.dropout)
@@ -289,6 +296,20 @@ def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainC
     # the frozen linear layers stored in bf16 once: what autocast makes of them at every step
     cast_frozen_matmuls(model.backbone, compute_dtype(device, settings.amp))
     return counts, adam([p for p in model.parameters() if p.requires_grad], settings.lr, device)
+
+
+def _check_describes(model: ReservoirClassifier, data: TrainData, settings: TrainConfig) -> None:
+    """Refuse (one line) settings that name another task, init or depth than the data and model trained: the result
+    records the settings, and would say it trained what it did not."""
+    task = data.provenance.get("task")
+    name = task.get("name") if isinstance(task, dict) else None
+    info = model.backbone.info
+    for what, given, actual in (("task", settings.task, name), ("init", settings.init, info.init),
+                                ("layers", settings.layers, model.backbone.depth)):
+        if given is not None and actual is not None and given != actual:
+            raise ReservoirError(f"settings.{what} is {given!r}, but the {'data' if what == 'task' else 'model'} "
+                                 f"trained has {actual!r}; expected settings that describe the data and model "
+                                 "(build them from the settings with reservoir.training.build)")
 
 
 def _freeze(model: ReservoirClassifier, data: TrainData, settings: TrainConfig) -> dict[str, int]:

@@ -96,6 +96,13 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     >>> r.best_lr, r.metrics["test_accuracy_mean"]  # doctest: +SKIP
     """
     out = Path(config.out or config.default_out())
+    try:
+        lrs = [float(lr) for lr in lrs]
+    except (TypeError, ValueError):
+        raise ReservoirError(f"expected lrs a list of learning rates; found {options.shown(lrs)}") from None
+    if not 1 <= len(lrs) <= MAX_SWEEP_LRS or len(set(lrs)) != len(lrs):
+        raise ReservoirError(f"expected lrs 1 to {MAX_SWEEP_LRS} distinct learning rates; found "
+                             f"{options.shown(lrs)}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
         raise ReservoirError(f"--seeds must be an integer in 1..{MAX_SWEEP_SEEDS}, found {seeds!r}")
     if config.seed + seeds - 1 > options.SEED_MAX:
