@@ -450,3 +450,27 @@ def test_standardized_penalty_matches_sklearn_on_badly_conditioned_features():
         sk = LogisticRegression(C=1 / (alpha * n), tol=1e-10, max_iter=20_000).fit(Z, y)
         assert ours.n_iter_ < 200
         np.testing.assert_allclose(ours.predict_proba(X), sk.predict_proba(Z), atol=1e-2)
+
+
+def test_a_learning_curve_subset_of_one_class_predicts_that_class(tmp_path):
+    """The readouts refuse one class (as scikit-learn does); a curve's small subset can hold one, and the curve then
+    died with that refusal. Such a point is the constant predictor of that class."""
+    from reservoir import TaskData, extract, load_backbone
+
+    rng = np.random.default_rng(0)
+    y = np.zeros(200, np.int64)
+    y[:3] = 1  # 3 of 200 rows of class 1: a subset of 4 rows is almost surely all 0
+    yt = (rng.random(50) < 0.3).astype(np.int64)
+    task = TaskData.from_arrays("imbalanced", train=(rng.integers(0, 8, (200, 6)), y),
+                                test=(rng.integers(0, 8, (50, 6)), yt))
+    store = extract(task, load_backbone("tiny-gpt2", d_in=task.d_in), tmp_path / "s.zarr", layers=1, device="cpu",
+                    progress=False)
+    with store:
+        for readout in ("logistic", "ridge"):
+            curve = fit_linear(store, [1], readout, train_sizes=[4, None])[0].metrics["learning_curve"]
+            point = curve[0]
+            assert point["n_train"] == 4 and point["alpha"] is None and point["one_class"] == 0
+            assert point["test_accuracy"] == pytest.approx((yt == 0).mean())
+            lo, hi = point["test_interval"]
+            assert lo <= point["test_accuracy"] <= hi
+            assert curve[1]["alpha"] is not None and "one_class" not in curve[1]

@@ -334,6 +334,9 @@ def test_lra_source_needs_files(tmp_path):
         ([("[MAX 1 2 ]", 2), ("[MIN 1 2 ]", "x")], None, 3, ["integer", "'x'"]),
         ([("[MAX 1 2 ]", 2), ("[MIN 1 2 ]", 10)], None, 3, ["0..9", "10"]),
         ([("[MAX 1 2 ]", 2), ("[MIN 1 2 ]", -1)], None, 3, ["0..9", "-1"]),
+        ([("[MAX 1 2 ]", "+2")], None, 2, ["integer", "'+2'"]),
+        ([("[MAX 1 2 ]", "0_2")], None, 2, ["integer", "'0_2'"]),
+        ([("[MAX 1 2 ]", "\u0662")], None, 2, ["integer"]),  # an Arabic-Indic 2
         ([("[MAX 1 [AVG 2 3 ] ]", 2)], None, 2, ["'[AVG'", "token 2"]),
         ([("[MAX 1 2 ]", 2, "extra")], None, 2, ["2 tab-separated", "found 3"]),
         ([("", 2)], None, 2, ["non-empty"]),

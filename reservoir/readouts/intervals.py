@@ -14,9 +14,13 @@ many heads counts once, as it was drawn once.
   give ``n_eff`` = rows x heads, heads that always agree within a row
   ``n_eff`` = rows; ``n_eff`` is kept within those two. Near 100%, where a
   few failing rows hold all the spread, a percentile bootstrap over rows
-  held the truth in 89-92% of simulated readouts, this interval in 94-95%.
-  When every row scored alike (all heads right on every row), each row is
-  one trial.
+  held the truth in 89-92% of simulated readouts; this interval holds it
+  about as often as Wilson's own over independent trials (92-96% there,
+  where the count of failures is small). When every row scored alike (all
+  heads right on every row), nothing tells how a row's heads fail together,
+  and each row is one trial: the cautious end. So the interval is not
+  monotone near 100%: one scattered wrong label (evidence that heads fail
+  apart) can give a higher lower bound than none.
 * A difference of two readouts on the same rows: the paired bootstrap of the
   mean per-row difference (seeded, same draw), so what both get right or wrong
   cancels; the difference is marked when its interval excludes zero.

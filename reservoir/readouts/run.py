@@ -73,7 +73,9 @@ class FitResult(Result):
         ``val_scores``, ``chance`` (majority-class test accuracy) and, with
         ``train_sizes``, ``learning_curve`` (a list of ``{n_train,
         test_accuracy, test_interval, alpha, fit_s}``, ``n_train`` in store
-        rows); fit-raw adds ``n_features``.
+        rows; a subset of one class fits nothing and predicts that class:
+        ``alpha`` ``None`` and ``one_class`` the class); fit-raw adds
+        ``n_features``.
     timings : dict
         Seconds: ``fit_s``, and fit-linear's ``load_s`` (its share of the
         store read).

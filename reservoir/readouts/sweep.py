@@ -160,6 +160,11 @@ def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, size
     for size in sizes:
         s = n_rows if size is None else int(size)
         rows = (np.sort(order[:s])[:, None] * n_out + np.arange(n_out)).ravel()
+        seen = np.unique(y[rows])
+        if len(seen) < 2:  # a few rows of one class (a readout refuses them): what they teach is that class
+            curve.append({"n_train": s, **test_metrics(_Constant(seen[0]), Xt, yt, n_out)[0], "alpha": None,
+                          "fit_s": 0.0, "one_class": seen[0].item()})
+            continue
         est = store_readout(store, readout, seed, device)
         t0 = time.perf_counter()
         est.fit(X[rows], y[rows], validation_data=val)
@@ -167,6 +172,17 @@ def _learning_curve(store, readout, seed, device, X, y, Xt, yt, val, n_out, size
         curve.append({"n_train": s, **test_metrics(est, Xt, yt, n_out)[0], "alpha": est.alpha_,
                       "fit_s": fit_s})
     return curve
+
+
+class _Constant:
+    """The predictor a training subset of one class gives: that class, for every row and head."""
+
+    def __init__(self, label: Any):
+        self.label = label
+
+    def hits(self, X, y) -> np.ndarray:
+        y = np.asarray(y)
+        return (y == self.label).reshape(len(y), -1)  # (n, n_heads or 1)
 
 
 def _fit_streamed(store: FeatureStore, k: int, readout: str, seed: int, device: str, final_norm: bool,

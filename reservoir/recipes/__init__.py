@@ -39,7 +39,8 @@ split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
 2]``), seeding the backbone init, the projection, the head and the validation
 split; the data's own seed is a task parameter. A data file is the task ``data`` with
 ``task_params: {path: ...}`` (a relative path is read from the recipe's folder; run ids and report rows
-name it ``data-<file stem>``). ``tag`` names a variant (e.g.
+name it ``data-<file stem>``). A ``backbone`` that is a model folder is read as ``--backbone`` reads it: a
+relative folder from the working folder ``recipe run`` is started in, as a recipe may name a hub id too. ``tag`` names a variant (e.g.
 other task parameters) so that its runs get distinct ids; like the recipe's
 ``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
 ``_`` and ``-`` only (not ``.`` or ``..``), at most 64 characters; a recipe expands to at most

@@ -134,7 +134,8 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
 
 def _pooled_interval(records: list) -> list[float] | None:
     """The 95% interval of the mean test accuracy over seeds: each test row's correct heads summed over the
-    seeds' runs, resampled by row (the seeds' spread is ``test_accuracy_std``)."""
+    seeds' runs, each row one unit of :func:`~reservoir.readouts.intervals.accuracy_interval` with heads x seeds
+    labels (the seeds' spread is ``test_accuracy_std``)."""
     from reservoir.readouts.intervals import accuracy_interval, decode_rows
 
     if not records or any(r is None for r in records):

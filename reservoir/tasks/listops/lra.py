@@ -9,6 +9,7 @@ that names the file and the line.
 from __future__ import annotations
 
 import os
+import re
 
 from reservoir.errors import ReservoirError
 from reservoir.tasks.arrays import encode
@@ -78,10 +79,10 @@ def _parse_row(line: str, tokenization: str) -> tuple[list[int], int]:
     if len(fields) != 2:
         raise ReservoirError(f"expected 2 tab-separated fields (Source, Target); found {len(fields)}")
     source, target = fields
-    try:
-        label = int(target.strip())
-    except ValueError:
-        raise ReservoirError(f"expected an integer Target in 0..9; found {target[:60]!r}") from None
+    text = target.strip()
+    if not re.fullmatch(r"-?[0-9]+", text):  # int() would take "+9", "0_9" and other scripts' digits
+        raise ReservoirError(f"expected an integer Target in 0..9; found {target[:60]!r}")
+    label = int(text)
     if not 0 <= label <= 9:
         raise ReservoirError(f"expected an integer Target in 0..9; found {label}")
     lra = tokenize_lra(source)
