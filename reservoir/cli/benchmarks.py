@@ -55,8 +55,8 @@ def bench():
 @extract_option("full_seq_layer")
 @extract_option("truncate")
 @click.option("--naive-rows", default=128, show_default=True, type=int,
-              help="Rows the naive way (full model, padded to the maximum, fp32) is timed on (every row when the task has "
-                   "fewer), then scaled.")
+              help="Rows the naive way (full model, padded to the maximum, fp32) is timed on (every row when the "
+                   "task has fewer), then scaled.")
 @click.option("--out", default=None, help="Write the measurements as JSON here.")
 @click.option("--store-url", default=None, metavar="URL",
               help="Also time the pass into a new store under this object-store prefix (s3://bucket/prefix; removed "
@@ -121,7 +121,8 @@ def bench_speedup(task, data, input_column, label_column, params, backbone, init
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Sequences per step.")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
 @click.option("--steps", default=50, show_default=True, type=int, help="Steps timed on each side.")
-@click.option("--warmup", default=10, show_default=True, type=int, help="Untimed steps first, on each side (at least 4 where the step is a CUDA graph: its capture).")
+@click.option("--warmup", default=10, show_default=True, type=int,
+              help="Untimed steps first, on each side (at least 4 where the step is a CUDA graph: its capture).")
 @train_option("seed")
 @train_option("device")
 @step_options

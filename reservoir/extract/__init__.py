@@ -40,4 +40,5 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 # what ``help(reservoir.extract)``, ``inspect.signature`` and notebook tooltips show: the function called, first
 __signature__ = inspect.signature(extract)
-__doc__ = f"{inspect.cleandoc(extract.__doc__ or '')}\n\nThe package, in data-flow order:\n\n{inspect.cleandoc(__doc__)}"
+__doc__ = (f"{inspect.cleandoc(extract.__doc__ or '')}\n\nThe package, in data-flow order:\n\n"
+           f"{inspect.cleandoc(__doc__)}")

@@ -40,8 +40,8 @@ split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
 split; the data's own seed is a task parameter. A data file is the task ``data`` with
 ``task_params: {path: ...}`` (a relative path is read from the recipe's folder; run ids and report rows
 name it ``data-<file stem>``). A ``backbone`` that is a model folder is read as ``--backbone`` reads it: a
-relative folder from the working folder ``recipe run`` is started in, as a recipe may name a hub id too. ``tag`` names a variant (e.g.
-other task parameters) so that its runs get distinct ids; like the recipe's
+relative folder from the working folder ``recipe run`` is started in, as a recipe may name a hub id too.
+``tag`` names a variant (e.g. other task parameters) so that its runs get distinct ids; like the recipe's
 ``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
 ``_`` and ``-`` only (not ``.`` or ``..``), at most 64 characters; a recipe expands to at most
 10,000 runs. A train cell takes ``steps`` or ``epochs``, not both; either one set in the cell replaces

@@ -619,7 +619,8 @@ class FeatureStore:
             written = any(self.done(s).any() for s in self.splits)
         except Exception:  # noqa: BLE001 - unreadable: leave it for the next run to refuse or repair
             written = True
-        close_quietly(self._b)
+        if self._backend is not None:
+            close_quietly(self._backend)
         self._backend = None
         try:
             if not written:
