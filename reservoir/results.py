@@ -32,7 +32,7 @@ def environment() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from reservoir.runtime import native_bf16
+    from reservoir.runtime import cpuinfo, native_bf16
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
         else []
@@ -43,7 +43,7 @@ def environment() -> dict[str, Any]:
         "transformers": _version("transformers"),
         "numpy": np.__version__,
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpuinfo("model name") or platform.processor() or None,
         "cpu_count": os.cpu_count(),
         "native_bf16": native_bf16(),
         "cuda": gpus[0] if gpus else None,  # the first GPU, as earlier files recorded it
@@ -61,18 +61,6 @@ def _version(package: str) -> str | None:
         return version(package)
     except PackageNotFoundError:
         return None
-
-
-def _cpu_model() -> str | None:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what the platform says), or ``None``."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:

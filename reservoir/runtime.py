@@ -61,18 +61,26 @@ def check_seed(seed: Any, what: str = "seed") -> int:
 
 
 @functools.cache
-def native_bf16() -> str | None:
-    """The CPU's native bfloat16 instructions (``"amx_bf16"`` or ``"avx512_bf16"``, from ``/proc/cpuinfo``), or
-    ``None``: without them bf16 arithmetic on the CPU is emulated, slower than float32."""
+def cpuinfo(field: str) -> str | None:
+    """The first CPU's ``field`` in ``/proc/cpuinfo`` (``flags``, ``model name``), or ``None`` (not Linux, or no
+    such field)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return next((x for x in ("amx_bf16", "avx512_bf16") if x in flags), None)
+                key, _, value = line.partition(":")
+                if key.strip() == field:
+                    return value.strip()
     except OSError:
         pass
     return None
+
+
+@functools.cache
+def native_bf16() -> str | None:
+    """The CPU's native bfloat16 instructions (``"amx_bf16"`` or ``"avx512_bf16"``, from ``/proc/cpuinfo``), or
+    ``None``: without them bf16 arithmetic on the CPU is emulated, slower than float32."""
+    flags = set((cpuinfo("flags") or "").split())
+    return next((x for x in ("amx_bf16", "avx512_bf16") if x in flags), None)
 
 
 def compute_dtype(device, amp: str):

@@ -27,7 +27,6 @@ Inits (Lu et al. Table 2 and 9):
 
 from __future__ import annotations
 
-import numbers
 import functools
 import hashlib
 import logging
@@ -344,8 +343,7 @@ def load_backbone(
         raise ReservoirError(f"unknown init {init!r}; expected one of: {', '.join(INITS)}")
     for what, value, least, meaning in (("d_in", d_in, 1, "the task's input dim, task.d_in"),
                                         ("depth", depth, 0, "the blocks to keep")):
-        if (value is not None or what == "d_in") and (
-                not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least):
+        if (value is not None or what == "d_in") and not (options.is_int(value) and value >= least):
             raise ReservoirError(f"expected {what} an integer >= {least} ({meaning}); found {options.shown(value)}")
     d_in, depth = int(d_in), None if depth is None else int(depth)
     seed = check_seed(seed)

@@ -131,7 +131,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     r.update(t)
     if store_url is not None:
         r.update(_time_url(prep, store_url, progress))
-    r["padded_tokens"] = sum((hi - lo) * int(s.lengths[rows[o[hi - 1]]]) for s, rows, o, b in plan for lo, hi in b)
+    r["padded_tokens"] = sum(_padded(s, rows, o, bound) for s, rows, o, b in plan for bound in b)
     # Hugging Face's model the way the project computes: cast to the compute dtype on CUDA, under autocast on the CPU
     r["hf_forward_s"] = _time_hf(prep, plan, dtype, autocast_cpu=dev.type == "cpu")
     if dtype != torch.float32:  # the way a user runs the model: float32 weights, no autocast
@@ -216,7 +216,7 @@ def _warm_up(prep) -> None:
     split = next(iter(prep.task.splits.values()))
     rows = np.arange(min(len(split), WINDOW_ROWS))
     order, bounds = plan_order(split.lengths[rows], *prep.batching)
-    lo, hi = max(bounds, key=lambda b: (b[1] - b[0]) * int(split.lengths[rows[order[b[1] - 1]]]))
+    lo, hi = max(bounds, key=lambda b: _padded(split, rows, order, b))
     with torch.inference_mode(), prep.context:
         prep.engine().run(split.inputs, split.lengths, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)])
     _sync(prep.device)
@@ -265,14 +265,17 @@ def _time_hf(prep, plan, dtype, autocast_cpu: bool = False) -> float:
     return time.perf_counter() - t0
 
 
+def _padded(split, rows: np.ndarray, order: np.ndarray, bound: tuple[int, int]) -> int:
+    """The padded tokens of the batch ``bound`` of a window's rows sorted by ``order``: rows x its longest length
+    (the last, lengths rising)."""
+    lo, hi = bound
+    return (hi - lo) * int(split.lengths[rows[order[hi - 1]]])
+
+
 def _largest_batch(plan) -> tuple[Any, np.ndarray, np.ndarray, list[tuple[int, int]]]:
     """The plan's batch of most padded tokens, as a window of that one batch ``(split, rows, order, bounds)``."""
-    def tokens(window, bound) -> int:
-        split, rows, order, _ = window
-        return (bound[1] - bound[0]) * int(split.lengths[rows[order[bound[1] - 1]]])
-
-    window, (lo, hi) = max(((w, b) for w in plan for b in w[3]), key=lambda wb: tokens(*wb))
-    split, rows, order, _ = window
+    (split, rows, order, _), (lo, hi) = max(((w, b) for w in plan for b in w[3]),
+                                            key=lambda wb: _padded(*wb[0][:3], wb[1]))
     return split, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)]
 
 

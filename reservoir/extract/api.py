@@ -9,10 +9,12 @@ extraction (:mod:`reservoir.extract.prepare`) and write the store, alone
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reservoir import distributed, options
+from reservoir.errors import ReservoirError
 from reservoir.extract import sharded as sharding
 from reservoir.extract.config import ExtractConfig, check_poolings
 from reservoir.extract.passes import write_store
@@ -79,10 +81,7 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
     ...     store.features("test").shape
     (360, 3, 1, 32)
     """
-    import os
-
     from reservoir.backbones.model import ReservoirBackbone
-    from reservoir.errors import ReservoirError
     from reservoir.store import FeatureStore
     from reservoir.tasks import TaskData
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import numbers
 import os
 import time
 from collections.abc import Callable
@@ -135,15 +134,15 @@ def _wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[i
         if layers != "all":
             raise ReservoirError(f"{expected}; found {options.shown(layers)}")
         return list(store.layers)
-    if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
-        wanted = [int(layers)]
+    given: Any = layers  # an integer, or a list, a tuple, a numpy array, a range of them
+    if options.is_int(given):
+        wanted = [int(given)]
     else:
-        given: Any = layers  # a list, a tuple, a numpy array, a range: anything of integers
         try:
             wanted = list(given)
         except TypeError:
             raise ReservoirError(f"{expected}; found {options.shown(layers)}") from None
-        if not wanted or any(not isinstance(k, numbers.Integral) or isinstance(k, bool) for k in wanted):
+        if not wanted or not all(options.is_int(k) for k in wanted):
             raise ReservoirError(f"{expected}; found {options.shown(layers)}")
         wanted = [int(k) for k in wanted]
     for k in wanted:
