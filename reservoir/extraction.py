@@ -1,6 +1,6 @@
 """The extraction's public names as they were first published; the code lives in :mod:`reservoir.extract`.
 
-``from reservoir.extract import ExtractConfig, run`` keeps working.
+``from reservoir.extraction import ExtractConfig, run`` keeps working.
 """
 
 from reservoir.extract import (DTYPES, ExtractConfig, ExtractionPlan, check_poolings, extract, extract_rows,

@@ -237,8 +237,8 @@ def _held(fd: int) -> bool:
 
 
 def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Move a finished temporary file into place with ordinary permissions (mkstemp makes it 0600); refuse (and
-    remove the temporary) when ``dest`` is not a regular file (:func:`replaceable`)."""
+    """Move a finished temporary file into place with ordinary permissions (mkstemp makes it 0600), the folder
+    synced after; refuse (and remove the temporary) when ``dest`` is not a regular file (:func:`replaceable`)."""
     try:
         replaceable(dest)
     except ReservoirError:
@@ -248,6 +248,22 @@ def publish(tmp: str | os.PathLike, dest: str | os.PathLike) -> None:
     os.umask(mask)
     os.chmod(tmp, 0o666 & ~mask)
     os.replace(tmp, dest)
+    fsync_dir(Path(dest).absolute().parent)  # the rename itself survives a crash
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename into it, a file created in it) to disk; where a folder cannot be opened
+    or synced (some filesystems), nothing."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 #: A stop request (SIGTERM, SIGHUP: :func:`request_stop`) that arrived inside a :func:`stop_deferred` block of the

@@ -37,6 +37,8 @@ INITS = ("pretrained", "random", "stats")
 AMPS = ("auto", "bf16", "fp16", "none")
 #: Gain of the orthogonal input projection (about sqrt(2)).
 PROJECTION_GAIN = 1.41
+#: Inits of the fixed input map: orthogonal (scaled by the gain), or N(0, 1) entries (an embedding table's).
+PROJECTIONS = ("orthogonal", "normal")
 #: Largest seed: what torch generators, numpy and scikit-learn's ``random_state`` all take.
 SEED_MAX = 2**32 - 1
 #: Feature dtypes a store holds.
@@ -228,6 +230,16 @@ def check_limit(value: Any, limit: float, label: str) -> None:
         raise ReservoirError(f"{label} must be at most {most}, found {shown(value)}")
 
 
+def check_projection(kind: Any, gain: Any) -> None:
+    """Refuse (one line) an unknown input map, or a gain given to the ``normal`` one, which takes none."""
+    if kind not in PROJECTIONS:
+        raise ReservoirError(f"--projection: expected one of {', '.join(PROJECTIONS)}; found "
+                             f"{shown(kind)}")
+    if kind == "normal" and gain not in (None, PROJECTION_GAIN):
+        raise ReservoirError(f"--gain applies to the orthogonal projection; --projection normal draws N(0, 1) entries "
+                             f"and takes none: expected the default gain, found {shown(gain)}")
+
+
 BACKBONE = Setting("Backbone: minilm, tiny-<family> (tiny-gpt2, tiny-llama, tiny-vit, ...), a hub id (gpt2, "
                    "EleutherAI/pythia-410m) or a local model folder.", DEFAULT_BACKBONE, flag="--backbone")
 INIT = Setting("Backbone weights: the checkpoint (pretrained), the architecture's random init, or a per-tensor "
@@ -239,5 +251,9 @@ AMP = Setting("Compute dtype of the backbone: auto (bf16 on CUDA where supported
               one_of(*AMPS), flag="--amp")
 GAIN = Setting("Gain of the orthogonal input projection.", PROJECTION_GAIN,
                number(0, open_low=True, words="a finite number above 0"), flag="--gain")
+PROJECTION = Setting("Init of the fixed input map: orthogonal (scaled by --gain; the official code's linear input) "
+                     "or normal (N(0, 1) entries, no gain: the official code's token embedding table).",
+                     PROJECTIONS[0], one_of(*PROJECTIONS), flag="--projection")
+REVISION = Setting("Hub revision (branch, tag or commit) for hub ids.", None, flag="--revision")
 SEED = Setting("Seed of the random/stats inits and the input projection (in training also the head and the data "
                "order).", 0, SEEDS, flag="--seed")

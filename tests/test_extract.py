@@ -106,10 +106,11 @@ def test_extract_on_objects_equals_the_config_builder(tmp_path):
     params = {"n_train": 64, "n_test": 32}
     task = get_task("bit-xor", **params)
     backbone = load_backbone("tiny-gpt2", d_in=task.d_in)
-    with extract(task, backbone, tmp_path / "objects.zarr", layers=[0, 2], dtype="float32", progress=False) as a:
-        assert a.complete and a.layers == [0, 2]
-        again = extract(task, backbone, a, layers=[0, 2], dtype="float32", progress=False)  # a handle: resumed
-        again.close()
+    with extract(task, backbone, tmp_path / "objects.zarr", layers=[0, 2], dtype="float32", progress=False) as first:
+        assert first.complete and first.layers == [0, 2]
+    # a handle names the store to resume; it is closed, the store returned takes its place
+    with extract(task, backbone, first, layers=[0, 2], dtype="float32", progress=False) as a:
+        assert first.closed and a.path == first.path
         ref = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=[0, 2], dtype="float32",
                                         task_params=params, out=str(tmp_path / "config.zarr")), progress=False)
         with FeatureStore.open(ref) as b:

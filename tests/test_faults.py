@@ -510,3 +510,23 @@ def test_lock_file_that_is_a_symlink_is_not_followed(tmp_path, reference):
     lock_path(out).symlink_to(victim)
     assert "lock" in assert_bad_input(invoke(*ARGS, "--out", out))
     assert victim.read_text() == "precious"
+
+
+def test_atomic_write_syncs_the_file_then_the_folder_that_holds_its_rename(tmp_path, monkeypatch):
+    """A file published by rename survives a crash: the data are synced before the rename, the folder after it."""
+    import os
+
+    from reservoir.io import atomic_write
+
+    synced = []
+    real = os.fsync
+
+    def recording(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    with atomic_write(tmp_path / "r.json", "a result", text=True) as f:
+        f.write("{}")
+    assert len(synced) == 2 and synced[0].startswith(str(tmp_path / ".")) and synced[1] == str(tmp_path)
+    assert (tmp_path / "r.json").read_text() == "{}"

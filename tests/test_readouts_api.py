@@ -268,3 +268,67 @@ def test_stores_of_one_name_do_not_mix_their_results(xor_store, tmp_path):
     assert str(twin) in str(err.value) and "\n" not in str(err.value)
     assert FitResult.read(results / "s" / "logistic-layer2.json").config["store"] == str(xor_store)
     fit_linear(twin, layers=[2], results_dir=tmp_path / "r2")  # another folder: fine
+
+
+def test_entry_points_refuse_what_is_not_a_store_in_one_line(xor_store):
+    for call in (lambda: fit_linear(123), lambda: readout_vs_sklearn(["s.h5"])):
+        with pytest.raises(ReservoirError, match=r"^expected a store: a path \(.zarr or .h5\), a store URL or a "
+                                                 r"FeatureStore; found "):
+            call()
+
+
+def test_one_parser_of_layers_a_layer_named_twice_is_fitted_once(xor_store, tmp_path):
+    """fit_linear, the CLI and bench readout read layers alike: a layer named twice is fitted once, and a string
+    other than 'all' is refused by what it is, not as a missing layer."""
+    from reservoir.extract import ExtractConfig, run as run_extract
+
+    digits = run_extract(ExtractConfig(task="digits", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "d.zarr")),
+                         progress=False)  # one label a row: what the scikit-learn comparison takes
+    assert [r.config["layer"] for r in fit_linear(xor_store, layers=[2, 1, 2], readout="ridge")] == [2, 1]
+    assert readout_vs_sklearn(digits, layers=[1, 1]).layers == [1]
+    for call in (lambda: fit_linear(xor_store, layers="1"), lambda: readout_vs_sklearn(digits, layers="1")):
+        with pytest.raises(ReservoirError, match="expected layers 'all', a layer or a list of layers; found '1'"):
+            call()
+
+
+def test_extract_resumes_through_an_open_hdf5_handle(tmp_path):
+    """A store handle given as ``out`` names the store to go on with, HDF5 (which refuses a second open to write
+    while it is open to read) as Zarr."""
+    from reservoir import extract, get_task, load_backbone
+
+    task = get_task("bit-xor", n_bits=3, n_train=40, n_test=20)
+    bb = load_backbone("tiny-gpt2", d_in=task.d_in, depth=1)
+    with extract(task, bb, tmp_path / "x.h5", layers=1, progress=False) as first:
+        again = extract(task, bb, first, layers=1, progress=False)
+    with again:
+        assert first.closed and again.complete and again.path == first.path
+
+
+def test_layers_are_read_in_blocks_of_the_stored_dtypes_bytes(tmp_path, monkeypatch):
+    """read_layers reads READ_BYTES at a time whatever the stored dtype: a float32 store in blocks of half the rows
+    of a float16 one."""
+    import reservoir.readouts.features as features
+    import reservoir.store.files
+    from reservoir.extract import ExtractConfig, run as run_extract
+    from reservoir.store.checks import CheckedArray
+
+    monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1)  # 64 rows in chunks of one row
+
+    reads = {}
+    real = CheckedArray.__getitem__
+
+    def counting(self, key):
+        reads[self.dtype.itemsize] = reads.get(self.dtype.itemsize, 0) + 1
+        return real(self, key)
+
+    for dtype in ("float16", "float32"):
+        path = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=1, dtype=dtype,
+                                         task_params={"n_bits": 3, "n_train": 64, "n_test": 16},
+                                         out=str(tmp_path / f"{dtype}.zarr")), progress=False)
+        with FeatureStore.open(path) as st:
+            row_bytes = int(np.prod(st.features("train").shape[1:])) * np.dtype(dtype).itemsize
+            monkeypatch.setattr(features, "READ_BYTES", st.chunk_rows("train") * row_bytes)  # one chunk a read
+            monkeypatch.setattr(CheckedArray, "__getitem__", counting)
+            features.read_layers(st, "train", [1])
+            monkeypatch.setattr(CheckedArray, "__getitem__", real)
+            assert st.chunk_rows("train") == 1 and reads[np.dtype(dtype).itemsize] == 64

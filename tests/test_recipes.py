@@ -600,6 +600,33 @@ def test_plan_counts_sweep_trainings():
     assert row["trainings"] == 6 and row["steps"] == 60 and row["sequences"] == 240 and not row["done"]
 
 
+def test_cells_without_a_batch_size_take_each_commands_own_batching(tmp_path, monkeypatch):
+    """A cell that names no batch size leaves it to the command: extraction the device's batching (a token budget
+    on CUDA), training TrainConfig's default; a cell that names one passes it on."""
+    import reservoir.extract as ex
+    import reservoir.training as tr
+    from reservoir.training import TrainConfig
+
+    seen = []
+
+    def stop(config, *args, **kwargs):
+        seen.append(config)
+        raise ReservoirError("stopped here")
+
+    monkeypatch.setattr(ex, "run", stop)
+    monkeypatch.setattr(tr, "run", stop)
+    params = {"n_train": 20, "n_test": 10}
+    for cell in ({"kind": "fit-linear", "task": "bit-xor", "backbone": "tiny-gpt2", "layers": 1},
+                 {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2", "steps": 2},
+                 {"kind": "fit-linear", "task": "bit-xor", "backbone": "tiny-gpt2", "layers": 1, "batch_size": 8},
+                 {"kind": "train", "task": "bit-xor", "backbone": "tiny-gpt2", "steps": 2, "batch_size": 8}):
+        with pytest.raises(ReservoirError, match="stopped here"):
+            run_recipe(make({"cells": [{**cell, "task_params": params}]}), tmp_path / f"out{len(seen)}",
+                       cache_dir=tmp_path / "cache")
+    assert [c.batch_size for c in seen] == [None, TrainConfig.batch_size, 8, 8]
+    assert seen[1].lr == 1e-3  # the cell's default learning rate
+
+
 # ---------------------------------------------------------------- packaging
 def test_shipped_recipes_are_found_from_any_working_directory(tmp_path):
     import subprocess

@@ -577,6 +577,35 @@ def test_split_point_store_seeds_head_and_carve_with_the_run_seed(tmp_path):
     torch.testing.assert_close(m0.backbone.input.weight, m1.backbone.input.weight, rtol=0, atol=0)  # the store's
 
 
+def test_build_from_store_closes_its_store_on_refusal_and_with_its_data(tmp_path, monkeypatch):
+    """The store build_from_store opens is closed when a check refuses it, and by the data it returns."""
+    from reservoir.store import FeatureStore
+    from reservoir.training import build_from_store
+
+    params = {"n_train": 40, "n_test": 20, "n_bits": 3}
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", full_seq_layer=1, layers=2,
+                                      task_params=params, out=str(tmp_path / "s.zarr")), progress=False)
+    opened = []
+    real_open = FeatureStore.open.__func__
+
+    def recording_open(cls, *args, **kwargs):
+        opened.append(real_open(cls, *args, **kwargs))
+        return opened[-1]
+
+    shallow, whole = (config_for_store(store, backbone="tiny-gpt2", finetune="output", **depth)
+                      for depth in ({"layers": 1}, {}))
+    monkeypatch.setattr(FeatureStore, "open", classmethod(recording_open))
+    with pytest.raises(ReservoirError, match="training needs depth K > 1, found K=1"):
+        build_from_store(shallow)
+    assert len(opened) == 1 and opened[0].closed
+    model, data = build_from_store(whole)
+    assert len(opened) == 2 and not opened[1].closed and data.train.start == 1
+    with data:
+        pass
+    assert opened[1].closed
+    data.close()  # again: nothing
+
+
 def test_from_store_refuses_settings_the_store_fixes(tmp_path):
     params = {"n_train": 60, "n_test": 20, "n_bits": 3}
     split = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", full_seq_layer=1, task_params=params,
@@ -718,3 +747,28 @@ def test_break_even_is_never_when_caching_saves_nothing_per_epoch():
     assert _break_even(3.0, 1.5) == 2.0 and _epochs(_break_even(3.0, 1.5)) == "2.00"
     for saved in (0.0, -0.2):  # a cached epoch no faster than a live one: no number of epochs repays the pass
         assert _break_even(3.0, saved) is None and _epochs(None) == "never"
+
+
+def test_a_live_run_loads_the_hub_revision_it_names_and_a_store_run_the_stores(tmp_path, monkeypatch):
+    """--revision pins the backbone of a live run as extract's does; from a store, the store's revision is the run's
+    and another is refused."""
+    import reservoir.backbones
+
+    asked = []
+    real = reservoir.backbones.load_backbone
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("revision"))
+        return real(*args, **{**kwargs, "revision": None})  # (a tiny model has no revisions)
+
+    monkeypatch.setattr(reservoir.backbones, "load_backbone", recording)
+    params = {"n_train": 40, "n_test": 20, "n_bits": 3}
+    build(TrainConfig(task="bit-xor", backbone="tiny-gpt2", task_params=params, revision="v1.0"))
+    assert asked == ["v1.0"] and TrainConfig(task="bit-xor", revision="v1.0").key()["revision"] == "v1.0"
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", full_seq_layer=1, layers=2,
+                                      task_params=params, out=str(tmp_path / "s.zarr")), progress=False)
+    config = config_for_store(store, backbone="tiny-gpt2", finetune="output")
+    assert config.revision is None
+    with pytest.raises(ReservoirError, match=r"--revision with --from-store .*: expected the store's None \(or no "
+                                             r"--revision\), found 'v2'"):
+        config_for_store(store, backbone="tiny-gpt2", finetune="output", revision="v2")

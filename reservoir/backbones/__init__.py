@@ -1,7 +1,7 @@
 """Frozen Hugging Face backbones, their architecture table and inits."""
 
 from reservoir.backbones.arch import ARCHS, ArchFacts, arch_for
-from reservoir.backbones.load import INITS, backbone_names, load_backbone, orthogonal_projection
+from reservoir.backbones.load import INITS, backbone_names, input_projection, load_backbone, orthogonal_projection
 from reservoir.backbones.model import Backbone, BackboneInfo, last_token_index
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "BackboneInfo",
     "arch_for",
     "backbone_names",
+    "input_projection",
     "last_token_index",
     "load_backbone",
     "orthogonal_projection",

@@ -296,6 +296,33 @@ def orthogonal_projection(d_in: int, n_dim: int, gain: float = options.PROJECTIO
     return proj
 
 
+def input_projection(kind: str, d_in: int, n_dim: int, gain: float = options.PROJECTION_GAIN,
+                     seed: int = 0) -> nn.Linear:
+    """The fixed input map of ``kind`` (:data:`~reservoir.options.PROJECTIONS`), seeded, zero bias.
+
+    ``orthogonal``: :func:`orthogonal_projection` (scaled by ``gain``).
+    ``normal``: N(0, 1) entries, what ``nn.Embedding`` draws: a token task's
+    one-hot rows then pick rows of an embedding table, as the official FPT
+    code embeds tokens (``gain`` does not apply).
+
+    Examples
+    --------
+    >>> w = input_projection("normal", 15, 768, seed=0).weight.detach()
+    >>> round(float(w.std()), 1), w.shape
+    (1.0, torch.Size([768, 15]))
+    """
+    if kind == "orthogonal":
+        return orthogonal_projection(d_in, n_dim, gain, seed)
+    if kind != "normal":
+        raise ReservoirError(f"unknown projection {kind!r}; expected one of: {', '.join(options.PROJECTIONS)}")
+    proj = nn.Linear(d_in, n_dim)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        proj.weight.normal_(0.0, 1.0, generator=gen)
+        proj.bias.zero_()
+    return proj
+
+
 def load_backbone(
     name: str,
     *,
@@ -307,6 +334,7 @@ def load_backbone(
     projection_seed: int | None = None,
     revision: str | None = None,
     attn_implementation: str = "sdpa",
+    projection: str = "orthogonal",
 ) -> Backbone:
     """Load a backbone frozen, keep blocks ``1..depth``, and attach the input projection.
 
@@ -324,11 +352,15 @@ def load_backbone(
     seed : int
         Seed of the ``random`` and ``stats`` inits, in ``0..2**32-1``.
     projection_gain, projection_seed : float, int
-        The orthogonal input projection; ``projection_seed`` defaults to ``seed``.
+        The orthogonal input projection's gain; the seed of the input map
+        (default ``seed``).
     revision : str, optional
         Hub revision (branch, tag or commit) for hub ids.
     attn_implementation : {"sdpa", "eager"}
         Eager attention exposes attention weights.
+    projection : {"orthogonal", "normal"}
+        The input map's init (:func:`input_projection`); ``normal`` takes no
+        gain (``projection_gain`` left at its default).
 
     Examples
     --------
@@ -349,10 +381,11 @@ def load_backbone(
     seed = check_seed(seed)
     if projection_seed is not None:
         projection_seed = check_seed(projection_seed, "projection_seed")
+    options.check_projection(projection, projection_gain)
     lstm = lstm_spec(name)
     if lstm is not None:
         return _load_lstm(name, *lstm, init=init, depth=depth, d_in=d_in, seed=seed, projection_gain=projection_gain,
-                          projection_seed=projection_seed)
+                          projection_seed=projection_seed, projection=projection)
     model, model_id, revision = _load_hf(name, init, seed, revision, attn_implementation)
     arch = arch_for(model.config.model_type)
     if init == "stats":
@@ -364,11 +397,11 @@ def load_backbone(
              "final_norm_eps": None if final_norm is None else _norm_eps(final_norm),
              "final_norm_kind": None if final_norm is None or isinstance(final_norm, nn.LayerNorm) else "rms"}
     return _finish(name, model, functools.partial(Backbone, arch=arch), facts, init=init, depth=depth, d_in=d_in,
-                   seed=seed, projection_gain=projection_gain, projection_seed=projection_seed)
+                   seed=seed, projection_gain=projection_gain, projection_seed=projection_seed, projection=projection)
 
 
 def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | None, d_in: int, seed: int,
-               projection_gain: float, projection_seed: int | None) -> LSTMBackbone:
+               projection_gain: float, projection_seed: int | None, projection: str) -> LSTMBackbone:
     """The LSTM baseline: PyTorch's default LSTM init (and unit LayerNorms), seeded, frozen."""
     if init != "random":
         raise ReservoirError(f"backbone {name!r} has no pretrained weights; expected --init random, found {init!r}")
@@ -378,7 +411,7 @@ def _load_lstm(name: str, n_layer: int, n_dim: int, *, init: str, depth: int | N
     facts = {"id": name, "family": "lstm", "n_layer": n_layer, "n_dim": n_dim, "max_positions": LSTM_MAX_POSITIONS,
              "revision": None, "final_norm_eps": float(stack.final_norm.eps)}
     return _finish(name, stack, LSTMBackbone, facts, init=init, depth=depth, d_in=d_in, seed=seed,
-                   projection_gain=projection_gain, projection_seed=projection_seed)
+                   projection_gain=projection_gain, projection_seed=projection_seed, projection=projection)
 
 
 def _check_finite(name: str, model: nn.Module, backbone: nn.Module) -> None:
@@ -395,7 +428,7 @@ def _check_finite(name: str, model: nn.Module, backbone: nn.Module) -> None:
 
 def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone], facts: dict[str, Any], *, init: str,
             depth: int | None, d_in: int, seed: int, projection_gain: float,
-            projection_seed: int | None) -> ReservoirBackbone:
+            projection_seed: int | None, projection: str) -> ReservoirBackbone:
     """What every backbone ends with: depth checked, weights hashed, frozen, projection attached, provenance kept.
 
     Parameters
@@ -411,7 +444,7 @@ def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone],
         The :class:`BackboneInfo` fields the model determines: ``id``,
         ``family``, ``n_layer``, ``n_dim``, ``max_positions``, ``revision``,
         ``final_norm_eps``.
-    init, depth, d_in, seed, projection_gain, projection_seed
+    init, depth, d_in, seed, projection_gain, projection_seed, projection
         As for :func:`load_backbone` (``depth=None``: every block).
     """
     n_layer = facts["n_layer"]
@@ -422,10 +455,11 @@ def _finish(name: str, model: nn.Module, wrap: Callable[..., ReservoirBackbone],
     model.eval()
     model.requires_grad_(False)
     proj_seed = seed if projection_seed is None else projection_seed
-    projection = orthogonal_projection(d_in, facts["n_dim"], projection_gain, proj_seed)
-    projection.requires_grad_(False)
+    input_map = input_projection(projection, d_in, facts["n_dim"], projection_gain, proj_seed)
+    input_map.requires_grad_(False)
     info = BackboneInfo(**facts, init=init, seed=seed, depth=depth, weights_sha256=sha)
-    backbone = wrap(model, depth=depth, projection=projection, info=info).eval()
+    backbone = wrap(model, depth=depth, projection=input_map, info=info).eval()
     _check_finite(name, model, backbone)
-    backbone.projection_info = {"kind": "orthogonal", "gain": projection_gain, "seed": proj_seed, "d_in": d_in}
+    gain = projection_gain if projection == "orthogonal" else None  # (normal: N(0, 1), no gain)
+    backbone.projection_info = {"kind": projection, "gain": gain, "seed": proj_seed, "d_in": d_in}
     return backbone

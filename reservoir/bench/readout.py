@@ -106,15 +106,12 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
     from reservoir.readouts.features import opened, read_layers
     from reservoir.readouts.intervals import accuracy_interval
     from reservoir.readouts.logistic import DEFAULT_ALPHAS, LogisticReadout
+    from reservoir.readouts.run import wanted_layers
     from reservoir.readouts.stats import carve_rows
 
     seed = check_seed(seed)
     with opened(store) as st:
-        wanted = st.layers if layers == "all" else ([layers] if isinstance(layers, int) else list(layers))
-        for k in wanted:
-            st.layer_index(k)
-        if len(set(wanted)) != len(wanted):  # a layer fitted twice would count twice in the sweep's time
-            raise ReservoirError(f"--layer: expected each layer once, found {wanted}")
+        wanted = wanted_layers(st, layers)  # (each once: a layer fitted twice would count twice in the sweep's time)
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         if st.attrs["task"]["label_shape"] or st.n_out_tokens != 1:
             raise ReservoirError(f"{source}: the scikit-learn comparison needs one label per row, found label shape "

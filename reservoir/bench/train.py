@@ -71,7 +71,7 @@ class PlainLoop:
 
     def __init__(self, config, task, feeder, device: torch.device, info, amp: str | None = None):
         from reservoir.backbones.arch import arch_for
-        from reservoir.backbones.load import orthogonal_projection
+        from reservoir.backbones.load import input_projection
         from reservoir.backbones.model import Backbone
         from reservoir.training import ReservoirClassifier, heads_per_token
         from reservoir.training.data import EpochOrder
@@ -80,7 +80,8 @@ class PlainLoop:
 
         _check_plain(config.backbone)
         hf = load_hf_model(config.backbone, config.init, config.seed, depth=info.depth)  # the same depth K
-        projection = orthogonal_projection(task.d_in, int(hf.config.hidden_size), config.projection_gain, config.seed)
+        projection = input_projection(config.projection, task.d_in, int(hf.config.hidden_size), config.projection_gain,
+                                      config.seed)
         view = Backbone(hf, arch=arch_for(hf.config.model_type), depth=info.depth, projection=projection, info=info)
         n_heads = heads_per_token(task.label_shape, task.n_out_tokens)
         self.model = ReservoirClassifier(view, task.n_out_tokens, n_heads, task.n_classes, seed=config.seed)

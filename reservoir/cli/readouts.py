@@ -69,8 +69,9 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
               help="Which pooling of the store to read (extract --pooling); default the store's first.")
 @click.option("--save", is_flag=True, help="Keep each fitted readout as a probe beside its results file "
                                           "(.safetensors + .probe.json) for `reservoir predict`.")
-@click.option("--stream", default="off", show_default=True, type=click.Choice(["off", "on", "auto"]),
-              help="Fit from store chunks instead of loading the layer; auto streams above 2 GiB of float32 features.")
+@click.option("--stream", default="auto", show_default=True, type=click.Choice(["off", "on", "auto"]),
+              help="Fit from store chunks instead of loading the layer: on, off, or auto (when a layer's train "
+                   "features exceed 2 GiB as float32).")
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of the validation split, the path's subsample and the learning curve.")
 @click.option("--results", "results_dir", default="results/fit-linear", show_default=True, help="Folder for the results JSONs.")
@@ -85,9 +86,7 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     if not results_dir.strip():  # the working folder would take the results' folders
         raise click.BadParameter("expected a folder for the results; found an empty path", param_hint="--results")
 
-    layers = "all" if layer == "all" else _parse_layers(layer, "--layer")
-    if isinstance(layers, list):
-        layers = list(dict.fromkeys(layers))  # a layer named twice is fitted once
+    layers = "all" if layer == "all" else _parse_layers(layer, "--layer")  # (a layer named twice is fitted once)
     sizes = _parse_sizes(train_sizes)
 
     def show(r):

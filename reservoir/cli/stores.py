@@ -31,6 +31,7 @@ from reservoir.errors import ReservoirError
 @extract_option("format", "--format", "fmt")
 @forward_options
 @extract_option("projection_gain")
+@extract_option("projection")
 @extract_option("revision")
 @extract_option("full_seq_layer")
 @extract_option("truncate")
@@ -39,7 +40,8 @@ from reservoir.errors import ReservoirError
 @storage_option(out="--out")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(task, data, input_column, label_column, params, backbone, init, layers, pooling, out, fmt, batch_size,
-            max_tokens, writers, dtype, device, amp, seed, gain, revision, full_seq_layer, truncate, download, quiet):
+            max_tokens, writers, dtype, device, amp, seed, gain, projection, revision, full_seq_layer, truncate,
+            download, quiet):
     """Run a task through a frozen backbone once and store every layer's features."""
     from reservoir.distributed import is_leader
     from reservoir.extract import ExtractConfig
@@ -56,7 +58,8 @@ def extract(task, data, input_column, label_column, params, backbone, init, laye
                                    f"-p download={json.dumps(task_params['download'])}")
         task_params["download"] = True
     config = ExtractConfig(task=task, backbone=backbone, init=init, layers=_parse_layers(layers), out=out, format=fmt,
-                           task_params=task_params, seed=seed, projection_gain=gain, batch_size=batch_size,
+                           task_params=task_params, seed=seed, projection_gain=gain, projection=projection,
+                           batch_size=batch_size,
                            max_tokens=max_tokens, writers=writers, dtype=dtype, device=device, amp=amp,
                            revision=revision, truncate=truncate, full_seq_layer=full_seq_layer, pooling=pooling)
     timings: dict[str, float] = {}

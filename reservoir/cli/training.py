@@ -18,6 +18,8 @@ from reservoir.training.config import DEFAULT_STEPS
 @train_option("from_store", type=click.Path())
 @train_option("backbone")
 @train_option("init")
+@train_option("revision")
+@train_option("projection")
 @train_option("layers", type=DEPTH)
 @train_option("finetune")
 @train_option("lr")
@@ -36,9 +38,9 @@ from reservoir.training.config import DEFAULT_STEPS
 @train_option("out")
 @storage_option(from_store="--from-store")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(task, data, input_column, label_column, params, from_store, backbone, init, layers, finetune, lr, lr_sweep,
-          seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp, cuda_graphs, compiled,
-          out, quiet):
+def train(task, data, input_column, label_column, params, from_store, backbone, init, revision, projection, layers,
+          finetune, lr, lr_sweep, seeds, steps, epochs, batch_size, eval_every, dropout, seed, split_layer, device, amp,
+          cuda_graphs, compiled, out, quiet):
     """Train live with the backbone in the loop; freeze everything but the --finetune groups."""
     from reservoir.training import TrainConfig, config_for_store, parse_lr_sweep, run, sweep
 
@@ -51,13 +53,14 @@ def train(task, data, input_column, label_column, params, from_store, backbone, 
     if lr_sweep is not None and _explicit(click.get_current_context(), {"lr": "lr"}):
         raise click.UsageError(f"expected --lr or --lr-sweep, not both (the sweep chooses the rate); found --lr {lr:g} "
                                f"and --lr-sweep {lr_sweep}")
-    settings = dict(backbone=backbone, layers=layers, finetune=finetune, lr=lr, steps=steps, epochs=epochs,
-                    batch_size=batch_size, eval_every=eval_every, dropout=dropout, split_layer=split_layer,
-                    device=device, amp=amp, cuda_graphs=cuda_graphs, compile=compiled, out=out)
+    settings = dict(backbone=backbone, revision=revision, projection=projection, layers=layers, finetune=finetune,
+                    lr=lr, steps=steps, epochs=epochs, batch_size=batch_size, eval_every=eval_every, dropout=dropout,
+                    split_layer=split_layer, device=device, amp=amp, cuda_graphs=cuda_graphs, compile=compiled, out=out)
     task, task_params = _task_from(task, data, input_column, label_column, params, alternative="--from-store")
     if from_store is not None:  # the store says which task and init (and split layer, or backbone); --seed is ours
         given = _explicit(click.get_current_context(), {"task": "task", "data": "task", "params": "task_params",
                                                         "init": "init", "seed": "seed", "backbone": "backbone",
+                                                        "revision": "revision", "projection": "projection",
                                                         "split_layer": "split_layer"})
         if "task" in given:
             given.add("task_params")

@@ -47,7 +47,8 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
         compute dtype (``amp``) in place.
     out : str, path or FeatureStore
         The store (``.zarr`` folder or ``.h5`` file, ``format`` overriding the suffix; or a Zarr store URL such
-        as ``s3://bucket/prefix/x.zarr``), or a store handle whose store to resume.
+        as ``s3://bucket/prefix/x.zarr``), or a store handle whose store to resume (the handle is closed once
+        the arguments are checked; use the store returned).
     layers : int or list of int, optional
         Depth ``K`` (store layers ``0..K``; blocks above ``K`` never run) or
         an explicit list; default every layer of the backbone.
@@ -93,15 +94,18 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
         raise ReservoirError(f"expected out a store path (.zarr or .h5), URL or FeatureStore; found "
                              f"{options.shown(out)}")
     target = out.path if isinstance(out, FeatureStore) else out  # a store handle names the store to resume
-    info = backbone.info
+    info, projection = backbone.info, backbone.projection_info or {}
     config = ExtractConfig(task=task.name, backbone=info.id, init=info.init, layers=layers, out=str(target),
                            format=format, task_params=task.params, seed=info.seed,
-                           projection_gain=(backbone.projection_info or {}).get("gain", options.PROJECTION_GAIN),
+                           projection=projection.get("kind", options.PROJECTIONS[0]),
+                           projection_gain=projection.get("gain") or options.PROJECTION_GAIN,
                            batch_size=batch_size, max_tokens=max_tokens, writers=writers, dtype=dtype,
                            device=device, amp=amp, revision=info.revision, full_seq_layer=full_seq_layer,
                            truncate=truncate,
                            pooling=check_poolings(pooling))
     where = store_path(target)
+    if isinstance(out, FeatureStore):
+        out.close()  # an HDF5 file open for reading cannot be opened again to write
     with open_job(where, format, device, sharded) as job:
         if isinstance(job, distributed.Job):
             plan = sharding.prepare_rank(job, config, task, backbone)

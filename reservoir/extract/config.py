@@ -40,6 +40,7 @@ class ExtractConfig:
                                           flag="--param", factory=dict)
     seed: int = options.SEED.field(help="Seed of the random/stats inits and the input projection.")
     projection_gain: float = options.GAIN.field()
+    projection: str = options.PROJECTION.field()
     batch_size: int | None = setting("Most sequences per forward pass (default: 64 on the CPU, none on CUDA, where "
                                      "--max-tokens has a default; no row cap with --max-tokens unless given).", None)
     max_tokens: int | None = setting("Token budget per forward pass (rows x longest length): short sequences travel "
@@ -51,7 +52,7 @@ class ExtractConfig:
     dtype: str = setting("Stored feature dtype.", "float16", one_of(*options.DTYPES))
     device: str = options.DEVICE.field()
     amp: str = options.AMP.field()
-    revision: str | None = setting("Hub revision (branch, tag or commit) for hub ids.", None)
+    revision: str | None = options.REVISION.field()
     full_seq_layer: int | None = setting("Also store every position's state at this layer: a split-point store for "
                                          "`train --from-store`.", None, options.optional(options.integer(0)))
     pooling: list[str] = setting("How each layer becomes a row: the last real token, the first token, the mean over "
@@ -72,6 +73,7 @@ class ExtractConfig:
         elif layers is not None:
             self.layers = operator.index(layers)
         check_fields(self)
+        options.check_projection(self.projection, self.projection_gain)
         check_batching(self.batch_size, self.max_tokens)
         self.pooling = check_poolings(self.pooling)
 

@@ -150,18 +150,6 @@ def plan_order(lengths: np.ndarray, batch_size: int | None = None,
     return order, bounds
 
 
-def plan_batches(lengths: np.ndarray, batch_size: int | None = None, max_tokens: int | None = None) -> list[np.ndarray]:
-    """Batches as row-index arrays, in increasing length (see :func:`plan_order`).
-
-    Examples
-    --------
-    >>> [b.tolist() for b in plan_batches(np.array([5, 1, 3, 3]), max_tokens=6)]
-    [[1, 2], [3], [0]]
-    """
-    order, bounds = plan_order(lengths, batch_size, max_tokens)
-    return [order[lo:hi] for lo, hi in bounds]
-
-
 def plan_windows(todo: np.ndarray, chunk_rows: int, n_rows: int, row_bytes: int,
                  budget: int | None = None, max_rows: int | None = None, stable: bool = False) -> list[Window]:
     """Group unfinished chunks (in order) into windows of at most ``budget`` bytes and ``max_rows`` rows.

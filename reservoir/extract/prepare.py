@@ -79,7 +79,8 @@ def prepare(config: ExtractConfig, task: TaskData | None = None) -> ExtractionPl
         requested_depth = config.layers if isinstance(config.layers, int) else max(config.layers)
     t0 = time.perf_counter()
     backbone = load_backbone(config.backbone, init=config.init, depth=requested_depth, d_in=task.d_in,
-                             seed=config.seed, projection_gain=config.projection_gain, revision=config.revision)
+                             seed=config.seed, projection_gain=config.projection_gain, revision=config.revision,
+                             projection=config.projection)
     plan = plan_extraction(config, task, backbone, timings, owned=True)
     timings["model_s"] = time.perf_counter() - t0
     return plan

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.store import FeatureStore
+from reservoir.store.remote import StoreURL
 
 
 @contextlib.contextmanager
@@ -33,9 +35,12 @@ def opened(store: FeatureStore | str | os.PathLike) -> Iterator[FeatureStore]:
     """
     if isinstance(store, FeatureStore):
         yield store
-    else:
+    elif isinstance(store, (str, os.PathLike, StoreURL)):
         with FeatureStore.open(store) as st:
             yield st
+    else:
+        raise ReservoirError(f"expected a store: a path (.zarr or .h5), a store URL or a FeatureStore; found "
+                             f"{options.shown(store)}")
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -135,7 +140,8 @@ def read_layers(store: FeatureStore, split: str, layers: list[int], final_norm: 
     norm = store.final_norm() if final_norm else None
     X = np.empty((len(layers), n * n_out, d), np.float32)
     chunk = store.chunk_rows(split)
-    step = chunk * max(1, READ_BYTES // max(chunk * int(np.prod(feats.shape[1:])) * 2, 1))  # whole chunks per read
+    chunk_bytes = chunk * int(np.prod(feats.shape[1:])) * feats.dtype.itemsize  # as stored
+    step = chunk * max(1, READ_BYTES // max(chunk_bytes, 1))  # whole chunks per read
     for lo in range(0, n, step):
         block = np.asarray(feats[lo: lo + step])  # (r, n_stored_layers, n_out, d): many chunks, read once
         r = len(block)

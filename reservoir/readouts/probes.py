@@ -168,7 +168,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
 
 
 def _is_int(v: Any, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+    return options.is_int(v) and v >= low
 
 
 #: A probe JSON's fields: (must be there, check, what was expected).

@@ -127,8 +127,9 @@ def _check_readout(readout: str) -> None:
         raise ReservoirError(f"unknown readout {readout!r}; expected one of: {', '.join(READOUTS)}")
 
 
-def _wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[int]:
-    """The asked layers, each checked to be in the store (before anything is fitted)."""
+def wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[int]:
+    """The asked layers (``"all"``, one layer, or a list of them), each checked to be in the store before anything
+    is fitted; a layer named twice is fitted once (the order kept)."""
     expected = "expected layers 'all', a layer or a list of layers"
     if isinstance(layers, str):
         if layers != "all":
@@ -147,7 +148,7 @@ def _wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[i
         wanted = [int(k) for k in wanted]
     for k in wanted:
         store.layer_index(k)
-    return wanted
+    return list(dict.fromkeys(wanted))
 
 
 def fit_linear(
@@ -158,7 +159,7 @@ def fit_linear(
     seed: int = 0,
     device: str = "cpu",
     final_norm: bool = True,
-    stream: bool | Literal["auto"] = False,
+    stream: bool | Literal["auto"] = "auto",
     train_sizes: list[int | None] | None = None,
     pooling: str | None = None,
     results_dir: str | os.PathLike | None = None,
@@ -170,7 +171,7 @@ def fit_linear(
     The layers are read from the store together, each chunk once, and each
     is fitted over its whole L2 path (:mod:`reservoir.readouts.sweep`). The
     L2 strength is chosen on the store's ``val`` split when it has one, else
-    on a validation split carved from train (``val_fraction`` of it, seeded).
+    on a tenth of train carved off, seeded by ``seed`` (see ``stream``).
     Accuracy is on the full test split (each bit counts once for bit tasks),
     with a 95% interval over the test rows (:mod:`reservoir.readouts.intervals`);
     each result keeps which test rows were right (``rows``), so two results on
@@ -196,12 +197,15 @@ def fit_linear(
     stream : bool or "auto"
         ``True`` fits each layer from :func:`iter_layer` chunks (about 64 MB
         each) with ``fit_chunks`` and scores chunk by chunk, so no split is
-        ever held whole; ``"auto"`` streams when a layer's train features
-        exceed :data:`STREAM_AUTO_BYTES` (2 GiB) as float32. Streaming carves
-        its validation rows by a hash of the row index, not the permutation
-        ``fit`` uses, so a carved split (and the result) differs slightly from
-        an in-memory fit; ``timings.load_s`` is then the time spent reading
-        chunks over all passes, inside and outside ``fit_s``.
+        ever held whole; ``"auto"`` (the default) streams when a layer's train
+        features exceed :data:`STREAM_AUTO_BYTES` (2 GiB) as float32. A ridge
+        fit carves its validation rows by a hash of the row index either way
+        (:func:`~reservoir.readouts.stats.holdout_mask`); a logistic fit in
+        memory carves by a seeded permutation
+        (:func:`~reservoir.readouts.stats.carve_rows`), and streamed by the
+        hash, so its carved split (and the result) differs slightly between
+        the two; ``timings.load_s`` is then the time spent reading chunks over
+        all passes, inside and outside ``fit_s``.
     train_sizes : list of int or None, optional
         A learning curve: the readout is also fitted on the first ``s`` rows
         of one seeded permutation of the training rows for each ``s`` (nested
@@ -251,7 +255,7 @@ def fit_linear(
             raise ReservoirError(f"{st.path}: expected a complete store, found an unfinished extraction (rerun it)")
         if "train" not in st.splits or "test" not in st.splits:
             raise ReservoirError(f"{st.path}: expected train and test splits, found {st.splits}")
-        wanted = _wanted_layers(st, layers)
+        wanted = wanted_layers(st, layers)
         pooled = st.pooling(pooling)  # refused now if the store lacks it
         _check_classes(st)
         largest = max((s for s in sizes or [] if s is not None), default=0)

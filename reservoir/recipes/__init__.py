@@ -29,10 +29,10 @@ stable id, used as its results folder under the output directory::
 
 Cell keys by kind (:data:`KIND_KEYS`): every kind takes ``kind, task,
 task_params, seeds, tag``; fit-linear adds ``backbone, init, layers,
-fit_layers, readout, dtype, amp, batch_size``; train adds ``backbone, init, layers,
-finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout, amp``
+fit_layers, readout, dtype, amp, batch_size, projection``; train adds ``backbone, init, layers,
+finetune, lr, lr_sweep, steps, epochs, batch_size, eval_every, dropout, amp, projection``
 (``amp`` as ``--amp``: ``auto`` computes in bf16 on CUDA and on CPUs with native
-bf16, ``none`` in float32);
+bf16, ``none`` in float32; ``projection`` as ``--projection``: ``orthogonal`` or ``normal``);
 fit-raw adds ``readout``; bench (cached vs live training cost, as
 ``reservoir bench speedup``) adds ``backbone, init, layers, batch_size,
 split_layer, max_live_rows``. ``seeds`` are seed values (``0`` or ``[0, 1,
@@ -72,7 +72,7 @@ computed again. Every path the runner writes or removes is resolved first and re
 output (or cache) folder, so neither an id nor a symbolic link can send a write, or ``force``'s removal,
 elsewhere. fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
 over everything in the store key (task fingerprint, backbone, init, seed,
-depth, dtype, compute dtype, projection gain); a complete store whose provenance matches is
+depth, dtype, compute dtype, projection kind and gain); a complete store whose provenance matches is
 reused, an unfinished one is resumed.
 """
 

@@ -286,7 +286,9 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
     computed = str(compute_dtype(resolve_device(device), c.amp)).removeprefix("torch.")
     key = {"task": run.task, "fingerprint": task.fingerprint, "backbone": run.backbone, "init": run.init,
            "seed": run.seed, "depth": run.layers, "dtype": c.dtype, "compute_dtype": computed,
-           "gain": options.PROJECTION_GAIN}
+           "gain": options.PROJECTION_GAIN if c.projection == "orthogonal" else None}
+    if c.projection != options.PROJECTIONS[0]:  # (the stores of orthogonal runs keep the names they had)
+        key["projection"] = c.projection
     name = f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}.zarr"
     path: Path | StoreURL
     if isinstance(cache_dir, StoreURL):
@@ -300,6 +302,8 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
             found = {"task": a["task"]["name"], "fingerprint": a["task"]["fingerprint"], "init": a["backbone"]["init"],
                      "seed": a["backbone"]["seed"], "depth": max(a["layers"]), "dtype": a["dtype"],
                      "compute_dtype": a.get("compute_dtype"), "gain": a["projection"]["gain"]}
+            if a["projection"].get("kind", options.PROJECTIONS[0]) != options.PROJECTIONS[0]:
+                found["projection"] = a["projection"]["kind"]
             diff = first_difference(found, key, keys=found)
             recorded = a["backbone"].get("weights_sha256")
             complete = st.complete
@@ -316,7 +320,8 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
             return path
     cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
                            task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, amp=c.amp,
-                           device=device, batch_size=c.batch_size or 64)
+                           projection=c.projection, device=device,
+                           batch_size=c.batch_size)  # none given: the device's batching
     return ex.run(cfg, progress=False, task=task)
 
 
@@ -348,8 +353,8 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
         from reservoir.bench import speedup
 
         res = speedup(run.task, dict(c.task_params), backbone=run.backbone, init=run.init, layers=run.layers,
-                      split_layer=c.split_layer, batch_size=c.batch_size or 16, max_live_rows=c.max_live_rows,
-                      seed=run.seed, device=device)
+                      split_layer=c.split_layer, max_live_rows=c.max_live_rows, seed=run.seed, device=device,
+                      **_given(batch_size=c.batch_size))
         write_result(folder / "speedup.json", {**res.to_dict(), "kind": "bench", "recipe": meta})
         return (f"output only {res['output_only']['speedup']:.0f}x, layernorm top "
                 f"{res['layernorm_top']['speedup']:.1f}x per epoch")
@@ -368,15 +373,21 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
     import reservoir.training as tr
 
     cfg = tr.TrainConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers,
-                         finetune=run.finetune, task_params=dict(c.task_params), lr=run.lr or 1e-3, steps=c.steps,
-                         epochs=c.epochs, batch_size=c.batch_size or 16, eval_every=c.eval_every, seed=run.seed,
-                         dropout=c.dropout, amp=c.amp, device=device, out=str(folder))
+                         finetune=run.finetune, task_params=dict(c.task_params), steps=c.steps, epochs=c.epochs,
+                         eval_every=c.eval_every, seed=run.seed, dropout=c.dropout, amp=c.amp,
+                         projection=c.projection, device=device,
+                         out=str(folder), **_given(lr=run.lr, batch_size=c.batch_size))
     if c.lr_sweep:  # the sweep writes sweep.json (with the recipe block) into the run folder it owns
         s = tr.sweep(cfg, tr.parse_lr_sweep(str(c.lr_sweep)), len(c.seeds), progress=False, extra={"recipe": meta})
         m = s.metrics
         return f"best lr {s.best_lr:.2e}: {m['test_accuracy_mean']:.2%} +- {m['test_accuracy_std']:.2%}"
     res = tr.run(cfg, progress=False, extra={"recipe": meta})  # writes results.json into its folder
     return f"test {res.metrics['test_accuracy']:.2%}"
+
+
+def _given(**settings: Any) -> dict[str, Any]:
+    """The settings a cell gives (not ``None``), so those it leaves out take the command's own defaults."""
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = None,
@@ -395,7 +406,10 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
     --------
     >>> sum(p["steps"] for p in plan("paper-table2"))  # doctest: +SKIP
     """
-    from reservoir.training import parse_lr_sweep
+    from reservoir.training import TrainConfig, parse_lr_sweep
+    from reservoir.training.config import DEFAULT_STEPS
+
+    batch = options.field_setting(TrainConfig, "batch_size").default
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
@@ -407,11 +421,11 @@ def plan(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None = Non
                "steps": 0, "sequences": 0, "trainings": 0, "extraction_layers": None}
         if run.kind == "train":
             n = len(parse_lr_sweep(str(c.lr_sweep))) * len(c.seeds) if c.lr_sweep else 1
-            steps = c.steps if c.steps is not None else (None if c.epochs is not None else 2000)
+            steps = c.steps if c.steps is not None else (None if c.epochs is not None else DEFAULT_STEPS)
             row["trainings"] = n
             if steps is not None:  # epochs: the step count depends on the data
                 row["steps"] = n * steps
-                row["sequences"] = n * steps * (c.batch_size or 16)
+                row["sequences"] = n * steps * (c.batch_size or batch)
             row["epochs"] = c.epochs
         elif run.kind in ("fit-linear", "bench"):
             row["extraction_layers"] = run.layers

@@ -22,9 +22,9 @@ TOP_KEYS = ("name", "description", "defaults", "cells", "paper")
 COMMON_KEYS = ("kind", "task", "task_params", "seeds", "tag")
 KIND_KEYS = {
     "fit-linear": COMMON_KEYS + ("backbone", "init", "layers", "fit_layers", "readout", "dtype", "amp",
-                                 "batch_size"),
+                                 "batch_size", "projection"),
     "train": COMMON_KEYS + ("backbone", "init", "layers", "finetune", "lr", "lr_sweep", "steps", "epochs",
-                            "batch_size", "eval_every", "dropout", "amp"),
+                            "batch_size", "eval_every", "dropout", "amp", "projection"),
     "fit-raw": COMMON_KEYS + ("readout",),
     "bench": COMMON_KEYS + ("backbone", "init", "layers", "batch_size", "split_layer", "max_live_rows"),
 }
@@ -152,6 +152,7 @@ class Cell:
     dropout: float = 0.0
     split_layer: int | None = None
     max_live_rows: int = 1024
+    projection: str = options.PROJECTIONS[0]
     #: A data file's ``path`` as the recipe wrote it (``task_params`` holds it resolved): what a run's settings record.
     written_path: str | None = field(default=None, repr=False)
 
@@ -179,6 +180,7 @@ class Cell:
         _once(self.readout, "readout", w)
         _choices([self.dtype], options.DTYPES, "dtype", w)
         _choices([self.amp], options.AMPS, "amp", w)
+        _choices([self.projection], options.PROJECTIONS, "projection", w)
         self.layers = [None if v in (None, "all") else _number(v, f"layers in {w}", True)
                        for v in _as_list(self.layers)]
         self.lr = [_number(v, f"lr in {w}") for v in _as_list(self.lr)]
@@ -387,6 +389,8 @@ class Run:
                        batch_size=c.batch_size, eval_every=c.eval_every, dropout=c.dropout, amp=c.amp)
         elif self.kind == "bench":
             out.update(batch_size=c.batch_size, split_layer=c.split_layer, max_live_rows=c.max_live_rows)
+        if c.projection != options.PROJECTIONS[0]:  # (results written before the choice existed record none)
+            out["projection"] = c.projection
         return json.loads(json.dumps(out, default=str))
 
     def outputs(self) -> list[tuple[dict[str, Any], str]]:

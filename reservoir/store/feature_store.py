@@ -52,13 +52,13 @@ import numpy as np
 
 from reservoir import settings
 from reservoir.errors import ReservoirError
-from reservoir.io import MAX_JSON_BYTES
+from reservoir.io import MAX_JSON_BYTES, fsync_dir
 from reservoir.options import shown
 from reservoir.store import checks
 from reservoir.store import layout as lay
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format, remove_partial_chunks
-from reservoir.store.files import build, cause, close_quietly, fsync_dir, remove, remove_temporaries, store_path
+from reservoir.store.files import build, cause, close_quietly, remove, remove_temporaries, store_path
 from reservoir.store.remote import StoreURL
 
 

@@ -119,19 +119,6 @@ def remove_temporaries(path: Path) -> None:
         remove(tmp, ignore_errors=True)
 
 
-def fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def remove(path: str | os.PathLike | StoreURL, ignore_errors: bool = False) -> None:
     """Delete a store (folder, file, or the objects under a URL) if it exists."""
     if isinstance(path, StoreURL) or is_url(path):

@@ -59,7 +59,8 @@ def run(config: TrainConfig, progress: bool = True, *, extra: dict[str, Any] | N
         model, data = build_from_store(config, device)
     else:
         _, model, data = build(config, device)
-    return train(model, data, config, out=out, progress=progress, extra=extra)
+    with data:  # (a split-point store is closed once the run ends, however it ends)
+        return train(model, data, config, out=out, progress=progress, extra=extra)
 
 
 def build(config: TrainConfig, device: str | torch.device = "cpu", attn_implementation: str = "sdpa"
@@ -78,7 +79,9 @@ def build(config: TrainConfig, device: str | torch.device = "cpu", attn_implemen
 
     task = load_task(config.task, config.task_params)
     backbone = load_backbone(config.backbone, init=config.init, depth=config.layers, d_in=task.d_in, seed=config.seed,
-                             projection_gain=config.projection_gain, attn_implementation=attn_implementation)
+                             projection_gain=config.projection_gain, projection=config.projection,
+                             revision=config.revision,
+                             attn_implementation=attn_implementation)
     check_positions(task, backbone, config.backbone)
     n_heads = heads_per_token(task.label_shape, task.n_out_tokens)
     model = ReservoirClassifier(backbone, task.n_out_tokens, n_heads, task.n_classes, seed=config.seed)

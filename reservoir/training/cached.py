@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from reservoir.training.data import epoch_permutation
+
 
 #: Steps one CUDA graph replay runs (an epoch's remainder runs eagerly).
 GRAPH_STEPS = 32
@@ -106,9 +108,8 @@ class CachedHead:
         self.why_eager: str | None = None
 
     def epoch_order(self, seed: int, epoch: int) -> torch.Tensor:
-        """Epoch ``epoch``'s row order, the permutation live training uses (:func:`reservoir.training.batch_rows`)."""
-        perm = np.random.default_rng([seed, epoch]).permutation(self.N)
-        return torch.from_numpy(perm).to(self.X.device)
+        """Epoch ``epoch``'s row order: the permutation live training uses (:func:`.epoch_permutation`)."""
+        return torch.from_numpy(epoch_permutation(self.N, seed, epoch)).to(self.X.device)
 
     def step(self, rows: torch.Tensor) -> None:
         """One Adam step on the batch ``rows`` (a device tensor of row indices)."""

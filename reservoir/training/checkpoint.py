@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from reservoir import settings
+from reservoir import options, settings
 from reservoir.errors import ReservoirError
 from reservoir.io import atomic_write, first_sentence, one_line, stop_deferred
 
@@ -264,23 +264,19 @@ def resume(last: Path, config: TrainConfig, model: nn.Module, opt: torch.optim.O
     return state
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _bad_state(state: dict[str, Any], steps: int | None) -> str | None:
     """What is wrong with a resumed loop state, in words (``None``: nothing): the step an integer within the run's
     ``steps``, one validation record per validated step, ending at it, the best among them."""
     step, curve, best_step, best_val = state["step"], state["curve"], state["best_step"], state["best_val"]
-    if not _is_int(step) or step < 0 or (steps is not None and step > steps):
+    if not options.is_int(step) or step < 0 or (steps is not None and step > steps):
         return f"step {step!r} (expected an integer in 0..{steps if steps is not None else 'the run steps'})"
     if not isinstance(curve, list) or not all(
-            isinstance(c, dict) and _is_int(c.get("step")) and isinstance(c.get("val_accuracy"), (int, float))
+            isinstance(c, dict) and options.is_int(c.get("step")) and isinstance(c.get("val_accuracy"), (int, float))
             for c in curve):
         return "a curve that is not a list of validation records (step, val_accuracy)"
     if (len(curve) == 0) != (step == 0) or (curve and curve[-1]["step"] != step):
         return f"a curve of {len(curve)} validation(s) for step {step}"
-    if not isinstance(best_val, (int, float)) or not _is_int(best_step) or \
+    if not isinstance(best_val, (int, float)) or not options.is_int(best_step) or \
             (curve and best_step not in [c["step"] for c in curve]):
         return f"best step {best_step!r} (val {best_val!r}) not among the curve's validations"
     if not isinstance(state["train_seconds"], (int, float)):

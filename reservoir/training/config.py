@@ -48,6 +48,7 @@ class TrainConfig:
     task: str = setting("Task name (see `reservoir tasks`); or --data PATH; not needed with --from-store.")
     backbone: str = options.BACKBONE.field()
     init: str = options.INIT.field()
+    revision: str | None = options.REVISION.field()
     layers: int | None = setting("Depth K: keep blocks 1..K (default all).", None, optional(integer(0)))
     finetune: str = setting("Groups to train: fpt (input,positions,layernorm,output), all, output, or a comma list of "
                             "input, positions, layernorm, attention, feedforward, recurrent (LSTM), output.", "fpt")
@@ -67,6 +68,7 @@ class TrainConfig:
     val_fraction: float = setting("Share of train held out when the task has no validation split.", 0.1,
                                   number(0, 1, open_low=True), cli=False)
     projection_gain: float = options.GAIN.field(cli=False, constraint=number(0, open_low=True))
+    projection: str = options.PROJECTION.field()
     split_layer: int = setting("Train only blocks above this layer (what a split-point store at this layer allows).",
                                0, integer(0))
     from_store: str | None = setting("Feature store to train from: a split-point store (extract --full-seq-layer S) "
@@ -91,6 +93,7 @@ class TrainConfig:
         from reservoir.training.freeze import parse_groups
 
         options.check_fields(self)
+        options.check_projection(self.projection, self.projection_gain)
         parse_groups(self.finetune)
 
     def default_out(self) -> str:
@@ -124,6 +127,8 @@ class TrainConfig:
         d = asdict(self)
         for k in ("device", "out", "amp", "eval_every", "cuda_graphs", "compile"):
             d.pop(k)
+        if d["projection"] == options.PROJECTIONS[0]:  # what every run did before the choice existed
+            d.pop("projection")
         return json.loads(json.dumps(d, default=float))
 
 

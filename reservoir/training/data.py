@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -104,12 +104,27 @@ class TrainData:
     val: Feeder
     test: Feeder
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: Releases what the feeders read from (a split-point store): :meth:`close`.
+    closer: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         starts = [self.train.start, self.val.start, self.test.start]
         if len(set(starts)) != 1:
             found = ", ".join("inputs" if s is None else f"layer {s}" for s in starts)
             raise ReservoirError(f"expected train, val and test fed from one layer, found {found}")
+
+    def close(self) -> None:
+        """Close what the feeders read from (the store of :func:`~reservoir.training.stores.build_from_store`);
+        nothing for arrays in memory. The feeders read nothing once it is closed; closing again does nothing."""
+        closer, self.closer = self.closer, None
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> TrainData:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint records of its data, and a resume must find again: the task's fingerprint and, for a
@@ -163,6 +178,12 @@ def carve_val(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarra
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order epoch ``epoch`` visits ``n`` training rows in, seeded by ``(seed, epoch)``: live training's
+    (:class:`EpochOrder`) and the cached head's alike."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
 class EpochOrder:
     """The rows of each step: epoch ``e`` visits a permutation seeded by ``(seed, e)`` in whole batches.
 
@@ -185,7 +206,7 @@ class EpochOrder:
         """Rows of step ``step`` (``batch_size`` of them, or all ``n`` when ``n < batch_size``)."""
         epoch, i = divmod(step, self.per_epoch)
         if epoch != self._epoch:
-            self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._epoch, self._perm = epoch, epoch_permutation(self.n, self.seed, epoch)
         return self._perm[i * self.batch_size : (i + 1) * self.batch_size]
 
 

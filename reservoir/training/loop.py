@@ -377,8 +377,10 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
                 bar.set_postfix(loss=f"{state['curve'][-1]['train_loss']:.3f}", val=f"{acc:.3f}")
                 state["train_seconds"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                trainable = {n: p.detach().clone() for n, p in model.named_parameters() if n in names}
                 is_best = acc >= state["best_val"]  # ties go to the later step (more training)
+                # a copy of the trained tensors only where it is kept (the best) or written (a checkpoint)
+                trainable = ({n: p.detach().clone() for n, p in model.named_parameters() if n in names}
+                             if is_best or folder is not None else {})
                 if is_best:
                     state["best_val"], state["best_step"], best = acc, state["step"], trainable
                 if stepper.scaler is not None:  # fp16: a resumed run goes on with the same loss scale

@@ -15,7 +15,7 @@ import time
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from reservoir.training.data import Feeder, TrainData, carve_val, data_identity
 from reservoir.training.freeze import describe, parse_groups
 from reservoir.training.loop import TrainResult, check_finite, scored_metrics, steps_to_converge
 
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.store import FeatureStore
+
 
 def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None = None, **settings: Any
                      ) -> TrainConfig:
@@ -45,7 +48,7 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
     the batch order); without one the store's seed is used. The backbone's
     init, seed and projection are always the store's.
 
-    Settings the store fixes (``task``, ``task_params``, ``init``, a split-point
+    Settings the store fixes (``task``, ``task_params``, ``init``, ``revision``, ``projection``, a split-point
     store's ``split_layer``, a last-token store's ``backbone``) may be given
     only with the store's values; another value is refused in one line.
     ``given`` names the settings that were asked for (the command line's
@@ -66,9 +69,11 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
     with FeatureStore.open(path) as st:
         a, layer = st.attrs, st.full_seq_layer
     store_fields: dict[str, Any] = {"task": a["task"]["name"], "task_params": {}, "init": a["backbone"]["init"],
-                                    "from_store": str(path)}
+                                    "revision": a["backbone"].get("revision"), "from_store": str(path),
+                                    "projection": a["projection"].get("kind", options.PROJECTIONS[0])}
     held: dict[str, Any] = {"task": store_fields["task"], "task_params": a["task"].get("params") or {},
-                            "init": store_fields["init"]}
+                            "init": store_fields["init"], "revision": store_fields["revision"],
+                            "projection": store_fields["projection"]}
     from reservoir.backbones.load import SHORT_NAMES
 
     named = next((k for k, v in SHORT_NAMES.items() if v == a["backbone"]["id"]), a["backbone"]["id"])
@@ -118,12 +123,24 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
     (init, seed, projection, weights checked by their sha256); the head and
     the validation rows carved from train (without a ``val`` split) are
     seeded by ``config.seed``, as in a live run. The data are the store's
-    states at layer ``s``, read by row as batches need them.
+    states at layer ``s``, read by row as batches need them; the store stays open
+    until the data is closed (:meth:`TrainData.close`, or a ``with`` block).
     """
-    from reservoir.backbones import load_backbone
     from reservoir.store import FeatureStore
 
     store = FeatureStore.open(config.from_store)
+    try:
+        model, data = _from_open_store(store, config)
+    except BaseException:
+        store.close()
+        raise
+    return model.to(resolve_device(device)), data
+
+
+def _from_open_store(store: FeatureStore, config: TrainConfig) -> tuple[ReservoirClassifier, TrainData]:
+    """:func:`build_from_store` once its store is open."""
+    from reservoir.backbones import load_backbone
+
     s = store.full_seq_layer
     if s is None:
         store.states("train")  # raises the one-line error
@@ -134,7 +151,8 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
         raise ReservoirError(f"{config.from_store} holds states at layer {s}; training needs depth K > {s}, "
                              f"found K={depth}")
     backbone = load_backbone(config.backbone, init=bb["init"], depth=depth, d_in=a["projection"]["d_in"],
-                             seed=bb["seed"], projection_gain=a["projection"]["gain"], revision=bb.get("revision"))
+                             seed=bb["seed"], projection=a["projection"].get("kind", options.PROJECTIONS[0]),
+                             projection_gain=a["projection"]["gain"], revision=bb.get("revision"))
     if backbone.info.weights_sha256 != bb["weights_sha256"]:
         found = backbone.info.weights_sha256[:12]
         raise ReservoirError(f"{config.from_store}: expected the backbone the store was extracted with ({bb['id']!r}, "
@@ -158,7 +176,7 @@ def build_from_store(config: TrainConfig, device: str | torch.device = "cpu") ->
         t, v = carve_val(len(store.lengths("train")), config.val_fraction, config.seed)
         tr, va = feeder("train", t), feeder("train", v)
     provenance = {"backbone": bb, "task": task, "store": store.fingerprint()}
-    return model.to(resolve_device(device)), TrainData(tr, va, feeder("test"), provenance)
+    return model, TrainData(tr, va, feeder("test"), provenance, closer=store.close)
 
 
 def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
