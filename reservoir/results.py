@@ -11,6 +11,7 @@ compute results return them and write nothing unless given a path.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -19,6 +20,8 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 from reservoir import __version__
 from reservoir.errors import ReservoirError
@@ -155,6 +158,70 @@ def _a_fraction(v: Any, nan_ok: bool) -> bool:
     return 0 <= v <= 1
 
 
+# -- per-row results: which test rows each result got right ---------------------------------------------------------
+def encode_rows(correct: np.ndarray, heads: int) -> dict:
+    """Per-row counts of correct heads as a JSON-ready record (little-endian unsigned integers, base64)."""
+    dtype = np.uint8 if heads < 256 else (np.uint16 if heads < 65536 else np.uint32)
+    data = np.asarray(correct).astype(dtype).astype(np.dtype(dtype).newbyteorder("<"))
+    return {"heads": int(heads), "dtype": np.dtype(dtype).name, "rows": int(len(data)),
+            "correct": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def decode_rows(record: dict, where: str = "results") -> tuple[np.ndarray, int]:
+    """``(correct (n,), heads)`` from :func:`encode_rows`'s record; anything malformed is one line."""
+    try:
+        heads, rows, dtype = int(record["heads"]), int(record["rows"]), str(record["dtype"])
+        if dtype not in ("uint8", "uint16", "uint32") or heads < 1:
+            raise ValueError(f"dtype {dtype!r}, heads {heads}")
+        raw = base64.b64decode(record["correct"], validate=True)
+        correct = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<")).astype(np.int64)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ReservoirError(f"{where}: expected per-row results (heads, rows, dtype, base64 counts); "
+                             f"found a malformed record ({err})") from None
+    if len(correct) != rows or (correct > heads).any():
+        raise ReservoirError(f"{where}: expected {rows} per-row counts of at most {heads}; found {len(correct)} "
+                             f"rows, largest {int(correct.max(initial=0))}")
+    return correct, heads
+
+
+def check_agreement(data: Any, where: str = "") -> None:
+    """Refuse (one line) a result whose accuracies contradict each other: a split's accuracy outside its own interval,
+    or a test accuracy other than its per-row results' (``rows.test``), which the paired differences are drawn from.
+    Files written before intervals or per-row results existed have none to check.
+
+    Examples
+    --------
+    >>> check_agreement({"metrics": {"test_accuracy": 0.99, "test_interval": [0.62, 0.70]}})
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: expected metrics.test_accuracy inside metrics.test_interval; found 0.99 outside [0.62, 0.7]
+    """
+    metrics = data.get("metrics") if isinstance(data, dict) else None
+    if not isinstance(metrics, dict):
+        return
+    for split in ("train", "val", "test"):
+        acc, interval = metrics.get(f"{split}_accuracy"), metrics.get(f"{split}_interval")
+        if not (_a_number(acc) and isinstance(interval, list) and len(interval) == 2
+                and all(_a_number(v) for v in interval)):
+            continue
+        lo, hi = interval
+        if not lo - 1e-9 <= acc <= hi + 1e-9:
+            raise ReservoirError(f"expected {where}metrics.{split}_accuracy inside {where}metrics.{split}_interval; "
+                                 f"found {shown(acc)} outside [{shown(lo)}, {shown(hi)}]")
+    rows = data.get("rows")
+    record = rows.get("test") if isinstance(rows, dict) else None
+    acc = metrics.get("test_accuracy")
+    if isinstance(record, dict) and _a_number(acc):
+        correct, heads = decode_rows(record, f"{where}rows.test")
+        if len(correct) and abs(int(correct.sum()) / (len(correct) * heads) - acc) > 1e-9:
+            raise ReservoirError(f"expected {where}metrics.test_accuracy to be its per-row results' (rows.test: "
+                                 f"{int(correct.sum()) / (len(correct) * heads):.6g}); found {shown(acc)}")
+
+
+def _a_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclasses.dataclass
 class Result:
     """Base of the typed results: dataclass fields are the JSON keys; unknown keys are kept in ``extra``.
@@ -189,6 +256,7 @@ class Result:
             raise ReservoirError(f"expected a {cls.__name__} with {', '.join(required)}, found one without "
                                  f"{', '.join(missing)}")
         check_accuracies(data)
+        check_agreement(data)
         return cls(**{k: v for k, v in data.items() if k in known},
                    extra={k: v for k, v in data.items() if k not in known})
 

@@ -249,6 +249,39 @@ def test_a_results_file_whose_accuracy_is_no_accuracy_is_refused_and_redone(tmp_
     assert 0 <= FitResult.read(path).metrics["test_accuracy"] <= 1
 
 
+def _outside(data):
+    data["metrics"]["test_accuracy"] = 0.99  # in range, but outside its own interval
+
+
+def _against_rows(data):
+    data["metrics"]["test_accuracy"] = 0.5  # inside a widened interval, but not what the per-row results count
+    data["metrics"]["test_interval"] = [0.0, 1.0]
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (_outside, "expected metrics.test_accuracy inside metrics.test_interval; found 0.99 outside ["),
+    (_against_rows, "expected metrics.test_accuracy to be its per-row results' (rows.test: "),
+])
+def test_a_results_file_whose_accuracies_contradict_each_other_is_refused_and_redone(tmp_path, edit, expected):
+    """An accuracy the report would print beside an interval that excludes it, or beside paired differences drawn
+    from other per-row results, is refused as an out-of-range one is, and the run is done again."""
+    from reservoir.readouts.run import FitResult
+    from reservoir.recipes.runner import finished
+
+    recipe, out, path = _ran_fit_linear_recipe(tmp_path)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(Exception, match=re.escape(expected)):
+        FitResult.read(path)
+    assert not finished(path)
+    r = invoke("report", out, "--no-plots")
+    assert f"{path}: {expected}" in assert_bad_input(r)
+    rerun = invoke("recipe", "run", recipe, "--out", out, "--cache", tmp_path / "c")
+    assert rerun.exit_code == 0 and "1 run(s) done, 0 skipped" in rerun.output  # done again, not skipped
+    FitResult.read(path)  # agrees with itself again
+
+
 # ------------------------------------------------------------------ inputs that pass the checks, then crash
 def test_labels_of_too_many_axes_are_refused_when_the_task_is_made(tmp_path):
     import numpy as np
@@ -768,7 +801,7 @@ def test_smaller_findings_of_the_second_trial(tmp_path, monkeypatch):
     assert invoke("extract", "--data", tmp_path / "two.npz", "--backbone", "tiny-gpt2", "--layers", 1, "--quiet",
                   "--out", tmp_path / "two.zarr").exit_code == 0
     r = invoke("fit-linear", tmp_path / "two.zarr", "--layer", "1,1,0", "--results", tmp_path / "res")
-    assert r.exit_code == 0 and r.output.count("\n    1 ") == 1  # a layer named twice is fitted once
+    assert "--layer: expected each layer once; found layer 1 twice in [1, 1, 0]" in assert_bad_input(r)
 
 
 def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(tmp_path):
@@ -861,10 +894,32 @@ def _bf16(arrays):
     (lambda a: {**a, "classes": a["classes"][::-1].copy()}, "expected the classes p.probe.json records"),
     (lambda a: {k: v for k, v in a.items() if k != "mean"}, "found no mean"),
     (_bf16, "expected safetensors weights of float and int64 arrays; found 'BF16'"),
+    # finite, but their product with the features overflows float32: every row would be predicted class 0
+    (lambda a: {**a, "coef": np.full_like(a["coef"], 3e38), "mean": np.full_like(a["mean"], -1e3)},
+     "expected finite class scores; found NaN or infinite ones: the readout's weights or these features overflow"),
 ])
 def test_probe_arrays_are_checked_beyond_their_shapes(saved_probe, tmp_path, change, expected):
     store, probe = _probe_copy(saved_probe, tmp_path, arrays=change)
-    assert expected in assert_bad_input(invoke("predict", probe, store))
+    r = invoke("predict", probe, store, "--out", tmp_path / "pred.npz")
+    assert expected in assert_bad_input(r) and "RuntimeWarning" not in r.output
+    assert not (tmp_path / "pred.npz").exists()
+
+
+def test_a_probe_applied_to_features_rounded_otherwise_says_so(tmp_path):
+    """The same features stored as float16 instead of the probe's float32 are scored, with one warning line: a
+    probe's large weights amplify the rounding."""
+    xor = ["--task", "bit-xor", "-p", "n_train=64", "-p", "n_test=32", "--backbone", "tiny-gpt2", "--layers", 1]
+    for dtype in ("float32", "float16"):
+        assert invoke("extract", *xor, "--dtype", dtype, "--quiet", "--out", tmp_path / f"{dtype}.zarr").exit_code == 0
+    assert invoke("fit-linear", tmp_path / "float32.zarr", "--layer", 1, "--save", "--results",
+                  tmp_path / "r").exit_code == 0
+    probe = tmp_path / "r/float32/logistic-layer1.probe.json"
+    same = invoke("predict", probe, tmp_path / "float32.zarr", "--out", tmp_path / "a.npz")
+    assert same.exit_code == 0 and "rounding" not in same.output
+    other = invoke("predict", probe, tmp_path / "float16.zarr", "--out", tmp_path / "b.npz")
+    assert other.exit_code == 0 and re.search(r"float16.zarr: features stored as float16, computed in \w+, the "
+                                              r"probe's were stored as float32, computed in \w+: predictions can "
+                                              r"move with the rounding", other.output), other.output
 
 
 def test_a_probe_is_refused_on_a_store_with_another_number_of_label_heads(tmp_path):
@@ -1094,8 +1149,8 @@ def test_bench_refuses_what_it_would_clip_or_overwrite(tmp_path, monkeypatch):
     store = tmp_path / "s.zarr"  # one label a row: what the scikit-learn comparison takes
     assert invoke("extract", "--task", "digits", "--backbone", "tiny-gpt2", "--layers", 1, "--quiet", "--out",
                   store).exit_code == 0
-    printed = invoke("bench", "readout", store, "--layer", "0,0")  # a layer named twice is fitted (and timed) once
-    assert printed.exit_code == 0 and printed.output.startswith("1 layer(s), "), printed.output
+    assert "--layer: expected each layer once; found layer 0 twice in [0, 0]" in assert_bad_input(
+        invoke("bench", "readout", store, "--layer", "0,0"))
     printed = invoke("bench", "readout", store, "--layer", 1, "--path-rows", 100000)  # at most, as fit-linear's
     assert printed.exit_code == 0 and re.search(r"path on 1,\d{3} rows \(at most 100,000 asked\)", printed.output)
     line = assert_bad_input(invoke("bench", "speedup", *xor, "--backbone", "tiny-gpt2", "--layers", 0))

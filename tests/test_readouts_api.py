@@ -277,15 +277,17 @@ def test_entry_points_refuse_what_is_not_a_store_in_one_line(xor_store):
             call()
 
 
-def test_one_parser_of_layers_a_layer_named_twice_is_fitted_once(xor_store, tmp_path):
-    """fit_linear, the CLI and bench readout read layers alike: a layer named twice is fitted once, and a string
-    other than 'all' is refused by what it is, not as a missing layer."""
+def test_one_parser_of_layers_a_layer_named_twice_is_refused(xor_store, tmp_path):
+    """fit_linear, the CLI and bench readout read layers alike: a layer named twice is refused (not fitted and
+    written twice, nor dropped), and a string other than 'all' is refused by what it is, not as a missing layer."""
     from reservoir.extract import ExtractConfig, run as run_extract
 
     digits = run_extract(ExtractConfig(task="digits", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "d.zarr")),
                          progress=False)  # one label a row: what the scikit-learn comparison takes
-    assert [r.config["layer"] for r in fit_linear(xor_store, layers=[2, 1, 2], readout="ridge")] == [2, 1]
-    assert readout_vs_sklearn(digits, layers=[1, 1]).layers == [1]
+    assert [r.config["layer"] for r in fit_linear(xor_store, layers=[2, 1], readout="ridge")] == [2, 1]
+    for call in (lambda: fit_linear(xor_store, layers=[2, 1, 2]), lambda: readout_vs_sklearn(digits, layers=[1, 1])):
+        with pytest.raises(ReservoirError, match=r"--layer: expected each layer once; found layer \d twice"):
+            call()
     for call in (lambda: fit_linear(xor_store, layers="1"), lambda: readout_vs_sklearn(digits, layers="1")):
         with pytest.raises(ReservoirError, match="expected layers 'all', a layer or a list of layers; found '1'"):
             call()

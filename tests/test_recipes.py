@@ -171,16 +171,20 @@ def test_every_task_checks_its_parameters_as_its_builder_does():
 
 
 def test_a_key_written_twice_is_refused_and_a_merge_key_is_not(tmp_path):
-    """PyYAML keeps the last of two equal keys: a second top-level ``cells`` dropped the whole first block."""
+    """PyYAML keeps the last of two equal keys: a second top-level ``cells`` dropped the whole first block; of two
+    merge keys in one mapping it merges one."""
     cases = {"cells:\n  - {kind: train, task: bit-xor, steps: 20000, steps: 5}\n": "'steps' at line 2 and again at "
              "line 2", "cells:\n  - {kind: fit-raw, task: digits}\npaper: []\ncells:\n  - {kind: fit-raw, task: "
-             "bit-xor}\n": "'cells' at line 1 and again at line 4"}
+             "bit-xor}\n": "'cells' at line 1 and again at line 4",
+             "cells:\n  - &a {kind: fit-raw, task: digits}\n  - {<<: *a, <<: {task: bit-xor}}\n": "'<<' at line 3 "
+             "and again at line 3"}
     for text, where in cases.items():
         (tmp_path / "r.yaml").write_text(text)
         with pytest.raises(ReservoirError, match=f"recipe r.yaml: expected each key once in a mapping; found {where}"):
             load_recipe(tmp_path / "r.yaml")
-    (tmp_path / "m.yaml").write_text("cells:\n  - &a {kind: fit-raw, task: digits}\n  - {<<: *a, task: bit-xor}\n")
-    assert [c.task for c in load_recipe(tmp_path / "m.yaml").cells] == [["digits"], ["bit-xor"]]
+    (tmp_path / "m.yaml").write_text("cells:\n  - &a {kind: fit-raw, task: digits}\n  - {<<: *a, task: bit-xor}\n"
+                                     "  - {<<: [*a, {readout: ridge}], task: listops}\n")  # one key, a list merged
+    assert [c.task for c in load_recipe(tmp_path / "m.yaml").cells] == [["digits"], ["bit-xor"], ["listops"]]
     assert all(load_recipe(name) for name, _ in list_recipes())  # every bundled recipe: each key once
 
 
@@ -407,10 +411,17 @@ def test_report_mean_and_std_over_seeds(tmp_path):
                                         "task_params": {"seed": 3}}]}
     out = tmp_path / "r"
     run_recipe(make(data), out=out, progress=False)
-    for s, acc in ((0, 0.9), (1, 0.8)):  # known values: the table shows their mean and std
+    import numpy as np
+
+    from reservoir.readouts.intervals import accuracy_interval, encode_rows
+
+    for s, acc in ((0, 0.9), (1, 0.8)):  # known values (each file kept in agreement): the table shows mean and std
         p = out / f"fit-raw__digits__seed{s}" / "logistic.json"
         r = json.loads(p.read_text())
-        r["metrics"]["test_accuracy"] = acc
+        n = r["rows"]["test"]["rows"]
+        correct = (np.arange(n) < round(acc * n)).astype(np.int64)  # exactly acc of the rows right
+        r["metrics"].update(test_accuracy=acc, test_interval=list(accuracy_interval(correct)))
+        r["rows"]["test"] = encode_rows(correct, 1)
         p.write_text(json.dumps(r))
     rep = report(out, plots=False)
     (row,) = rep.rows
@@ -625,6 +636,22 @@ def test_cells_without_a_batch_size_take_each_commands_own_batching(tmp_path, mo
                        cache_dir=tmp_path / "cache")
     assert [c.batch_size for c in seen] == [None, TrainConfig.batch_size, 8, 8]
     assert seen[1].lr == 1e-3  # the cell's default learning rate
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ({"seeds": ["1_0"]}, "seeds in cells[0] must be a number, found '1_0'"),
+    ({"seeds": ["4294967295.0000001"]}, "seeds in cells[0] must be an integer, found '4294967295.0000001'"),
+    ({"steps": "nan"}, "steps in cells[0] must be a number, found 'nan'"),
+    ({"finetune": ["input,output", "output,input"]},
+     "finetune in cells[0]: expected each set of groups once; found 'output,input', which trains what 'input,output' "
+     "does"),
+    ({"finetune": "output,output"}, "finetune in cells[0]: --finetune: expected each group once; found 'output' twice"),
+])
+def test_numbers_and_groups_are_read_as_written(cell, expected):
+    """A number in a string is read only as a number is written (not ``1_0``, not rounded to an integer); two
+    spellings of one set of trained groups would run (and report) one training twice."""
+    assert expected in error_of({"cells": [{"kind": "train", "task": "bit-xor", **cell}]})
+    assert make({"cells": [{"kind": "train", "task": "bit-xor", "seeds": ["3"], "lr": "1e-3", "steps": "1e4"}]})
 
 
 # ---------------------------------------------------------------- packaging

@@ -111,7 +111,7 @@ def readout_vs_sklearn(store: FeatureStore | str | os.PathLike, layers: str | in
 
     seed = check_seed(seed)
     with opened(store) as st:
-        wanted = wanted_layers(st, layers)  # (each once: a layer fitted twice would count twice in the sweep's time)
+        wanted = wanted_layers(st, layers)
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         if st.attrs["task"]["label_shape"] or st.n_out_tokens != 1:
             raise ReservoirError(f"{source}: the scikit-learn comparison needs one label per row, found label shape "

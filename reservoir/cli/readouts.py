@@ -86,7 +86,7 @@ def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, 
     if not results_dir.strip():  # the working folder would take the results' folders
         raise click.BadParameter("expected a folder for the results; found an empty path", param_hint="--results")
 
-    layers = "all" if layer == "all" else _parse_layers(layer, "--layer")  # (a layer named twice is fitted once)
+    layers = "all" if layer == "all" else _parse_layers(layer, "--layer")
     sizes = _parse_sizes(train_sizes)
 
     def show(r):

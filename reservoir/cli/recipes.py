@@ -58,7 +58,8 @@ def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):
         todo = [r for r in rows if not r["done"]]
         click.echo(f"{len(rows)} run(s), {len(todo)} to do: {sum(r['steps'] for r in todo):,} optimizer steps "
                    f"({sum(r['sequences'] for r in todo):,} training sequences), "
-                   f"{sum(r['kind'] in ('fit-linear', 'bench') for r in todo)} extraction(s)")
+                   f"{sum(r['kind'] in ('fit-linear', 'bench') for r in todo)} extraction(s) at most (a fit-linear "
+                   "store already in --cache is reused)")
         return
 
     r = run_recipe(ref, out=out, device=device, force=force, progress=not quiet, cache_dir=cache_dir)

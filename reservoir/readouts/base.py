@@ -67,6 +67,15 @@ class LinearReadout(ClassifierMixin, BaseEstimator):
         """``(n, n_heads, n_classes)`` scores of each class per head; the largest is predicted."""
         raise NotImplementedError
 
+    @staticmethod
+    def _finite(scores: np.ndarray) -> np.ndarray:
+        """``scores``, refused (ValueError) where any is NaN or infinite: weights (or features) beyond float32's
+        range overflow the product, and an argmax over NaN predicts class 0 for every row without a word."""
+        if not np.isfinite(scores).all():
+            raise ValueError("expected finite class scores; found NaN or infinite ones: the readout's weights or "
+                             "these features overflow float32 in their product")
+        return scores
+
     def predict(self, X):
         """Labels ``(n,)``, or ``(n, n_heads)`` with several heads."""
         idx = self._class_scores(X).argmax(-1)  # (n, n_heads)

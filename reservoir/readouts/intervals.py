@@ -25,8 +25,8 @@ many heads counts once, as it was drawn once.
   mean per-row difference (seeded, same draw), so what both get right or wrong
   cancels; the difference is marked when its interval excludes zero.
 
-Per-row results travel in results files as :func:`encode_rows` (counts of
-correct heads, base64).
+Per-row results travel in results files as
+:func:`~reservoir.results.encode_rows` (counts of correct heads, base64).
 
 Examples
 --------
@@ -37,13 +37,13 @@ Examples
 
 from __future__ import annotations
 
-import base64
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from reservoir.errors import ReservoirError
+from reservoir.results import decode_rows, encode_rows  # noqa: F401 - the record's format, with the results files
 
 LEVEL = 0.95
 #: Bootstrap resamples of an interval or a paired difference.
@@ -159,28 +159,3 @@ def accuracy_metrics(prefix: str, correct: np.ndarray, heads: int, *,
         accuracy = int(correct.sum()) / max(len(correct) * heads, 1) if len(correct) else float("nan")
     return {f"{prefix}_accuracy": accuracy,
             f"{prefix}_interval": list(accuracy_interval(correct, heads))}
-
-
-def encode_rows(correct: np.ndarray, heads: int) -> dict:
-    """Per-row counts of correct heads as a JSON-ready record (little-endian unsigned integers, base64)."""
-    dtype = np.uint8 if heads < 256 else (np.uint16 if heads < 65536 else np.uint32)
-    data = np.asarray(correct).astype(dtype).astype(np.dtype(dtype).newbyteorder("<"))
-    return {"heads": int(heads), "dtype": np.dtype(dtype).name, "rows": int(len(data)),
-            "correct": base64.b64encode(data.tobytes()).decode("ascii")}
-
-
-def decode_rows(record: dict, where: str = "results") -> tuple[np.ndarray, int]:
-    """``(correct (n,), heads)`` from :func:`encode_rows`'s record; anything malformed is one line."""
-    try:
-        heads, rows, dtype = int(record["heads"]), int(record["rows"]), str(record["dtype"])
-        if dtype not in ("uint8", "uint16", "uint32") or heads < 1:
-            raise ValueError(f"dtype {dtype!r}, heads {heads}")
-        raw = base64.b64decode(record["correct"], validate=True)
-        correct = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<")).astype(np.int64)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ReservoirError(f"{where}: expected per-row results (heads, rows, dtype, base64 counts); "
-                             f"found a malformed record ({err})") from None
-    if len(correct) != rows or (correct > heads).any():
-        raise ReservoirError(f"{where}: expected {rows} per-row counts of at most {heads}; found {len(correct)} "
-                             f"rows, largest {int(correct.max(initial=0))}")
-    return correct, heads

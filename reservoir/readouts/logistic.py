@@ -383,7 +383,9 @@ class LogisticReadout(base.LinearReadout):
         """Class probabilities per head ``(n, n_heads, C)`` (what ``predict`` takes the argmax of)."""
         X = self._validated(X)
         H, C, d = self.coef_.shape
-        logits = ((X - self.mean_) @ self.coef_.reshape(H * C, d).T).reshape(len(X), H, C) + self.intercept_
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused whole below, not warned of
+            logits = ((X - self.mean_) @ self.coef_.reshape(H * C, d).T).reshape(len(X), H, C) + self.intercept_
+        logits = self._finite(logits)
         logits -= logits.max(-1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(-1, keepdims=True)

@@ -19,6 +19,7 @@ feature width differ.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+
+log = logging.getLogger("reservoir")
 
 if TYPE_CHECKING:
     from reservoir.readouts.logistic import LogisticReadout
@@ -252,6 +255,18 @@ def check_store(meta: dict[str, Any], store: FeatureStore, where: str) -> None:
         per = "output token" if store.n_out_tokens > 1 else "row"
         raise ReservoirError(f"{store.path}: expected labels of the probe's {_heads(meta['n_heads'])}; found "
                              f"{_heads(heads)} (labels of shape {tuple(head_shape)} per {per})")
+    recorded = meta.get("store")
+    fitted: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    was, now = _precision(fitted), _precision(a)
+    if "dtype" in fitted and was != now:  # the same features, rounded otherwise: said, not refused
+        log.warning("%s: features %s, the probe's were %s: predictions can move with the rounding (most where "
+                    "the probe's weights are large)", store.path, now, was)
+
+
+def _precision(attrs: dict[str, Any]) -> str:
+    """How a store's features were rounded: ``stored as float16, computed in bfloat16``."""
+    computed = attrs.get("compute_dtype")
+    return f"stored as {attrs.get('dtype')}" + (f", computed in {computed}" if computed else "")
 
 
 def _heads(n: int) -> str:
@@ -288,7 +303,10 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
         for split in splits or st.splits:
             X, y = load_layer(st, split, int(meta["layer"]), bool(meta.get("final_norm", True)),
                               pooling=meta["pooling"])
-            pred = np.asarray(est.predict(X))
+            try:
+                pred = np.asarray(est.predict(X))
+            except ValueError as err:
+                raise ReservoirError(f"{where} on {st.path} ({split}): {err}") from None
             n_out = st.n_out_tokens
             hit = (pred == y).reshape(len(y) // n_out, -1) if len(y) else np.zeros((0, 1), bool)
             unseen = sorted(int(c) for c in np.setdiff1d(np.unique(y), est.classes_))

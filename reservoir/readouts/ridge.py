@@ -281,7 +281,9 @@ class RidgeReadout(base.LinearReadout):
         """Ridge scores per head ``(n, H, C)`` on the original features."""
         X = self._validated(X)
         H, C, d = self.coef_.shape
-        return (X.astype(np.float64) @ self.coef_.reshape(H * C, d).T).reshape(len(X), H, C) + self.intercept_
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused whole, not warned of
+            scores = (X.astype(np.float64) @ self.coef_.reshape(H * C, d).T).reshape(len(X), H, C) + self.intercept_
+        return self._finite(scores)
 
     def decision_function(self, X):
         """Ridge scores, per head in scikit-learn's convention.

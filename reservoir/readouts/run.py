@@ -129,7 +129,7 @@ def _check_readout(readout: str) -> None:
 
 def wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[int]:
     """The asked layers (``"all"``, one layer, or a list of them), each checked to be in the store before anything
-    is fitted; a layer named twice is fitted once (the order kept)."""
+    is fitted; a layer named twice is refused (one line), not fitted twice or dropped without a word."""
     expected = "expected layers 'all', a layer or a list of layers"
     if isinstance(layers, str):
         if layers != "all":
@@ -148,7 +148,10 @@ def wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[in
         wanted = [int(k) for k in wanted]
     for k in wanted:
         store.layer_index(k)
-    return list(dict.fromkeys(wanted))
+    twice = next((k for i, k in enumerate(wanted) if k in wanted[:i]), None)
+    if twice is not None:
+        raise ReservoirError(f"--layer: expected each layer once; found layer {twice} twice in {wanted}")
+    return wanted
 
 
 def fit_linear(

@@ -84,7 +84,8 @@ def _expanded(node, memo: dict[int, int]) -> int:
 
 def _repeated_key(root) -> tuple[str, int, int] | None:
     """The first key written twice in one mapping of a YAML node tree (``(key, first line, second line)``), or
-    ``None``; a merge key (``<<``) is YAML's own and is left to it."""
+    ``None``; a merge key (``<<``) too: YAML takes one a mapping (a list of mappings to merge several), and with
+    two PyYAML keeps one of them without a word."""
     import yaml
 
     seen: set[int] = set()
@@ -99,7 +100,7 @@ def _repeated_key(root) -> tuple[str, int, int] | None:
         elif isinstance(node, yaml.MappingNode):
             lines: dict[tuple[str, str], int] = {}
             for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if isinstance(key, yaml.ScalarNode):
                     line = key.start_mark.line + 1
                     if (key.tag, key.value) in lines:
                         return key.value, lines[(key.tag, key.value)], line

@@ -45,7 +45,7 @@ def finished(path: Path) -> bool:
 def _valid(path: Path) -> dict[str, Any] | None:
     """The results file at ``path`` when it validates (:func:`finished`), else ``None``."""
     from reservoir.io import read_json
-    from reservoir.results import check_accuracies
+    from reservoir.results import check_accuracies, check_agreement
 
     if not path.is_file():
         return None
@@ -54,6 +54,7 @@ def _valid(path: Path) -> dict[str, Any] | None:
         if not isinstance(data, dict) or "kind" not in data and "config" not in data:
             return None
         check_accuracies(data)
+        check_agreement(data)
     except ReservoirError:
         return None
     return data

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import json
 import math
@@ -14,6 +15,7 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
+from reservoir.options import shown
 from reservoir.io import control_char
 from reservoir.settings import slug
 
@@ -55,13 +57,25 @@ def _as_list(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+#: A number as YAML 1.1 leaves it a string (``1e-3``, ``1e4``): digits, a point, an exponent; no ``_``, no words.
+_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
 def _number(value: Any, what: str, integer: bool = False) -> float | int:
-    """YAML reads ``1e-3`` as a string; accept it (and ``1e4`` steps) as a number."""
+    """YAML reads ``1e-3`` as a string; accept it (and ``1e4`` steps) as a number, written as a number is (not
+    ``1_0``); an integer exactly (``4294967295.0000001`` is no integer, though it rounds to one as a float)."""
     if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ReservoirError(f"{what} must be a number, found {value!r}") from None
+        text = value.strip()
+        if len(text) > 400 or not _NUMBER_TEXT.fullmatch(text):
+            raise ReservoirError(f"{what} must be a number, found {shown(value)}")
+        if integer:
+            exact = decimal.Decimal(text)
+            if exact != exact.to_integral_value():
+                raise ReservoirError(f"{what} must be an integer, found {shown(value)}")
+            if abs(exact.adjusted()) > 400:
+                raise ReservoirError(f"{what} must be an integer of at most 400 digits, found {shown(value)}")
+            return int(exact)
+        value = float(text)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReservoirError(f"{what} must be a number, found {value!r}")
     if isinstance(value, int):  # of any size: the bounds checked later say whether it is too large
@@ -227,11 +241,16 @@ class Cell:
                                  f"{self.layers[0]}), found {self.split_layer}")
         if self.max_live_rows < 1:
             raise ReservoirError(f"max_live_rows in {w} must be an integer >= 1, found {self.max_live_rows}")
+        trained: dict[tuple[str, ...], str] = {}
         for f in self.finetune if self.kind == "train" else ():
             try:
-                parse_groups(f)
+                groups = parse_groups(f)
             except ReservoirError as err:
                 raise ReservoirError(f"finetune in {w}: {err}") from None
+            if groups in trained:  # two spellings of one run: its work and its report row twice
+                raise ReservoirError(f"finetune in {w}: expected each set of groups once; found {f!r}, which "
+                                     f"trains what {trained[groups]!r} does")
+            trained[groups] = f
         if self.lr_sweep is not None:
             parse_lr_sweep(str(self.lr_sweep))
             if self.seeds != list(range(self.seeds[0], self.seeds[0] + len(self.seeds))):

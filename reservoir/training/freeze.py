@@ -45,9 +45,13 @@ def parse_groups(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     wanted: set[str] = set()
+    named: set[str] = set()
     for item in (i.strip() for i in items):
         if not item:
             continue
+        if item in named:
+            raise ReservoirError(f"--finetune: expected each group once; found {item!r} twice")
+        named.add(item)
         if item in PRESETS:
             wanted.update(PRESETS[item])
         elif item in GROUPS:
