@@ -194,7 +194,7 @@ def check_agreement(data: Any, where: str = "") -> None:
     >>> check_agreement({"metrics": {"test_accuracy": 0.99, "test_interval": [0.62, 0.70]}})
     Traceback (most recent call last):
     ...
-    reservoir.errors.ReservoirError: expected metrics.test_accuracy inside metrics.test_interval; found 0.99 outside [0.62, 0.7]
+    reservoir.errors.ReservoirError: expected metrics.test_accuracy inside metrics.test_interval; found 0.99 ...
     """
     metrics = data.get("metrics") if isinstance(data, dict) else None
     if not isinstance(metrics, dict):
