@@ -330,8 +330,46 @@ def test_structurally_damaged_store_is_one_line_everywhere(tmp_path, reference, 
         meta = json.loads((target / "zarr.json").read_text())
         meta["shape"][0] = 7000
         (target / "zarr.json").write_text(json.dumps(meta))
-    for cmd in (["info", out], ["fit-linear", out, "--results", tmp_path / "r"], ARGS + ["--out", out]):
+    commands = [["info", out], ["fit-linear", out, "--results", tmp_path / "r"]]
+    if action != "delete" or name == "zarr.json":  # a missing array is made again by the extract rerun (below)
+        commands.append(ARGS + ["--out", out])
+    for cmd in commands:
         assert expected in assert_bad_input(invoke(*cmd)), cmd
+
+
+@pytest.mark.parametrize("fmt, names", [
+    ("zarr", ["train/labels"]),
+    ("zarr", ["test/features", "test/checksums"]),
+    ("zarr", ["train/done", "projection/weight"]),
+    ("zarr", ["train"]),
+    ("hdf5", ["train/features"]),
+    ("hdf5", ["test/done", "final_norm/weight"]),
+])
+def test_an_array_deleted_whole_is_made_again_by_the_extract_rerun(tmp_path, reference, fmt, names):
+    """A copy cut short or a folder deleted leaves arrays of the layout absent: readers refuse the store in one line
+    naming one, and the same extract command makes them again and writes their splits whole, to the uninterrupted
+    store."""
+    import h5py
+
+    out = tmp_path / ("s.zarr" if fmt == "zarr" else "s.h5")
+    shutil.copytree(reference[fmt], out) if fmt == "zarr" else shutil.copy(reference[fmt], out)
+    for name in names:
+        if fmt == "zarr":
+            shutil.rmtree(out / name)
+        else:
+            with h5py.File(out, "r+") as f:
+                del f[name]
+    line = assert_bad_input(invoke("info", out))
+    assert "is missing or unreadable" in line and "rerun the extract command that wrote it" in line
+    rerun = invoke(*ARGS, "--out", out)
+    assert_ok(rerun)
+    missing = names if names != ["train"] else None
+    assert "missing array(s) will be made again (their splits extracted again): " in rerun.stdout
+    if missing is not None:
+        (said,) = [ln for ln in rerun.stdout.splitlines() if "missing array(s)" in ln]
+        assert f"{len(missing)} missing array(s)" in said and set(said.split(": ")[-1].split(", ")) == set(missing)
+    assert_identical(out, reference[fmt])
+    assert_ok(invoke("info", out, "--verify"))
 
 
 @pytest.mark.parametrize("edit", ["layers", "label_shape", "layer order", "chunk_rows", "complete"])

@@ -126,6 +126,10 @@ class Backend:
     def array(self, name: str) -> Any:
         raise NotImplementedError
 
+    def has(self, name: str) -> bool:
+        """Whether an array (or group) ``name`` exists at all (an unreadable one does)."""
+        raise NotImplementedError
+
     def read(self, name: str, sel: Any = Ellipsis) -> Any:
         """``array(name)[sel]``; a failed read waits for the requests it left running before it raises."""
         try:
@@ -222,6 +226,12 @@ class ZarrBackend(Backend):
         if name not in self._arrays:
             self._arrays[name] = self.root[name].with_config({"write_empty_chunks": True})
         return self._arrays[name]
+
+    def has(self, name):
+        try:
+            return name in self.root
+        except Exception:  # noqa: BLE001 - metadata there that does not parse: present, and unreadable
+            return True
 
     def settle(self):
         """Zarr reads and writes the chunks of one call as concurrent tasks on its event-loop thread, and one failing
@@ -354,6 +364,12 @@ class H5Backend(Backend):
         if name not in self._arrays:  # kept open: flush() then reaches (and reports) every write
             self._arrays[name] = self.file[name]
         return self._arrays[name]
+
+    def has(self, name):
+        try:
+            return self.file.get(name, getlink=True) is not None
+        except Exception:  # noqa: BLE001 - an entry there that does not read: present, and unreadable
+            return True
 
     def escape(self, names):
         import h5py

@@ -31,8 +31,11 @@ from reservoir.store.layout import (  # noqa: F401 - re-exported: what a store's
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store.feature_store import FeatureStore
 
-def check_layout(store: FeatureStore) -> None:
-    """Refuse (one line) a store whose arrays are missing, unreadable, or not the recorded shape and dtype."""
+def check_layout(store: FeatureStore, missing_ok: bool = False) -> list[str]:
+    """Refuse (one line) a store whose arrays are missing, unreadable, or not the recorded shape and dtype.
+
+    With ``missing_ok``, arrays that are absent altogether (not unreadable) are returned instead of refused: a
+    store reopened to be written makes them again."""
     a = store.attrs
     if a.get("attrs_crc32c") != attrs_crc(a) or not isinstance(a.get("complete"), bool):
         raise ReservoirError(f"{store.path}: damaged store: its attributes were changed after it was created "
@@ -45,18 +48,24 @@ def check_layout(store: FeatureStore) -> None:
     if escape is not None:  # never read through, and never repaired into
         raise ReservoirError(f"{store.path}: damaged store: {escape}, reaching outside the store; delete it and "
                              "extract again")
+    missing = []
     for name, spec in expected.items():
         try:
             arr = store.backend_array(name)
             shape, dtype = list(arr.shape), str(np.dtype(arr.dtype))
         except Exception as err:  # noqa: BLE001 - a missing or garbled array, whatever the library says
+            if missing_ok and not store.backend_has(name):
+                missing.append(name)
+                continue
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ReservoirError(f"{store.path}: damaged store: array {name} is missing or unreadable ({reason}); "
+                                 "rerun the extract command that wrote it (it makes a missing array again), or "
                                  "delete it and extract again") from None
         if shape != spec["shape"] or dtype != spec["dtype"]:
             raise ReservoirError(f"{store.path}: damaged store: array {name} is {dtype} {tuple(shape)}, expected "
                                  f"{spec['dtype']} {tuple(spec['shape'])}; delete it and extract again")
     _check_attrs_agree(store, expected)
+    return missing
 
 
 def _check_attrs_agree(store: FeatureStore, arrays: dict[str, dict]) -> None:

@@ -116,6 +116,9 @@ class FeatureStore:
         # write_chunks may run on several threads (disjoint chunks); the checksums and done flags of many chunks
         # share a backend chunk, so their read-modify-write is one thread's at a time
         self._flags_lock = threading.Lock()
+        #: Arrays of the recorded layout that are absent (a copy cut short, a folder deleted): found only when the
+        #: store is reopened to be written (:meth:`create`), which makes them again.
+        self.missing: list[str] = []
 
     @property
     def _b(self) -> Backend:
@@ -133,7 +136,7 @@ class FeatureStore:
     # -- opening -----------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike | StoreURL, mode: Mode = "r", allow_incomplete: bool = False,
-             _lock: locks.StoreLock | locks.SharedLock | None = None) -> "FeatureStore":
+             _lock: locks.StoreLock | locks.SharedLock | None = None, _missing_ok: bool = False) -> "FeatureStore":
         """Open an existing store for reading; refuses anything that is not a whole store of ours.
 
         A store being written, or left unfinished by an interrupted run, is
@@ -170,7 +173,7 @@ class FeatureStore:
                 hint = "; it was written by an older reservoir: extract it again" \
                     if str(schema).startswith("reservoir.features/") else ""
                 raise ReservoirError(f"{p}: expected a store of schema {SCHEMA!r}, found schema {shown(schema)}{hint}")
-            checks.check_layout(store)
+            store.missing = checks.check_layout(store, missing_ok=_missing_ok)
             store.attrs["pooling"] = lay.pooling_attrs(store.attrs["pooling"])  # stores written before poolings
             if not store.complete and not allow_incomplete:
                 raise ReservoirError(f"{p} is incomplete (an extraction was interrupted); rerun the same "
@@ -259,7 +262,7 @@ class FeatureStore:
                 os.rename(tmp, p)
                 built = True
                 fsync_dir(p.parent)
-            store = cls.open(p, mode="r+", allow_incomplete=True, _lock=lock)
+            store = cls.open(p, mode="r+", allow_incomplete=True, _lock=lock, _missing_ok=True)
         except BaseException:
             undo(None)
             raise
@@ -275,6 +278,7 @@ class FeatureStore:
             if diff is not None:
                 raise ReservoirError(f"{p} was written with {settings.describe_difference(diff)}; "
                                      "pass another --out or delete the store")
+            store.recreate_missing()
             store.repair({"projection/weight": projection_weight,
                           **{f"final_norm/{k}": v for k, v in (final_norm or {}).items()}}, progress)
         except BaseException:
@@ -497,6 +501,39 @@ class FeatureStore:
         self._verified.clear()
         return bad
 
+    def recreate_missing(self) -> None:
+        """Make the absent arrays of the layout (:attr:`missing`) again, empty, and mark every chunk of their splits
+        unwritten, so the extraction writes them whole (a fixed array is rewritten by :meth:`repair`)."""
+        if not self.missing:
+            return
+        logging.getLogger("reservoir").warning(
+            "%s: %d missing array(s) will be made again (their splits extracted again): %s",
+            self.path, len(self.missing), ", ".join(self.missing))
+        self._check_lock()
+        a = self.attrs
+        try:
+            self._b.write_attrs({"complete": False})
+            self.attrs["complete"] = False
+            splits = []
+            for name in self.missing:
+                spec, split = a["arrays"][name], name.split("/")[0]
+                shape = tuple(spec["shape"])
+                rows = 1 if name.endswith(("/done", "/checksums")) else int(a["chunk_rows"].get(split, shape[0] or 1))
+                self._b.create(name, shape, spec["dtype"], rows)
+                if split in self.splits and split not in splits:
+                    splits.append(split)
+            for split in splits:
+                self._b.array(f"{split}/done")[...] = False
+            self._b.flush()
+        except Exception as err:  # noqa: BLE001 - a read-only store, a full disk
+            self._b.settle()
+            raise ReservoirError(f"{self.path}: could not make its missing arrays again ({cause(err)}); "
+                                 "delete it and extract again") from err
+        self.missing = []
+        self._sums.clear()
+        self._unreadable.clear()
+        self._verified.clear()
+
     def escape(self, names: list[str]) -> str | None:
         """Why the storage of arrays ``names`` reaches outside the store (a link, external or virtual storage)."""
         return self._b.escape(names)
@@ -504,6 +541,10 @@ class FeatureStore:
     def backend_array(self, name: str) -> Any:
         """The backend's array ``name``, unchecked (what :mod:`reservoir.store.checks` reads through)."""
         return self._b.array(name)
+
+    def backend_has(self, name: str) -> bool:
+        """Whether the backend holds an array (or group) ``name`` at all, readable or not."""
+        return self._b.has(name)
 
     # -- writing -----------------------------------------------------------
     def write_chunk(self, split: str, chunk: int, features: np.ndarray | dict[str, np.ndarray], labels: np.ndarray,
