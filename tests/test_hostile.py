@@ -905,6 +905,13 @@ def test_probe_arrays_are_checked_beyond_their_shapes(saved_probe, tmp_path, cha
     assert not (tmp_path / "pred.npz").exists()
 
 
+def test_a_split_named_twice_is_refused_by_predict(saved_probe, tmp_path):
+    store, probe = _probe_copy(saved_probe, tmp_path)
+    r = invoke("predict", probe, store, "--split", "test", "--split", "test", "--out", tmp_path / "p.npz")
+    assert "--split: expected each split once; found 'test' twice" in assert_bad_input(r)
+    assert not (tmp_path / "p.npz").exists()
+
+
 def test_a_probe_applied_to_features_rounded_otherwise_says_so(tmp_path):
     """The same features stored as float16 instead of the probe's float32 are scored, with one warning line: a
     probe's large weights amplify the rounding."""
