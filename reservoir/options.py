@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -99,6 +99,17 @@ def shown(value: Any, width: int = 60) -> str:
 def is_int(v: Any) -> bool:
     """An integer, not a bool."""
     return isinstance(v, Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
+def repeated(values: Sequence[Any]) -> Any:
+    """The first value ``values`` holds twice (in the order of its second place), or ``None``.
+
+    Examples
+    --------
+    >>> repeated([2, 1, 1, 2]), repeated(["a", "b"])
+    (1, None)
+    """
+    return next((v for i, v in enumerate(values) if v in values[:i]), None)
 
 
 def is_real(v: Any) -> bool:

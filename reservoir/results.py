@@ -26,7 +26,7 @@ import numpy as np
 from reservoir import __version__
 from reservoir.errors import ReservoirError
 from reservoir.io import atomic_write, unwritable, writable_folder  # noqa: F401 - writable_folder re-exported
-from reservoir.options import shown
+from reservoir.options import is_real, shown
 
 
 def environment() -> dict[str, Any]:
@@ -184,7 +184,7 @@ def decode_rows(record: dict, where: str = "results") -> tuple[np.ndarray, int]:
     return correct, heads
 
 
-def check_agreement(data: Any, where: str = "") -> None:
+def check_agreement(data: Any) -> None:
     """Refuse (one line) a result whose accuracies contradict each other: a split's accuracy outside its own interval,
     or a test accuracy other than its per-row results' (``rows.test``), which the paired differences are drawn from.
     Files written before intervals or per-row results existed have none to check.
@@ -201,25 +201,22 @@ def check_agreement(data: Any, where: str = "") -> None:
         return
     for split in ("train", "val", "test"):
         acc, interval = metrics.get(f"{split}_accuracy"), metrics.get(f"{split}_interval")
-        if not (_a_number(acc) and isinstance(interval, list) and len(interval) == 2
-                and all(_a_number(v) for v in interval)):
+        if not (is_real(acc) and isinstance(interval, list) and len(interval) == 2
+                and all(is_real(v) for v in interval)):
             continue
         lo, hi = interval
         if not lo - 1e-9 <= acc <= hi + 1e-9:
-            raise ReservoirError(f"expected {where}metrics.{split}_accuracy inside {where}metrics.{split}_interval; "
+            raise ReservoirError(f"expected metrics.{split}_accuracy inside metrics.{split}_interval; "
                                  f"found {shown(acc)} outside [{shown(lo)}, {shown(hi)}]")
     rows = data.get("rows")
     record = rows.get("test") if isinstance(rows, dict) else None
     acc = metrics.get("test_accuracy")
-    if isinstance(record, dict) and _a_number(acc):
-        correct, heads = decode_rows(record, f"{where}rows.test")
-        if len(correct) and abs(int(correct.sum()) / (len(correct) * heads) - acc) > 1e-9:
-            raise ReservoirError(f"expected {where}metrics.test_accuracy to be its per-row results' (rows.test: "
-                                 f"{int(correct.sum()) / (len(correct) * heads):.6g}); found {shown(acc)}")
-
-
-def _a_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(record, dict) and is_real(acc):
+        correct, heads = decode_rows(record, "rows.test")
+        counted = int(correct.sum()) / (len(correct) * heads) if len(correct) else None
+        if counted is not None and abs(counted - acc) > 1e-9:
+            raise ReservoirError(f"expected metrics.test_accuracy to be its per-row results' (rows.test: "
+                                 f"{counted:.6g}); found {shown(acc)}")
 
 
 @dataclasses.dataclass

@@ -295,14 +295,14 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
     if "layer" not in meta:
         raise ReservoirError(f"{where}: expected a probe saved from a store (fit-linear --save); found one "
                              "without its layer")
+    twice = options.repeated(splits or [])
+    if twice is not None:  # not predicted (and printed) twice, nor dropped without a word
+        raise ReservoirError(f"--split: expected each split once; found {twice!r} twice")
     out = {}
     with opened(store) as st:
         if not st.complete:
             raise ReservoirError(f"{st.path}: expected a complete store, found an unfinished extraction (rerun it)")
         check_store(meta, st, where)
-        twice = next((s for i, s in enumerate(splits or []) if s in (splits or [])[:i]), None)
-        if twice is not None:  # not predicted (and printed) twice, nor dropped without a word
-            raise ReservoirError(f"--split: expected each split once; found {twice!r} twice")
         for split in splits or st.splits:
             X, y = load_layer(st, split, int(meta["layer"]), bool(meta.get("final_norm", True)),
                               pooling=meta["pooling"])

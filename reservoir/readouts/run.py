@@ -148,7 +148,7 @@ def wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[in
         wanted = [int(k) for k in wanted]
     for k in wanted:
         store.layer_index(k)
-    twice = next((k for i, k in enumerate(wanted) if k in wanted[:i]), None)
+    twice = options.repeated(wanted)
     if twice is not None:
         raise ReservoirError(f"--layer: expected each layer once; found layer {twice} twice in {wanted}")
     return wanted

@@ -15,7 +15,6 @@ from typing import Any
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.options import shown
 from reservoir.io import control_char
 from reservoir.settings import slug
 
@@ -67,13 +66,13 @@ def _number(value: Any, what: str, integer: bool = False) -> float | int:
     if isinstance(value, str):
         text = value.strip()
         if len(text) > 400 or not _NUMBER_TEXT.fullmatch(text):
-            raise ReservoirError(f"{what} must be a number, found {shown(value)}")
+            raise ReservoirError(f"{what} must be a number, found {options.shown(value)}")
         if integer:
             exact = decimal.Decimal(text)
             if exact != exact.to_integral_value():
-                raise ReservoirError(f"{what} must be an integer, found {shown(value)}")
+                raise ReservoirError(f"{what} must be an integer, found {options.shown(value)}")
             if abs(exact.adjusted()) > 400:
-                raise ReservoirError(f"{what} must be an integer of at most 400 digits, found {shown(value)}")
+                raise ReservoirError(f"{what} must be an integer of at most 400 digits, found {options.shown(value)}")
             return int(exact)
         value = float(text)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -426,7 +425,7 @@ class Run:
 
 def _once(values: list[Any], key: str, where: str) -> None:
     """Refuse a value listed twice under ``key`` (one run's results files would be read twice, as two seeds)."""
-    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    twice = options.repeated(values)
     if twice is not None:
         raise ReservoirError(f"{key} in {where}: expected each value once, found {twice!r} twice")
 

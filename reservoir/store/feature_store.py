@@ -58,7 +58,8 @@ from reservoir.store import checks
 from reservoir.store import layout as lay
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format, remove_partial_chunks
-from reservoir.store.files import build, cause, close_quietly, remove, remove_temporaries, store_path
+from reservoir.store.files import (build, cause, close_quietly, create_array, remove, remove_temporaries,
+                                   store_path)
 from reservoir.store.remote import StoreURL
 
 
@@ -516,10 +517,8 @@ class FeatureStore:
             self.attrs["complete"] = False
             splits = []
             for name in self.missing:
-                spec, split = a["arrays"][name], name.split("/")[0]
-                shape = tuple(spec["shape"])
-                rows = 1 if name.endswith(("/done", "/checksums")) else int(a["chunk_rows"].get(split, shape[0] or 1))
-                self._b.create(name, shape, spec["dtype"], rows)
+                create_array(self._b, name, a["arrays"][name], a["chunk_rows"])
+                split = name.split("/")[0]
                 if split in self.splits and split not in splits:
                     splits.append(split)
             for split in splits:

@@ -80,9 +80,7 @@ def build(tmp: Path | StoreURL, fmt: Format, attrs: dict[str, Any], splits, feat
                           "fixed": {k: lay.crc(np.asarray(v, np.float32), k) for k, v in fixed.items()}},
         }))  # as the attributes read back
         for name, spec in layout.items():
-            shape = tuple(spec["shape"])
-            rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
-            backend.create(name, shape, spec["dtype"], rows)
+            create_array(backend, name, spec, chunk_rows)
         for name, arr in fixed.items():
             backend.array(name)[...] = arr
         backend.write_attrs({**full, "attrs_crc32c": lay.attrs_crc(full)}, replace=True)  # last: whole now
@@ -98,6 +96,14 @@ def build(tmp: Path | StoreURL, fmt: Format, attrs: dict[str, Any], splits, feat
     except Exception as err:  # noqa: BLE001 - e.g. HDF5 flushing onto a full disk
         remove(tmp, ignore_errors=True)
         raise ReservoirError(f"{_folder(tmp)}: could not create the store ({cause(err)})") from err
+
+
+def create_array(backend: Backend, name: str, spec: dict[str, Any], chunk_rows: dict[str, int]) -> None:
+    """Create the layout's array ``name`` (``spec``: its shape and dtype), chunked as a store chunks it: a split's
+    rows by its ``chunk_rows``, a done flag or a checksum row one a chunk, a fixed array whole."""
+    shape = tuple(spec["shape"])
+    rows = 1 if name.endswith(("/done", "/checksums")) else chunk_rows.get(name.split("/")[0], shape[0])
+    backend.create(name, shape, spec["dtype"], rows)
 
 
 def _folder(tmp: Path | StoreURL) -> Path | StoreURL:
