@@ -304,6 +304,21 @@ def test_open_refuses_other_schema_and_non_stores(tmp_path):
         FeatureStore.open(tmp_path / "missing.zarr")
 
 
+def test_chunk_checksum_is_crc32c_of_place_then_bytes_for_any_layout():
+    """The CRC32C of the place's name, then the array's bytes in C order (what stores of every version hold): the
+    standard check value, and the same for a strided view, an empty array and a 0-d one as for their bytes."""
+    from reservoir.store.layout import crc
+
+    assert crc(np.frombuffer(b"123456789", np.uint8), "") == 0xE3069283  # CRC-32C's published check value
+    whole = np.arange(60, dtype=np.float16).reshape(5, 3, 4)
+    strided = whole[:, 1]
+    assert not strided.flags.c_contiguous
+    assert crc(strided, "train/features/2") == crc(np.frombuffer(strided.tobytes(), np.uint8), "train/features/2")
+    assert crc(strided, "train/features/2") != crc(strided, "train/features/3")  # the place is part of it
+    assert crc(np.zeros((0, 3), np.float16), "a") == crc(np.frombuffer(b"a", np.uint8), "")
+    assert crc(np.array(True), "d") == crc(np.frombuffer(b"d\x01", np.uint8), "")
+
+
 def test_helpers():
     assert rows_per_chunk(1024, 10_000) == 1024
     assert rows_per_chunk(1024, 10) == 10

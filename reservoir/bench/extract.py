@@ -12,8 +12,8 @@ batches:
     batches;
 (d) the naive way, as the official FPT code runs a model: the full model with
     ``output_hidden_states=True``, every sequence padded to the task's
-    maximum, float32 weights, batch 32, on a subset of rows and scaled to the
-    whole task.
+    maximum, float32 weights, batch 32, on some of its whole batches (and
+    every split's partial last batch) and scaled by the count of whole ones.
 
 Ratios (``pass / bare forward``, ``bare forward / HF forward``,
 ``naive / pass``) compare times taken minutes apart on one machine; seconds
@@ -80,8 +80,9 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     config : ExtractConfig
         The extraction to measure (``out`` is ignored: a temporary store is written).
     naive_rows : int
-        Rows the naive way is timed on (from the start of each split, in
-        proportion), scaled to all rows.
+        Rows the naive way is timed on: that many rows' worth of whole
+        batches of 32 (at least one), scaled by the whole batches of all
+        splits, plus every split's partial last batch, timed.
     store_url : str, optional
         An object-store prefix (``s3://bucket/prefix``): the pass is also
         timed into a new store there (removed afterwards), beside the one on
@@ -185,9 +186,11 @@ def time_pass(prep, path: Path | StoreURL, fmt: str, progress: bool = False, bar
 
 
 #: What ``write_splits`` adds to the plan's timings: the writer threads' seconds waiting for each window's copy to
-#: the host and writing it (summed over threads), the megabytes of features and states written, and the pass's tail
-#: (from the last window queued to every write done).
-WRITER_ACCOUNT = ("copy_wait_s", "write_s", "write_mb", "tail_s")
+#: the host and writing it (summed over threads), the megabytes of features and states written; the pass thread's
+#: seconds computing windows (on CUDA: until their kernels are queued, or until whatever in them waits for the
+#: device), starting their copies to the host (pinned buffers included) and waiting for room in the writer's queue;
+#: and the pass's tail (from the last window queued to every write done).
+WRITER_ACCOUNT = ("copy_wait_s", "write_s", "write_mb", "run_s", "to_host_s", "submit_wait_s", "tail_s")
 
 
 def _time_url(prep, prefix: str, progress: bool) -> dict[str, Any]:
@@ -279,10 +282,14 @@ def _largest_batch(plan) -> tuple[Any, np.ndarray, np.ndarray, list[tuple[int, i
     return split, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)]
 
 
+#: Rows per batch of the naive way (the official code's batch size).
+NAIVE_BATCH = 32
+
+
 def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
-    """The official code's way on ``naive_rows`` rows: full model, all hidden states, padded to the maximum, fp32."""
+    """The official code's way on about ``naive_rows`` rows: full model, all hidden states, padded to the maximum,
+    fp32, in batches of :data:`NAIVE_BATCH`."""
     bb, dev, task = prep.backbone, prep.device, prep.task
-    n_all = sum(len(s) for s in task.splits.values())
     if bb.arch is None:
         return {"naive_s": float("nan"), "naive_rows": 0}
     hf = _hf_model(prep, full=True, dtype=torch.float32)
@@ -297,20 +304,31 @@ def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
         torch.stack([h[:, -1] for h in hs], dim=1).cpu()  # (b, n_layer + 1, n_dim), as the official code reads
         return n
 
-    timed = 0
+    # The run it stands for: each split in batches of NAIVE_BATCH rows, a partial one last. Every batch has the same
+    # padded shape, so a whole batch costs the same in any split: time `k` whole batches and every partial one, and
+    # scale the whole ones by their count (rows would overstate a launch-bound GPU's partial batches).
+    B = NAIVE_BATCH
+    wholes = [(split, lo) for split in task.splits.values() for lo in range(0, len(split) - B + 1, B)]
+    partials = [(split, len(split) - len(split) % B) for split in task.splits.values() if len(split) % B]
+    k = min(len(wholes), max(1, round(naive_rows / B)))
     with torch.inference_mode():
         first = next(iter(task.splits.values()))
-        batch(hf, first, 0, min(32, len(first)))  # untimed warm-up, as the other parts have: one whole batch
+        batch(hf, first, 0, min(B, len(first)))  # untimed warm-up, as the other parts have: one whole batch
         _sync(dev)
         t0 = time.perf_counter()
-        for split in task.splits.values():
-            take = min(len(split), max(1, round(naive_rows * len(split) / n_all)))  # a small split: all of it
-            for lo in range(0, take, 32):
-                timed += batch(hf, split, lo, min(32, take - lo))
-    _sync(dev)
-    seconds = time.perf_counter() - t0
+        for split, lo in wholes[:k]:
+            batch(hf, split, lo, B)
+        _sync(dev)
+        t1 = time.perf_counter()
+        for split, lo in partials:
+            batch(hf, split, lo, len(split) - lo)
+        _sync(dev)
+        t2 = time.perf_counter()
     del hf
-    return {"naive_rows": timed, "naive_timed_s": seconds, "naive_s": seconds * n_all / timed,
+    whole_s, partial_s = t1 - t0, t2 - t1
+    return {"naive_rows": k * B + sum(len(split) - lo for split, lo in partials), "naive_timed_s": whole_s + partial_s,
+            "naive_whole_batches_timed": k, "naive_whole_batches": len(wholes), "naive_whole_s": whole_s,
+            "naive_partial_s": partial_s, "naive_s": (whole_s / k * len(wholes) if k else 0.0) + partial_s,
             "naive_padded_length": L}
 
 
@@ -378,13 +396,18 @@ def format_extract(r: BenchResult) -> str:
         f"bare forward {r['bare_forward_s']:.2f} s; Hugging Face forward {r['hf_forward_s']:.2f} s in "
         f"{r['compute_dtype']}" + (" (autocast)" if r['device'] == "cpu" and "hf_forward_f32_s" in r else "")
         + (f", {r['hf_forward_f32_s']:.2f} s in float32" if "hf_forward_f32_s" in r else "")
-        + " (same batches)",
-        f"naive (full model, all hidden states, padded to {r['naive_padded_length']}, float32, batch 32): "
-        f"{r['naive_timed_s']:.2f} s for {r['naive_rows']} rows, {r['naive_s']:.2f} s scaled to {r['n_rows']:,}",
+        + " (same batches" + ("; PyTorch's default attention dispatch, cuDNN included, which plans each new "
+                              "input shape: the project's excludes cuDNN)" if r["device"].startswith("cuda") else ")"),
+        f"naive (full model, all hidden states, padded to {r['naive_padded_length']}, float32, batch {NAIVE_BATCH}): "
+        f"{r['naive_timed_s']:.2f} s for {r['naive_rows']} rows ({r['naive_whole_batches_timed']} of "
+        f"{r['naive_whole_batches']:,} whole batches, and the partial ones), {r['naive_s']:.2f} s scaled to "
+        f"{r['n_rows']:,}" if "naive_timed_s" in r else "naive: not timed (no Hugging Face model for this backbone)",
         f"writer: {r['write_mb']:,.0f} MB of features in {r['write_s']:.2f} s summed over {r['writers']} "
         f"thread{'s' if r['writers'] > 1 else ''} ({r['write_mb'] / 1e3 / max(r['write_s'], 1e-9):.2f} GB/s a "
         f"thread), {r['copy_wait_s']:.2f} s waiting for windows to reach the host; the pass's tail after the last "
         f"window was queued {r['tail_s']:.2f} s" if "write_s" in r else "",
+        f"pass thread: {r['run_s']:.2f} s computing windows, {r['to_host_s']:.2f} s starting their copies to the "
+        f"host, {r['submit_wait_s']:.2f} s waiting for room in the writer's queue" if "run_s" in r else "",
         f"pass / bare forward = {r['pass_over_bare']:.3f}" + (
             f" (local disk); {r['url_pass_over_bare']:.3f} to {r['url']} (object store / local = "
             f"{r['url_over_local']:.3f})" if r.measurements.get("url") else ""),
@@ -393,7 +416,8 @@ def format_extract(r: BenchResult) -> str:
             if "bare_over_hf_f32" in r else ""),
         f"naive / pass = {r['naive_over_pass']:.2f}",
         f"tokens per second (pass): {r['tokens_per_s']:,.0f}",
-        f"peak memory: host {r['peak_rss_mb_extract']:,.0f} MB during extraction, {r['peak_rss_mb']:,.0f} MB "
+        f"peak memory: host {r['peak_rss_mb_extract']:,.0f} MB up to the pass's end (task, model and pass), "
+        f"{r['peak_rss_mb']:,.0f} MB "
         f"whole benchmark{dev_mem}",
     ] if line)
 

@@ -270,6 +270,9 @@ def format_train(r: BenchResult) -> str:
         losses += f", plain under autocast {q2['final_loss']:.4f}"
     lines.append(f"({r['steps']} steps timed on each side after {r['warmup']} warm-up steps, the same batches; mean "
                  f"training loss over them: {losses}; peak host memory {r['peak_rss_mb']:,.0f} MB)")
+    if r["device"].startswith("cuda"):  # what a plain loop gets without asking, which the project's step does not use
+        lines.append("(the plain loop's attention takes PyTorch's default dispatch, cuDNN included, which plans each "
+                     "new input shape; the project's excludes cuDNN)")
     return "\n".join(lines)
 
 

@@ -138,16 +138,23 @@ def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = Tru
             spent["write_s"] += t2 - t1
             spent["write_mb"] += written / 1e6
 
-    queued = None
+    queued, own = None, {"run_s": 0.0, "to_host_s": 0.0, "submit_wait_s": 0.0}  # the pass thread's account
     with ChunkWriter(write, **writers(plan.device, plan.config.writers)) as writer, torch.inference_mode(), \
             plan.context:
         for w in iter_windows(plan, store, progress, job=job, done=done):
+            t0 = time.perf_counter()
             feats, states = engine.run(w.split.inputs, w.split.lengths, w.window.rows, w.order, w.bounds,
                                        progress=w.bar)
-            writer.submit(FinishedWindow(w.name, w.split, w.window, *to_host(feats, states)))
+            t1 = time.perf_counter()
+            item = FinishedWindow(w.name, w.split, w.window, *to_host(feats, states))
+            t2 = time.perf_counter()
+            writer.submit(item)  # blocks while the writer's queue is full
+            own["run_s"] += t1 - t0
+            own["to_host_s"] += t2 - t1
+            own["submit_wait_s"] += time.perf_counter() - t2
         queued = time.perf_counter()
-    if queued is not None:  # the writer's account: seconds summed over its threads, and the pass's tail
-        plan.timings.update(spent, tail_s=time.perf_counter() - queued)
+    if queued is not None:  # the writer's account (seconds summed over its threads), the pass's own, and its tail
+        plan.timings.update(spent, **own, tail_s=time.perf_counter() - queued)
 
 
 #: Threads writing windows side by side on CUDA, where a GPU computes rows faster than one thread stores them (GPT-2
