@@ -520,9 +520,9 @@ def npy_header(fp: IO[bytes], where: str, size: int) -> ArrayHeader:
 
     Refused in one line naming ``where``: not ``.npy`` data, a format other
     than 1.0 or 2.0, Python objects (which only a pickle can hold), or a
-    shape whose data is longer than what follows the header (a truncated
-    file, or a header that lies to make the reader allocate). Nothing is
-    allocated for the data.
+    shape whose data is not exactly what follows the header (a truncated
+    file, a header that lies to make the reader allocate, or one that hides
+    rows after its data). Nothing is allocated for the data.
     """
     import tokenize
 
@@ -541,9 +541,11 @@ def npy_header(fp: IO[bytes], where: str, size: int) -> ArrayHeader:
         raise ReservoirError(f"{where}: expected a numeric array; found Python objects ({dtype}), which only a pickle "
                              "can hold")
     header = ArrayHeader(tuple(int(d) for d in shape), dtype, fp.tell())
-    if header.nbytes > size - header.offset:
+    if header.nbytes != size - header.offset:  # numpy writes the header and the data, nothing after them
+        found = size_text(max(size - header.offset, 0))
         raise ReservoirError(f"{where}: expected the {size_text(header.nbytes)} of data its header claims (shape "
-                             f"{header.shape}, {dtype}); found {size_text(max(size - header.offset, 0))}")
+                             f"{header.shape}, {dtype}); found {found}"
+                             + (" (trailing bytes)" if header.nbytes < size - header.offset else ""))
     return header
 
 

@@ -618,6 +618,51 @@ def test_a_csv_file_not_in_utf8_is_named_so(tmp_path):
     (tmp_path / "latin1.csv").write_bytes(text.replace("1 2,0,test", "1 2\u00e9,0,test").encode("latin-1"))
     assert_one_line(invoke("fit-raw", "--data", tmp_path / "latin1.csv"),
                     "expected a CSV file of UTF-8 text; found a byte that is not UTF-8 at byte 44 (0xe9)")
+    # the byte in the split or label column (pyarrow reads those as bytes, not text): the same line
+    for i, row in enumerate(["3,1,tr\u00e9in", "3,\u00e91,train"]):
+        (tmp_path / f"other{i}.csv").write_bytes(text.replace("3,1,train", row).encode("latin-1"))
+        assert_one_line(invoke("fit-raw", "--data", tmp_path / f"other{i}.csv"),
+                        "expected a CSV file of UTF-8 text; found a byte that is not UTF-8 at byte "
+                        f"{31 + row.index(chr(0xe9))} (0xe9)")  # the row starts at byte 31
+
+
+def test_a_saved_dataset_with_an_empty_split_says_so(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"inputs": [[1, 2], [3]], "label": [0, 1]}),
+                          "test": datasets.Dataset.from_dict({"inputs": [], "label": []})}).save_to_disk(
+        str(tmp_path / "hf"))
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "hf"),
+                    "split 'test': expected at least one row; found none (its state.json lists no data files)")
+
+
+def test_an_npz_member_with_rows_after_its_data_is_refused(tmp_path):
+    """A member whose header claims fewer rows than it holds (numpy writes exactly the header and the data): refused,
+    as an IDX file's trailing bytes are, not read with rows dropped."""
+    import io
+    import zipfile
+
+    def member(a, claimed_rows):
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": a.dtype.str, "fortran_order": False,
+                                                   "shape": (claimed_rows, *a.shape[1:])})
+        return buf.getvalue() + a.tobytes()
+
+    x, y = np.arange(28 * 6).reshape(28, 6) % 5, np.arange(28) % 2
+    with zipfile.ZipFile(tmp_path / "t.npz", "w") as z:
+        z.writestr("train_inputs.npy", member(x, 14))
+        z.writestr("train_labels.npy", member(y, 14))
+        z.writestr("test_inputs.npy", member(x, 28))
+        z.writestr("test_labels.npy", member(y, 28))
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "t.npz"), "train_inputs: expected the 672 bytes of data its header claims (shape (14, 6), int64); found 1.3 KiB",
+                    "(trailing bytes)")
+
+
+def test_a_vocab_size_above_the_largest_vocabulary_names_its_field(tmp_path):
+    x = np.array([[1, 2], [0, 3]])
+    np.savez(tmp_path / "v.npz", train_inputs=x, train_labels=[0, 1], test_inputs=x, test_labels=[0, 1],
+             vocab_size=np.int64(2**40))
+    assert_one_line(invoke("fit-raw", "--data", tmp_path / "v.npz"),
+                    "vocab_size: expected at most 1,048,576 (a one-hot vocabulary); found 1,099,511,627,776")
 
 
 def test_missing_optional_package_says_how_to_install(tmp_path, monkeypatch):

@@ -199,3 +199,75 @@ def test_generated_split_rows_evaluate_to_their_labels(tokenization):
             else:
                 stack[-1].append(int(t))
         assert stack[0][0] == lra.labels[i]
+
+
+def test_the_key_follows_files_in_a_linked_folder_and_a_link_loop_ends(tmp_path):
+    """A data folder whose subfolder is a link (cifar-10-batches-py -> elsewhere): the files there are read by the
+    task, so an edit there is a new key; a link back up is walked once."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "data_batch_1").write_bytes(b"1234")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cifar-10-batches-py").symlink_to(real)
+    (real / "up").symlink_to(data)  # a loop through the link
+    before = cache_key("cifar10", {"data_dir": str(data)})
+    (real / "data_batch_1").write_bytes(b"567890")
+    assert cache_key("cifar10", {"data_dir": str(data)}) != before
+
+
+def _tamper(entry, **fields):
+    """Edit an entry's metadata and recompute its digest, as anyone can (it is a hash, not a secret)."""
+    import json
+
+    from reservoir.tasks.cache import _digest
+
+    meta = json.loads((entry / "task.json").read_text())
+    meta.update(fields)
+    meta["digest"] = _digest(meta)
+    (entry / "task.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("fields", [{"n_classes": 1}, {"d_in": 3}, {"kind": "vectors"}, {"n_out_tokens": 7}],
+                         ids=["n_classes", "d_in", "kind", "n_out_tokens"])
+def test_metadata_edited_with_its_digest_against_the_arrays_is_rebuilt(tmp_path, fields, caplog):
+    """An entry's metadata is checked against its arrays as a build checks them: an edited n_classes (labels above
+    it), d_in (token ids above it), kind or n_out_tokens is a damaged entry, rebuilt, never served."""
+    built = load_task("listops", PARAMS, cache_dir=tmp_path)
+    (entry,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    _tamper(entry, **fields)
+    with caplog.at_level(logging.INFO, logger="reservoir"):
+        again = load_task("listops", PARAMS, cache_dir=tmp_path)
+    assert "loaded from the task cache" not in caplog.text
+    _same(again, built)
+
+
+@pytest.mark.parametrize("how", ["name", "link"])
+def test_an_entry_never_reads_outside_itself(tmp_path, how, caplog):
+    """A split name with '..' in it, or an array file linked from elsewhere, is refused before anything is read
+    there: the entry is rebuilt."""
+    import shutil
+
+    built = load_task("listops", PARAMS, cache_dir=tmp_path / "cache")
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for a in ("inputs", "lengths", "labels"):
+        shutil.copy(entry / f"test.{a}.npy", outside / f"x.{a}.npy")
+    if how == "name":
+        rel = "../../outside/x"
+        import json
+
+        from reservoir.tasks.base import fingerprint
+
+        meta = json.loads((entry / "task.json").read_text())
+        splits = {**built.splits, rel: built.splits["test"]}  # the fingerprint of what it would then read
+        _tamper(entry, splits=list(splits), fingerprint=fingerprint(meta["name"], meta["params"], splits))
+    else:
+        for a in ("inputs", "lengths", "labels"):
+            (entry / f"test.{a}.npy").unlink()
+            (entry / f"test.{a}.npy").symlink_to(outside / f"x.{a}.npy")
+    with caplog.at_level(logging.INFO, logger="reservoir"):
+        again = load_task("listops", PARAMS, cache_dir=tmp_path / "cache")
+    assert "loaded from the task cache" not in caplog.text
+    _same(again, built)

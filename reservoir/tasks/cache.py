@@ -35,6 +35,7 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.io import load_npy, read_json
+from reservoir.tasks.arrays import _SPLIT_NAME, checked_task
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
 from reservoir.tasks.columns import is_saved_dataset
 from reservoir.tasks.files import data_folder
@@ -82,10 +83,26 @@ def data_files(name: str, params: dict[str, Any]) -> list[list[Any]]:
         elif root is not None and source is path and not is_saved_dataset(root):
             continue  # not a dataset folder (a mistyped /usr, say): the build refuses it without a walk
         elif root is not None and root.is_dir():
-            for p in sorted(root.rglob("*")):
-                if p.is_file():
-                    files.append([str(p.relative_to(root)), *_stamp(p.stat())])
+            files += _walk(root)
     return files
+
+
+def _walk(root: Path) -> list[list[Any]]:
+    """Every file under ``root``, linked folders followed (a task reads through them: a change there is a change
+    to its data) and each real folder walked once (a link back up is no loop), as ``[relative name, *stamp]``."""
+    found, seen = [], set()
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        for name in sorted(names):
+            p = Path(folder, name)
+            if p.is_file():
+                found.append([str(p.relative_to(root)), *_stamp(p.stat())])
+    return sorted(found)
 
 
 def load_task(name: str, params: dict[str, Any] | None = None, cache_dir: str | os.PathLike | None | bool = True
@@ -192,14 +209,23 @@ def _read(entry: Path, key: str) -> TaskData | None:
             return None
         splits = {}
         for s in meta["splits"]:
-            arrays = {a: load_npy(entry / f"{s}.{a}.npy", mmap_mode="c" if a == "inputs" else None) for a in _ARRAYS}
-            splits[s] = Split(**arrays)
+            if not isinstance(s, str) or not _SPLIT_NAME.fullmatch(s):  # a name that would reach outside the entry
+                return None
+            files = {a: entry / f"{s}.{a}.npy" for a in _ARRAYS}
+            if any(f.is_symlink() for f in files.values()):  # the entry's own files only
+                return None
+            splits[s] = Split(**{a: load_npy(f, mmap_mode="c" if a == "inputs" else None) for a, f in files.items()})
         if fingerprint(meta["name"], meta["params"], splits) != meta["fingerprint"]:
             return None
-        return TaskData(name=meta["name"], params=meta["params"], kind=meta["kind"], d_in=meta["d_in"],
-                        n_classes=meta["n_classes"], splits=splits, n_out_tokens=meta["n_out_tokens"],
-                        vocab=meta["vocab"], fingerprint=meta["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError):  # a damaged entry (Split's ReservoirError is a ValueError)
+        # the metadata against the arrays, as a build checks them (token ids below d_in, labels below n_classes,
+        # lengths, finite inputs): the digest binds the two but is no secret, so an edited entry can pass it
+        fields = {k: meta[k] for k in ("kind", "d_in", "n_classes", "n_out_tokens")}
+        checked = checked_task(meta["name"], splits, **fields, vocab=meta["vocab"], params=meta["params"])
+        if any(getattr(checked, k) != v for k, v in fields.items()):
+            return None
+        return TaskData(name=meta["name"], params=meta["params"], **fields, splits=splits, vocab=meta["vocab"],
+                        fingerprint=meta["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):  # a damaged entry (ReservoirError is a ValueError)
         return None
 
 

@@ -119,6 +119,9 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
                 raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {found}") from None
             raise ReservoirError(f"{source}: expected a CSV file with a header row; found {one_line(err)}") from None
         _has_columns(source, "", table.column_names, single)
+        for name in single:  # a column pyarrow could not read as text is bytes: read as binary, not refused
+            if table.column_names.count(name) == 1 and pa.types.is_binary(table[name].type):
+                raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {_not_utf8(source)}")
         for name in single:
             if table.column_names.count(name) > 1:
                 raise _fail(source, f"column {name!r}", "it once in the header row",
@@ -190,6 +193,9 @@ def _check_contained(source: Path) -> None:
         listed = meta.get(key, []) if isinstance(meta, dict) else None
         if not isinstance(listed, list):
             raise _fail(source, f"{where}: {key}", "a list", type(listed).__name__)
+        if key == "_data_files" and not listed:  # datasets writes no file for a split of no rows
+            split = "the dataset" if path.parent == source else f"split {str(path.parent.relative_to(source))!r}"
+            raise _fail(source, split, "at least one row", "none (its state.json lists no data files)")
         for item in listed:
             name = item.get(field) if field and isinstance(item, dict) else item
             if not isinstance(name, str) or not name or not inside(path.parent / name):

@@ -36,7 +36,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.io import ArrayHeader, check_local, check_memory, npy_header, one_line
-from reservoir.tasks.arrays import checked_task
+from reservoir.tasks.arrays import MAX_VOCAB, checked_task
 from reservoir.tasks.base import TaskData, TaskSpec, register
 
 __all__ = ["build_data", "check_split", "read_npz"]
@@ -272,6 +272,9 @@ def _vocab_size(source: Path, value: Any, splits: dict[str, tuple]) -> int | Non
     if value.ndim != 0 or value.dtype.kind not in "iu":
         raise ReservoirError(f"{source}: vocab_size: expected one integer; found {value.dtype} of shape {value.shape}")
     size = int(value)
+    if size > MAX_VOCAB:
+        raise ReservoirError(f"{source}: vocab_size: expected at most {MAX_VOCAB:,} (a one-hot vocabulary); found "
+                             f"{size:,}")
     if any(x.ndim != 2 for x, _, _ in splits.values()):
         raise ReservoirError(f"{source}: vocab_size: expected it only with token ids (integer inputs (N, L)); found "
                              "vector inputs (N, L, d)")
