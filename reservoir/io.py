@@ -541,11 +541,11 @@ def npy_header(fp: IO[bytes], where: str, size: int) -> ArrayHeader:
         raise ReservoirError(f"{where}: expected a numeric array; found Python objects ({dtype}), which only a pickle "
                              "can hold")
     header = ArrayHeader(tuple(int(d) for d in shape), dtype, fp.tell())
-    if header.nbytes != size - header.offset:  # numpy writes the header and the data, nothing after them
-        found = size_text(max(size - header.offset, 0))
+    data = size - header.offset  # the bytes after the header
+    if header.nbytes != data:  # numpy writes the header and the data, nothing after them
         raise ReservoirError(f"{where}: expected the {size_text(header.nbytes)} of data its header claims (shape "
-                             f"{header.shape}, {dtype}); found {found}"
-                             + (" (trailing bytes)" if header.nbytes < size - header.offset else ""))
+                             f"{header.shape}, {dtype}); found {size_text(max(data, 0))}"
+                             + (" (trailing bytes)" if header.nbytes < data else ""))
     return header
 
 

@@ -277,11 +277,9 @@ class _Timing:
             feeder = Feeder(st.states("train"), st.lengths("train"), st.labels("train"), start=s)
             seconds, rows, _ = _time_steps(model, feeder, b, self.seed, self.dev, self.amp)
         t_split = _epoch_s(seconds, rows, b, self.n)
-        extra = split_pass_s
         return {"blocks_trained": list(range(s + 1, K + 1)), "live_epoch_s": t_live, "split_store_epoch_s": t_split,
                 "speedup": t_live / t_split, "rows_timed": len(timed), "split_pass_s": split_pass_s,
-                "cached_extra_s": extra,
-                "break_even_epochs": _break_even(extra, t_live - t_split)}
+                "cached_extra_s": split_pass_s, "break_even_epochs": _break_even(split_pass_s, t_live - t_split)}
 
 
 def _subset(task, rows: np.ndarray):

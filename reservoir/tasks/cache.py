@@ -97,8 +97,8 @@ def _walk(root: Path) -> list[list[Any]]:
             dirs.clear()
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirs.sort()
-        for name in sorted(names):
+        dirs.sort()  # one order of the walk: a folder reached by two paths is named by the same one every time
+        for name in names:
             p = Path(folder, name)
             if p.is_file():
                 found.append([str(p.relative_to(root)), *_stamp(p.stat())])

@@ -119,13 +119,12 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
                 raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {found}") from None
             raise ReservoirError(f"{source}: expected a CSV file with a header row; found {one_line(err)}") from None
         _has_columns(source, "", table.column_names, single)
-        for name in single:  # a column pyarrow could not read as text is bytes: read as binary, not refused
-            if table.column_names.count(name) == 1 and pa.types.is_binary(table[name].type):
-                raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {_not_utf8(source)}")
         for name in single:
             if table.column_names.count(name) > 1:
                 raise _fail(source, f"column {name!r}", "it once in the header row",
                             f"it {table.column_names.count(name)} times")
+            if pa.types.is_binary(table[name].type):  # text pyarrow could not read as UTF-8 is bytes, not refused
+                raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {_not_utf8(source)}")
         # parsed whole, before the rows are split: tokens or numbers is one decision for the file (a writer that
         # prints 1.0 as 1 leaves one split all integers), and a bad cell's row is its row in the file
         parsed = _parse_text(source, f"column {inputs!r}", _plain(pa, table[inputs]))
