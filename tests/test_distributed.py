@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,10 +33,12 @@ LISTOPS = ["extract", "--task", "listops", "-p", "n_train=3000", "-p", "n_test=5
            "--backbone", "tiny-bert", "--layers", "2", "--dtype", "float32", "--device", "cpu", "--quiet"]  # fmt: skip
 ROW_ARRAYS = ("features", "labels", "lengths", "checksums", "done")
 
-# rank 1 dies (SIGKILL) or stalls right after its first chunk is written and marked done
+# rank 1 dies (SIGKILL) or stalls right after its first chunk is written and marked done, or stalls opening the store;
+# rank 0 dies (kill-host) after its first chunk
 FAULTS = """
 import os, signal, sys, time
 import reservoir.extract.plan
+import reservoir.extract.sharded
 from reservoir.store import FeatureStore
 
 reservoir.extract.plan.WINDOW_ROWS = 1  # a window (and a write) per chunk
@@ -45,12 +48,18 @@ open(os.path.join(os.environ["PID_DIR"], f"rank{rank}.pid"), "w").write(str(os.g
 
 def write_chunks(self, *args, **kwargs):
     write(self, *args, **kwargs)
-    if rank == 1 and fault == "kill":
+    if rank == 1 and fault == "kill" or rank == 0 and fault == "kill-host":
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 1 and fault == "stall":
         time.sleep(120)
 
+def open_shared(*args, open_shared=reservoir.extract.sharded._open_shared):
+    if rank == 1 and fault == "stall-open":
+        time.sleep(120)
+    return open_shared(*args)
+
 FeatureStore.write_chunks = write_chunks
+reservoir.extract.sharded._open_shared = open_shared
 from reservoir.cli import main
 sys.exit(main())
 """
@@ -173,6 +182,60 @@ def test_stalled_rank_times_out_in_one_line_naming_it(tmp_path):
                      "written; finished chunks are kept: rerun the same command to resume"], stderr
     with FeatureStore.open(out, allow_incomplete=True) as st:
         assert not st.complete
+
+
+def test_a_rank_lost_before_writing_removes_the_store_rank_0_created(tmp_path):
+    """Rank 1 never opens the store rank 0 created: rank 0 times out at open, says the store is removed, and it is."""
+    out, script = tmp_path / "open.zarr", tmp_path / "faults.py"
+    script.write_text(FAULTS)
+    run = torchrun(script, *ARGS, "--out", out, env={"FAULT": "stall-open", "PID_DIR": str(tmp_path),
+                                                   "RESERVOIR_DIST_TIMEOUT": "4"}, timeout=90)
+    assert run.returncode != 0
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("Error:")]
+    assert lines == ["Error: rank 0 of 2: timed out after 4 s (RESERVOIR_DIST_TIMEOUT) waiting for rank(s) 1 at open; "
+                     "this run wrote no chunk (a store it created is removed, one it resumed is kept as it was)"], \
+        run.stderr
+    assert not out.exists()
+
+
+def test_the_store_host_lost_is_one_line_on_the_survivor(tmp_path):
+    """Launched without torchrun's agent, rank 0 hosts the group's key-value store: when it dies, rank 1's progress
+    calls to the store fail, each with a C++ stack trace from c10d unless silenced. Rank 1 ends with one line."""
+    import socket
+
+    out, script = tmp_path / "host.zarr", tmp_path / "faults.py"
+    script.write_text(FAULTS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "FAULT": "kill-host", "PID_DIR": str(tmp_path), "RESERVOIR_DIST_TIMEOUT": "30",
+           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(script), *ARGS, "--out", str(out)]
+    ranks = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    _, stderr = ranks[1].communicate(timeout=90)
+    ranks[0].communicate(timeout=30)
+    assert ranks[0].returncode == -9 and ranks[1].returncode == 2
+    lines = [ln for ln in stderr.splitlines() if "task cache" not in ln]
+    assert len(lines) == 1 and re.fullmatch(r"Error: rank 1 of 2: lost a peer rank \(Connection closed by peer "
+                                            r"\S+\) at written; finished chunks are kept: rerun the same command to "
+                                            r"resume", lines[0]), stderr
+
+
+def test_a_failed_store_call_is_the_last(monkeypatch):
+    """A key-value store that failed once (its host gone) is not called again: each call would warn and wait."""
+    import torch.distributed.distributed_c10d as c10d
+
+    monkeypatch.setattr(c10d, "_get_default_store", lambda: "the store")
+    job, calls = distributed.Job(0, 2, 0, "cpu", 1.0), []
+
+    def fail(store):
+        calls.append(store)
+        raise RuntimeError("Connection reset by peer")
+
+    assert job._store_call(fail) is None and job._store_call(fail) is None
+    assert calls == ["the store"] and job.store_lost
 
 
 def test_second_job_on_a_locked_store_is_refused(tmp_path):

@@ -1040,10 +1040,19 @@ def test_a_probe_readout_of_the_wrong_type_is_one_line(saved_probe, tmp_path, re
     assert "expected readout LogisticReadout or RidgeReadout" in assert_bad_input(invoke("predict", probe, store))
 
 
+JOB = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "LOCAL_WORLD_SIZE": "1"}  # a node of one rank
+
+
 @pytest.mark.parametrize("env, expected", [({"WORLD_SIZE": "\u00b2"}, "WORLD_SIZE: expected a non-negative integer"),
                                            ({"RANK": "\u00b9"}, "RANK: expected a non-negative integer"),
-                                           ({"WORLD_SIZE": "0"}, "WORLD_SIZE: expected at least 1 process")])
-def test_job_counts_that_are_not_ascii_digits_or_zero_are_one_line(tmp_path, monkeypatch, env, expected):
+                                           ({"WORLD_SIZE": "0"}, "WORLD_SIZE: expected at least 1 process"),
+                                           ({"WORLD_SIZE": "9" * 5000}, "WORLD_SIZE: expected a non-negative integer"),
+                                           ({**JOB, "LOCAL_RANK": "-1"}, "LOCAL_RANK: expected a non-negative integer"),
+                                           ({**JOB, "LOCAL_RANK": "1"}, "LOCAL_RANK, LOCAL_WORLD_SIZE: expected a "
+                                            "local rank below the node's process count, itself from 1 to WORLD_SIZE=2 "
+                                            "(as torchrun sets them), found LOCAL_RANK=1, LOCAL_WORLD_SIZE=1"),
+                                           ({**JOB, "LOCAL_WORLD_SIZE": "3"}, "LOCAL_RANK=0, LOCAL_WORLD_SIZE=3")])
+def test_job_counts_and_places_that_cannot_be_are_one_line(tmp_path, monkeypatch, env, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert expected in assert_bad_input(invoke(*STORE, "--out", tmp_path / "s.zarr"))

@@ -12,6 +12,7 @@ One module per concept: ``stores`` (extract, info, tasks), ``readouts``
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
@@ -32,6 +33,10 @@ def main() -> None:
     if not any(isinstance(h, _EchoHandler) for h in log.handlers):
         log.addHandler(_EchoHandler())  # what the library reports (task cache hits, ...): one line each
         log.setLevel(logging.INFO)
+    if "MASTER_ADDR" in os.environ:
+        # a rank of a job: once a peer or the store's host is gone, c10d warns with a C++ stack trace per call, dozens
+        # of lines before the one that says what happened (read before torch is imported; WARNING shows them)
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 for _command in (stores.extract, stores.info, readouts.fit_linear, readouts.predict, training.train, readouts.fit_raw, benchmarks.bench,

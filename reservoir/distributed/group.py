@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 
 from reservoir.distributed.jobs import (DEFAULT_TIMEOUT, ENV_TIMEOUT, LOCAL, Job, Local, gloo_cause, is_leader,
-                                        world_size)
+                                        local_place, world_size)
 from reservoir.errors import ReservoirError
 from reservoir.io import env_seconds
 
@@ -46,11 +46,10 @@ def launch(device: str, sharded: bool | None = None) -> Iterator[Local]:
     import torch.distributed as dist
 
     _end_with_the_agent()
-    world = world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+    local_rank, local_world = local_place(world_size())
     timeout = _timeout()
     device = rank_device(device, local_rank)
-    _set_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or world))
+    _set_threads(local_world)
     own = not dist.is_initialized()
     if own:
         _init(device, timeout)

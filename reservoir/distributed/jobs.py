@@ -32,7 +32,7 @@ def _env_count(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if not raw:
         return default
-    if not (raw.strip().isascii() and raw.strip().isdigit()):
+    if not (raw.strip().isascii() and raw.strip().isdigit()) or len(raw.strip()) > 18:  # int() refuses 4301 digits
         raise ReservoirError(f"{name}: expected a non-negative integer (as torchrun sets it), found {raw[:40]!r}")
     return int(raw)
 
@@ -43,6 +43,17 @@ def world_size() -> int:
     if world < 1:
         raise ReservoirError(f"WORLD_SIZE: expected at least 1 process (as torchrun sets it), found {world}")
     return world
+
+
+def local_place(world: int) -> tuple[int, int]:
+    """This process's rank on its node and the node's process count (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` as
+    torchrun sets them, 0 and ``world`` unset); one line when they cannot be a place in a job of ``world``."""
+    local_rank, local_world = _env_count("LOCAL_RANK", 0), _env_count("LOCAL_WORLD_SIZE", world)
+    if not 0 < local_world <= world or local_rank >= local_world:
+        raise ReservoirError(f"LOCAL_RANK, LOCAL_WORLD_SIZE: expected a local rank below the node's process count, "
+                             f"itself from 1 to WORLD_SIZE={world} (as torchrun sets them), found LOCAL_RANK="
+                             f"{local_rank}, LOCAL_WORLD_SIZE={local_world}")
+    return local_rank, local_world
 
 
 def is_leader() -> bool:
@@ -90,6 +101,7 @@ class Job(Local):
         self.prefix = f"reservoir/{next(_jobs)}"
         self.progress: Progress | None = None
         self.dealt = 0  # units dealt so far, over every deal in order: where the next deal starts
+        self.store_lost = False  # a call to the group's store failed: its host is gone, no later call is made
 
     def deal(self, units: Sequence[T]) -> list[T]:
         """This rank's share: every ``world``-th unit, continuing from the previous deal, no unit on two ranks."""
@@ -176,12 +188,16 @@ class Job(Local):
         return Lost(f"rank {self.rank} of {self.world}: {what} at {phase}{after}")
 
     def _store_call(self, fn):
-        """``fn(store)`` on the process group's key-value store; ``None`` when there is none or it fails."""
+        """``fn(store)`` on the process group's key-value store; ``None`` when there is none or it fails (then
+        for good: a store whose host is gone fails every call, slowly, each with a warning from c10d)."""
+        if self.store_lost:
+            return None
         try:
             import torch.distributed.distributed_c10d as c10d
 
             return fn(c10d._get_default_store())
         except Exception:  # noqa: BLE001 - diagnostics and progress only: never what stops a run
+            self.store_lost = True
             return None
 
 

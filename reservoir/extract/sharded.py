@@ -125,12 +125,12 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
                 if not store.complete:
                     raise
                 log.warning("rank %d: the store is complete; a peer rank was lost as the job ended", job.rank)
-    except BaseException as err:
+    except BaseException:
         if job.progress is not None:
             job.progress.close()
         if store is not None:
-            if fresh and not started and not isinstance(err, Lost):
-                store.discard()  # agreed before anyone wrote: no empty store is left behind
+            if fresh and not started:  # no rank writes before every rank opened it: no empty store is left behind
+                store.discard()  # (a peer lost at create or open included: it never got to write)
             else:
                 with contextlib.suppress(ReservoirError):
                     store.close()
