@@ -23,7 +23,7 @@ import reservoir.extract.plan
 
 from reservoir.cli import main
 from reservoir.errors import ReservoirError
-from reservoir.store import SCHEMA, FeatureStore
+from reservoir.store import SCHEMA, FeatureStore, WritableStore
 from reservoir.tasks import get_task
 
 TINY = ["--backbone", "tiny-gpt2", "--quiet"]
@@ -190,8 +190,8 @@ def test_info_on_a_store_with_only_the_attributes_create_needs(tmp_path, suffix)
     attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
              "dtype": "float16", "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
     path = tmp_path / f"min{suffix}"
-    with FeatureStore.create(path, attrs, {"train": (4, ()), "test": (2, ())}, (2, 1, 3),
-                             np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(path, attrs, {"train": (4, ()), "test": (2, ())}, (2, 1, 3),
+                              np.eye(2, 3, dtype=np.float32)) as st:
         st.write_chunk("train", 0, np.ones((4, 2, 1, 3)), np.zeros(4), np.ones(4))
     result = invoke("info", path)
     assert_ok(result)
@@ -446,7 +446,7 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
     args = ["extract", "--task", "bit-xor", "-p", "n_train=6000", "-p", "n_test=32", *TINY,
             "--dtype", "float32", "--batch-size", "512"]  # fmt: skip
     out, ref = tmp_path / "resumed.zarr", tmp_path / "reference.zarr"
-    original = FeatureStore.write_chunks
+    original = WritableStore.write_chunks
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
@@ -456,7 +456,7 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
             raise KeyboardInterrupt
         return original(self, split, chunks, features, labels, **kw)
 
-    monkeypatch.setattr(FeatureStore, "write_chunks", interrupted)
+    monkeypatch.setattr(WritableStore, "write_chunks", interrupted)
     result = invoke(*args, "--out", out)
     assert result.exit_code == 130, (result.output, result.exception)
     assert "Traceback" not in result.output
@@ -481,11 +481,11 @@ def test_interrupted_extract_resumes_to_identical_features(tmp_path, monkeypatch
         calls.extend((split, c) for c in chunks)
         return original(self, split, chunks, features, labels, **kw)
 
-    monkeypatch.setattr(FeatureStore, "write_chunks", recording)
+    monkeypatch.setattr(WritableStore, "write_chunks", recording)
     result = invoke(*args, "--out", out)
     assert_ok(result)
     assert calls == [("train", 1), ("train", 2), ("test", 0)]  # the done chunk is skipped
-    monkeypatch.setattr(FeatureStore, "write_chunks", original)
+    monkeypatch.setattr(WritableStore, "write_chunks", original)
 
     assert_ok(invoke(*args, "--out", ref))
     with FeatureStore.open(out) as st:

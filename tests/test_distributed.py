@@ -21,7 +21,7 @@ import pytest
 
 from reservoir import distributed
 from reservoir.errors import ReservoirError
-from reservoir.store import FeatureStore
+from reservoir.store import FeatureStore, WritableStore
 from reservoir.store.lock import StoreLock, holder, lock_path
 from test_cli import assert_ok, invoke
 
@@ -39,11 +39,11 @@ FAULTS = """
 import os, signal, sys, time
 import reservoir.extract.plan
 import reservoir.extract.sharded
-from reservoir.store import FeatureStore
+from reservoir.store import WritableStore
 
 reservoir.extract.plan.WINDOW_ROWS = 1  # a window (and a write) per chunk
 
-rank, fault, write = int(os.environ["RANK"]), os.environ.get("FAULT", ""), FeatureStore.write_chunks
+rank, fault, write = int(os.environ["RANK"]), os.environ.get("FAULT", ""), WritableStore.write_chunks
 open(os.path.join(os.environ["PID_DIR"], f"rank{rank}.pid"), "w").write(str(os.getpid()))
 
 def write_chunks(self, *args, **kwargs):
@@ -58,7 +58,7 @@ def open_shared(*args, open_shared=reservoir.extract.sharded._open_shared):
         time.sleep(120)
     return open_shared(*args)
 
-FeatureStore.write_chunks = write_chunks
+WritableStore.write_chunks = write_chunks
 reservoir.extract.sharded._open_shared = open_shared
 from reservoir.cli import main
 sys.exit(main())
@@ -361,7 +361,7 @@ def test_other_ranks_open_the_store_rank_0_created_with_tuple_params(tmp_path):
              "task": {"name": "t", "label_shape": [], "params": {"window": (2, 3)}},
              "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
     path = tmp_path / "s.zarr"
-    with FeatureStore.create(path, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(path, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
         writer = st.writer()
         shared = _open_shared(path, SimpleNamespace(attrs=attrs), SimpleNamespace(rank=1), writer)
         assert shared.writer() == writer
@@ -380,7 +380,7 @@ def test_a_rank_batching_otherwise_than_rank_0_is_refused(tmp_path):
              "task": {"name": "t", "label_shape": [], "params": {}}, "pooling": {"kinds": ["last"], "n_out_tokens": 1},
              "full_seq_layer": None, "batching": {"batch_size": 64, "max_tokens": None}}
     path = tmp_path / "s.zarr"
-    with FeatureStore.create(path, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(path, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
         other = {**attrs, "batching": {"batch_size": 5, "max_tokens": None}}
         with pytest.raises(ReservoirError, match=r"rank 1: .* is batched by rank 0 with --batch-size 64; found "
                                                  r"--batch-size 5 on this rank: expected one batching on every rank"):

@@ -6,7 +6,7 @@ import torch
 
 from reservoir.errors import ReservoirError
 from reservoir.extract import ExtractConfig, run as run_extract, extract_rows, resolve_layers
-from reservoir.store import FeatureStore
+from reservoir.store import FeatureStore, WritableStore
 
 LISTOPS = {"n_train": 30, "n_test": 10, "min_length": 40, "max_length": 90}
 
@@ -164,13 +164,13 @@ def test_resumed_store_batches_every_row_as_the_uninterrupted_one(tmp_path, monk
         (resumed / "train" / "done" / "c" / str(c)).unlink()
         shutil.rmtree(resumed / "train" / "features" / "c" / str(c))
     written = []
-    original = FeatureStore.write_chunks
+    original = WritableStore.write_chunks
 
     def write_chunks(self, split, cs, *args, **kwargs):
         written.append((split, list(cs)))
         return original(self, split, cs, *args, **kwargs)
 
-    monkeypatch.setattr(FeatureStore, "write_chunks", write_chunks)
+    monkeypatch.setattr(WritableStore, "write_chunks", write_chunks)
     with run(resumed) as st:
         assert [c for _, cs in written for c in cs] == [3, 7] and {s for s, _ in written} == {"train"}
         assert batches and set(batches) <= uninterrupted  # each row batched with the rows it was batched with

@@ -26,7 +26,7 @@ import pytest
 
 import reservoir.extract.plan
 from reservoir.errors import ReservoirError
-from reservoir.store import FeatureStore
+from reservoir.store import FeatureStore, WritableStore
 from reservoir.store.backends import H5Backend, ZarrBackend
 from reservoir.store.lock import StoreLock, holder, lock_path
 from test_cli import assert_bad_input, assert_ok, invoke
@@ -166,7 +166,7 @@ def test_a_lock_file_removed_under_a_writer_stops_it_and_its_release_spares_the_
     path, rows = tmp_path / "s.zarr", np.ones((10, 2, 1, 3), np.float32)
 
     def writer():
-        return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
+        return WritableStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
 
     first = writer()
     n = first.chunk_rows("train")
@@ -211,7 +211,7 @@ def test_two_concurrent_writers_leave_one_correct_store(tmp_path, reference):
 
 def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
     out = tmp_path / "s.zarr"
-    original = FeatureStore.write_chunks
+    original = WritableStore.write_chunks
     calls = []
     monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
@@ -221,7 +221,7 @@ def test_reader_of_an_interrupted_store_is_told_to_rerun(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return original(self, *a, **k)
 
-    monkeypatch.setattr(FeatureStore, "write_chunks", interrupted)
+    monkeypatch.setattr(WritableStore, "write_chunks", interrupted)
     assert invoke(*ARGS, "--out", out).exit_code == 130
     line = assert_bad_input(invoke("fit-linear", out, "--results", tmp_path / "r"))
     assert "is incomplete (an extraction was interrupted)" in line
@@ -266,8 +266,8 @@ def _assert_rerun_rewrites_train_chunk_1(out: Path, reference: Path, monkeypatch
     """The same extract command, rerun on a store whose train chunk 1 is damaged, writes that chunk alone again,
     says so, and leaves the uninterrupted store, which then verifies."""
     written = []
-    original = FeatureStore.write_chunks
-    monkeypatch.setattr(FeatureStore, "write_chunks", lambda self, split, cs, *a, **k: (
+    original = WritableStore.write_chunks
+    monkeypatch.setattr(WritableStore, "write_chunks", lambda self, split, cs, *a, **k: (
         written.extend((split, c) for c in cs), original(self, split, cs, *a, **k)))
     result = invoke(*ARGS, "--out", out)
     assert_ok(result)
@@ -452,8 +452,8 @@ def test_store_refuses_non_finite_chunks(tmp_path):
     attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
              "dtype": "float32",
              "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
-    with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (4, ())}, (2, 1, 3),
-                             np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(tmp_path / "s.zarr", attrs, {"train": (4, ())}, (2, 1, 3),
+                              np.eye(2, 3, dtype=np.float32)) as st:
         feats = np.zeros((4, 2, 1, 3), np.float32)
         feats[1, 1, 0, 2] = np.nan
         with pytest.raises(ReservoirError, match="non-finite values .* in layer 1 of split 'train'"):

@@ -26,7 +26,7 @@ pytest.importorskip("obstore")
 moto_server = pytest.importorskip("moto.server")
 
 from reservoir.errors import ReservoirError  # noqa: E402
-from reservoir.store import FeatureStore, remote  # noqa: E402
+from reservoir.store import FeatureStore, WritableStore, remote  # noqa: E402
 from reservoir.store import lease as leases  # noqa: E402
 from test_cli import assert_bad_input, assert_ok, invoke  # noqa: E402
 from test_distributed import ARGS, arrays, assert_identical, torchrun  # noqa: E402
@@ -346,7 +346,7 @@ def test_a_new_stores_root_is_marked_ours_by_the_request_that_creates_it(bucket,
 
     from reservoir.store import backends
     from reservoir.store import layout as lay
-    from reservoir.store.feature_store import _state
+    from reservoir.store.writable import _state
 
     url = remote.StoreURL(f"s3://{bucket}/first-request.zarr")
     backends.ZarrBackend(url, "w")  # what a creation killed at once leaves
@@ -507,7 +507,7 @@ def test_a_store_whose_lease_is_lost_is_neither_completed_nor_discarded(bucket, 
     url = f"s3://{bucket}/lost-store.zarr"
     attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0],
              "dtype": "float32", "pooling": {"kinds": ["last"], "n_out_tokens": 1}, "full_seq_layer": None}
-    st = FeatureStore.create(url, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32))
+    st = WritableStore.create(url, attrs, {"train": (2, ())}, (1, 1, 3), np.eye(2, 3, dtype=np.float32))
     u = remote.StoreURL(url)
     record, version = leases.read(u)
     obstore.put(u.bucket_store, leases.lease_key(u), json.dumps({**record, "pid": 2, "host": "thief"}).encode(),
@@ -587,10 +587,10 @@ def test_a_server_that_goes_away_stops_the_run_in_one_line_and_the_same_command_
     url = "s3://gone/x.zarr"
     cmd = [*_command(url), "--storage-option", "max_retries=1", "--storage-option", "retry_timeout=2"]
     wrapper = tmp_path / "slow.py"  # one chunk a window, each write a little slow: the server stops mid-run
-    wrapper.write_text("import sys, time\nimport reservoir.extract.plan\nfrom reservoir.store import FeatureStore\n"
-                       "reservoir.extract.plan.WINDOW_ROWS = 1\nw = FeatureStore.write_chunks\n"
+    wrapper.write_text("import sys, time\nimport reservoir.extract.plan\nfrom reservoir.store import WritableStore\n"
+                       "reservoir.extract.plan.WINDOW_ROWS = 1\nw = WritableStore.write_chunks\n"
                        "def slow(self, *a, **k):\n    time.sleep(0.3)\n    w(self, *a, **k)\n"
-                       "FeatureStore.write_chunks = slow\nfrom reservoir.cli import main\nsys.exit(main())\n")
+                       "WritableStore.write_chunks = slow\nfrom reservoir.cli import main\nsys.exit(main())\n")
     proc = subprocess.Popen([sys.executable, str(wrapper), *cmd[3:]], env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and not any(k.startswith("train/done/c/") for k in objects(url)):

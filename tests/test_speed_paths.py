@@ -17,7 +17,7 @@ from reservoir.cli import main
 from reservoir.errors import ReservoirError
 from reservoir.extract import ExtractConfig, extract_rows
 from reservoir.extract import run as run_extract
-from reservoir.store import FeatureStore
+from reservoir.store import FeatureStore, WritableStore
 from reservoir.training.cached import CachedHead
 from reservoir.extract.writer import ChunkWriter
 
@@ -99,7 +99,7 @@ def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch
     out = tmp_path / "x.zarr"
     cfg = ExtractConfig(task="listops", backbone="tiny-gpt2", layers=1, task_params=LISTOPS, out=str(out))
     calls = []
-    original = FeatureStore.write_chunks
+    original = WritableStore.write_chunks
 
     def failing(self, split, chunks, *a, **k):
         calls.append(list(chunks))
@@ -109,13 +109,13 @@ def test_failed_chunk_write_is_not_marked_done_and_resumes(tmp_path, monkeypatch
 
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 1000)
     monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 200)  # several windows of several chunks
-    monkeypatch.setattr(FeatureStore, "write_chunks", failing)
+    monkeypatch.setattr(WritableStore, "write_chunks", failing)
     with pytest.raises(OSError):
         run_extract(cfg, progress=False)
     with FeatureStore.open(out, allow_incomplete=True) as st:
         assert len(calls[0]) > 1  # a window's chunks are one write
         assert not st.complete and np.flatnonzero(st.done("train")).tolist() == calls[0]
-    monkeypatch.setattr(FeatureStore, "write_chunks", original)
+    monkeypatch.setattr(WritableStore, "write_chunks", original)
     run_extract(cfg, progress=False)
     ref = run_extract(ExtractConfig(**{**cfg.__dict__, "out": str(tmp_path / "ref.zarr")}), progress=False)
     with FeatureStore.open(out) as a, FeatureStore.open(ref) as b:

@@ -7,7 +7,7 @@ import reservoir.extract.plan
 
 from reservoir.errors import ReservoirError
 from reservoir.extract import ExtractConfig, run as run_extract
-from reservoir.store import FeatureStore, first_difference, rows_per_chunk
+from reservoir.store import FeatureStore, WritableStore, first_difference, rows_per_chunk
 
 XOR = {"n_train": 96, "n_test": 40, "n_bits": 5}
 
@@ -23,7 +23,7 @@ def _four_chunks(path, attrs, feats, labels, lengths):
     """A 10-row store of 3-row chunks written as an extraction would: chunks 0, 2 and the 1-row edge chunk 3 in one
     call, chunk 1 in another."""
     rows = np.r_[0:3, 6:10]
-    with FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
         st.write_chunks("train", [0, 2, 3], feats[rows], labels[rows], lengths=lengths[rows])
         st.write_chunk("train", 1, feats[3:6], labels[3:6], lengths=lengths[3:6])
         st.mark_complete()
@@ -83,12 +83,12 @@ def test_a_store_whose_small_arrays_are_compressed_resumes_through_zarr(tmp_path
 
     path, rows = tmp_path / "old.zarr", np.r_[0:3, 6:10]
     monkeypatch.setattr(backends.ZarrBackend, "create", create_as_before)
-    with FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
         st.write_chunks("train", [0, 2, 3], feats[rows], labels[rows], lengths=lengths[rows])
     monkeypatch.setattr(backends.ZarrBackend, "create", raw_create)
     put, direct = backends._put, []
     monkeypatch.setattr(backends, "_put", lambda p, data: (direct.append(p.relative_to(path).parts[:2]), put(p, data)))
-    with FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32)) as st:
         assert st.done("train").tolist() == [True, False, True, True]
         st.write_chunk("train", 1, feats[3:6], labels[3:6], lengths=lengths[3:6])
         st.mark_complete()
@@ -119,7 +119,7 @@ def test_reopening_a_store_removes_the_temporaries_of_a_killed_write(tmp_path, m
     path, feats = tmp_path / "s.zarr", np.ones((10, 2, 1, 3), np.float32)
 
     def reopen():
-        return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
+        return WritableStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32))
 
     with reopen() as st:
         st.write_chunk("train", 0, feats[:3], np.zeros(3), np.ones(3))
@@ -127,11 +127,11 @@ def test_reopening_a_store_removes_the_temporaries_of_a_killed_write(tmp_path, m
     script = textwrap.dedent(f"""
         import os, signal, numpy as np
         import reservoir.store.files
-        from reservoir.store import FeatureStore, backends
+        from reservoir.store import WritableStore, backends
         reservoir.store.files.MIN_CHUNK_BYTES = {3 * 2 * 3 * 4}
         backends.os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
-        st = FeatureStore.create({str(path)!r}, {attrs!r}, {{"train": (10, ())}}, (2, 1, 3),
-                                 np.eye(2, 3, dtype=np.float32))
+        st = WritableStore.create({str(path)!r}, {attrs!r}, {{"train": (10, ())}}, (2, 1, 3),
+                                  np.eye(2, 3, dtype=np.float32))
         st.write_chunk("train", 1, np.ones((3, 2, 1, 3), np.float32), np.zeros(3), np.ones(3))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -157,8 +157,8 @@ def test_writes_other_than_whole_chunks_of_the_row_shape_go_through_zarrs_checks
     monkeypatch.setattr(reservoir.store.files, "MIN_CHUNK_BYTES", 3 * 2 * 3 * 4)
     attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
              "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
-    with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
-                             np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
+                              np.eye(2, 3, dtype=np.float32)) as st:
         with pytest.raises(ReservoirError, match=r"expected train/features of shape \(3, 2, 1, 3\) \(the rows of "
                                                  r"chunks \[0\]\), found \(3, 3\)"):
             st.write_chunk("train", 0, np.ones((3, 3), np.float32), np.zeros(3), np.ones(3))  # rows of another shape
@@ -178,8 +178,8 @@ def test_a_chunk_file_linked_from_outside_is_replaced_not_written_through(tmp_pa
     attrs = {"backbone": {"n_dim": 3}, "projection": {}, "task": {"name": "t", "label_shape": []}, "layers": [0, 1],
              "dtype": "float32", "pooling": {"kind": "last_real_token", "n_out_tokens": 1}, "full_seq_layer": None}
     feats = np.ones((10, 2, 1, 3), np.float32)
-    with FeatureStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
-                             np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(tmp_path / "s.zarr", attrs, {"train": (10, ())}, (2, 1, 3),
+                              np.eye(2, 3, dtype=np.float32)) as st:
         st.write_chunk("train", 0, feats[:3], np.zeros(3), np.ones(3))
         chunk, outside = tmp_path / "s.zarr/train/features/c/0/0/0/0", tmp_path / "outside"
         os.link(chunk, outside)
@@ -239,7 +239,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
     full = run_extract(_config(tmp_path / f"full{suffix}", dtype="float32", task_params=params, batch_size=512),
                    progress=False)
     calls = {"n": 0}
-    original = FeatureStore.write_chunks
+    original = WritableStore.write_chunks
     monkeypatch.setattr(reservoir.extract.plan, "WINDOW_ROWS", 1)  # a window (and a write) per chunk
 
     def flaky(self, *args, **kw):
@@ -248,16 +248,16 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, monkeypatch, s
             raise KeyboardInterrupt
         return original(self, *args, **kw)
 
-    monkeypatch.setattr(FeatureStore, "write_chunks", flaky)
+    monkeypatch.setattr(WritableStore, "write_chunks", flaky)
     out = tmp_path / f"resumed{suffix}"
     with pytest.raises(KeyboardInterrupt):
         run_extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     with FeatureStore.open(out, allow_incomplete=True) as store:
         assert not store.complete
         assert store.done("train").tolist() == [True, False, False]
-    monkeypatch.setattr(FeatureStore, "write_chunks", original)
+    monkeypatch.setattr(WritableStore, "write_chunks", original)
     written = []
-    monkeypatch.setattr(FeatureStore, "write_chunks", lambda self, split, cs, *a, **kw: (
+    monkeypatch.setattr(WritableStore, "write_chunks", lambda self, split, cs, *a, **kw: (
         written.extend((split, c) for c in cs), original(self, split, cs, *a, **kw)))
     run_extract(_config(out, dtype="float32", task_params=params, batch_size=512), progress=False)
     assert written == [("train", 1), ("train", 2), ("test", 0)]  # the done chunk was skipped
@@ -354,8 +354,8 @@ def test_write_chunks_writes_runs_of_chunks_and_checks_each(tmp_path, monkeypatc
     feats = np.random.default_rng(0).standard_normal((10, 2, 1, 3)).astype(np.float32)
     labels, lengths = np.arange(10) % 4, np.arange(10) + 1
     rows = np.r_[0:3, 6:10]
-    with FeatureStore.create(tmp_path / f"a{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
-                             np.eye(2, 3, dtype=np.float32)) as st:
+    with WritableStore.create(tmp_path / f"a{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
+                              np.eye(2, 3, dtype=np.float32)) as st:
         assert st.chunk_rows("train") == 3
         with pytest.raises(ReservoirError, match=r"expected train/features of shape \(7, 2, 1, 3\) \(the rows of "
                                                  r"chunks \[0, 2, 3\]\), found \(6, 2, 1, 3\)"):
@@ -364,8 +364,8 @@ def test_write_chunks_writes_runs_of_chunks_and_checks_each(tmp_path, monkeypatc
             st.write_chunks("train", [2, 0, 3], feats[rows], labels[rows], lengths=lengths[rows])
         st.write_chunks("train", [0, 2, 3], feats[rows], labels[rows], lengths=lengths[rows])
         assert st.done("train").tolist() == [True, False, True, True]
-        with FeatureStore.create(tmp_path / f"b{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
-                                 np.eye(2, 3, dtype=np.float32)) as one:
+        with WritableStore.create(tmp_path / f"b{suffix}", attrs, {"train": (10, ())}, (2, 1, 3),
+                                  np.eye(2, 3, dtype=np.float32)) as one:
             for c, (lo, hi) in zip((0, 2, 3), ((0, 3), (6, 9), (9, 10))):
                 one.write_chunk("train", c, feats[lo:hi], labels[lo:hi], lengths=lengths[lo:hi])
             for name in ("checksums", "done"):
@@ -391,7 +391,7 @@ def three_row_chunks(monkeypatch):
 
 def _small(path, attrs=MINIMAL, **kw):
     """A 10-row store (of 3-row chunks under ``three_row_chunks``), ``MINIMAL`` attributes unless given."""
-    return FeatureStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32), **kw)
+    return WritableStore.create(path, attrs, {"train": (10, ())}, (2, 1, 3), np.eye(2, 3, dtype=np.float32), **kw)
 
 
 def test_tuple_params_are_stored_as_lists_and_the_store_reopens(tmp_path, three_row_chunks):

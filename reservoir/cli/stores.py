@@ -116,7 +116,7 @@ def _verify_store(st) -> None:
 
 def _describe_store(st) -> None:
     """The store's settings, as far as its attributes record them (a store made through the Python API may hold only
-    what :meth:`FeatureStore.create` needs: the rest reads ``unrecorded``)."""
+    what :meth:`WritableStore.create` needs: the rest reads ``unrecorded``)."""
     a = st.attrs
     bb, task, p = a["backbone"], a["task"], a["projection"]
 

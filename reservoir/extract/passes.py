@@ -35,7 +35,7 @@ from reservoir.extract.prepare import ExtractionPlan
 from reservoir.extract.writer import ChunkWriter, FinishedWindow, write_window
 
 if TYPE_CHECKING:  # pragma: no cover
-    from reservoir.store import FeatureStore
+    from reservoir.store import FeatureStore, WritableStore
     from reservoir.store.remote import StoreURL
     from reservoir.tasks import Split
 
@@ -76,12 +76,12 @@ def write_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = Tru
         plan.timings["pass_s"] = time.perf_counter() - t0
 
 
-def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = True) -> FeatureStore:
-    """The store at ``out``, created or reopened (and repaired) with its write lock (``FeatureStore.create``)."""
-    from reservoir.store import FeatureStore
+def create_store(plan: ExtractionPlan, out: Path | StoreURL, progress: bool = True) -> WritableStore:
+    """The store at ``out``, created or reopened (and repaired) with its write lock (``WritableStore.create``)."""
+    from reservoir.store import WritableStore
 
     task = plan.task
-    store = FeatureStore.create(
+    store = WritableStore.create(
         out,
         plan.attrs,
         splits={name: (len(s), task.label_shape) for name, s in task.splits.items()},
@@ -112,7 +112,7 @@ def check_same_batching(store: FeatureStore, batching: dict[str, Any] | None, wh
                          f"so rerun with {batching_flags(begun)} to resume, or pass another --out")
 
 
-def write_splits(plan: ExtractionPlan, store: FeatureStore, progress: bool = True,
+def write_splits(plan: ExtractionPlan, store: WritableStore, progress: bool = True,
                  job: distributed.Local = distributed.LOCAL, done: dict[str, np.ndarray] | None = None) -> None:
     """Compute every unfinished chunk of every split and write it (the pass itself).
 

@@ -40,7 +40,7 @@ class ExtractionPlan:
     backbone: ReservoirBackbone  # on ``device``, in its compute dtype
     device: torch.device
     layers: list[int]  # the store's layers, sorted
-    attrs: dict[str, Any]  # the store's key and provenance (FeatureStore.create)
+    attrs: dict[str, Any]  # the store's key and provenance (WritableStore.create)
     projection_weight: np.ndarray  # (d_in, n_dim) float32, saved before the cast
     final_norm: dict[str, np.ndarray] | None  # the final norm's float32 arrays, or None (identity)
     context: contextlib.AbstractContextManager  # what forwards run in (autocast for the LSTM baseline, else nothing)

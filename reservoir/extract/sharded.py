@@ -41,7 +41,7 @@ from reservoir.extract.prepare import ExtractionPlan, plan_extraction, prepare
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.backbones.model import ReservoirBackbone
-    from reservoir.store import FeatureStore
+    from reservoir.store import FeatureStore, WritableStore
     from reservoir.store.remote import StoreURL
     from reservoir.tasks import TaskData
 
@@ -145,7 +145,7 @@ def write_sharded(job: Job, plan: ExtractionPlan, out: Path | StoreURL, progress
         log.info("%d processes wrote %d rows in %.1f s (%.0f rows/s)", job.world, total, elapsed, total / elapsed)
 
 
-def _created(store: FeatureStore | None) -> dict[str, Any]:
+def _created(store: WritableStore | None) -> dict[str, Any]:
     """What rank 0 sends once it holds the store: every split's ``done`` flags as it sees them (plain lists: what a
     broadcast pickles) and the holder its write lock recorded (``writer``), which the other ranks check before
     every write."""
@@ -155,14 +155,14 @@ def _created(store: FeatureStore | None) -> dict[str, Any]:
     return {"done": {s: store.done(s).tolist() for s in store.splits}, "writer": writer}
 
 
-def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job, writer: dict[str, Any]) -> FeatureStore:
+def _open_shared(out: Path | StoreURL, plan: ExtractionPlan, job: Job, writer: dict[str, Any]) -> WritableStore:
     """The store rank 0 created, open for writing under its lock (held by ``writer``, as rank 0's lock recorded
     it); refused if this rank's settings differ."""
     from reservoir import settings
-    from reservoir.store import FeatureStore, first_difference, store_key
+    from reservoir.store import WritableStore, first_difference, store_key
     from reservoir.store.lock import SharedLock
 
-    store = FeatureStore.open(out, mode="r+", allow_incomplete=True, _lock=SharedLock(out, writer))
+    store = WritableStore.open(out, mode="r+", allow_incomplete=True, _lock=SharedLock(out, writer))
     try:
         key = store_key(plan.attrs, f"rank {job.rank}: {out}")
     except ReservoirError:

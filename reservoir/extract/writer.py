@@ -23,7 +23,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.extract.plan import Window
-    from reservoir.store import FeatureStore
+    from reservoir.store import WritableStore
     from reservoir.tasks import Split
 
 _STOP = object()
@@ -121,7 +121,7 @@ class FinishedWindow:
     ready: Any  # the CUDA event that marks the copy to the host done; None on the CPU
 
 
-def write_window(store: FeatureStore, item: FinishedWindow) -> int:
+def write_window(store: WritableStore, item: FinishedWindow) -> int:
     """Write a finished window's unfinished chunks (features per pooling, labels, lengths, states) and their flags;
     return the bytes of features and states written."""
     name, split, window = item.split_name, item.split, item.window

@@ -24,7 +24,7 @@ from reservoir.store.remote import StoreURL
 
 
 @contextlib.contextmanager
-def opened(store: FeatureStore | str | os.PathLike) -> Iterator[FeatureStore]:
+def opened(store: FeatureStore | StoreURL | str | os.PathLike) -> Iterator[FeatureStore]:
     """``store`` itself (left open: the caller owns it), or the store at a path, opened and then closed.
 
     Examples

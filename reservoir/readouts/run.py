@@ -155,7 +155,7 @@ def wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[in
 
 
 def fit_linear(
-    store: FeatureStore | str | os.PathLike,
+    store: FeatureStore | StoreURL | str | os.PathLike,
     layers: str | int | list[int] = "all",
     readout: str = "logistic",
     *,

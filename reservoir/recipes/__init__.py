@@ -78,17 +78,8 @@ reused, an unfinished one is resumed.
 
 from reservoir.recipes.files import list_recipes, load_recipe, recipes_dir
 from reservoir.recipes.runner import plan, result_files, run_recipe, store_for
-from reservoir.recipes.schema import (
-    KIND_KEYS,
-    KINDS,
-    LABEL_KEYS,
-    METRICS,
-    Cell,
-    PaperValue,
-    Recipe,
-    Run,
-    fitted_layers,
-)
+from reservoir.recipes.runs import Run, fitted_layers
+from reservoir.recipes.schema import KIND_KEYS, KINDS, LABEL_KEYS, METRICS, Cell, PaperValue, Recipe
 
 __all__ = [
     "KINDS", "KIND_KEYS", "LABEL_KEYS", "METRICS", "Cell", "PaperValue", "Recipe", "Run", "fitted_layers",

@@ -16,7 +16,8 @@ from reservoir.settings import describe_difference, first_difference, folder_onl
 from reservoir.store.lock import run_folder_lock, writer_lock
 from reservoir.store.remote import StoreURL, is_url
 from reservoir.recipes.files import load_recipe
-from reservoir.recipes.schema import Recipe, Run, fitted_layers
+from reservoir.recipes.runs import Run, fitted_layers
+from reservoir.recipes.schema import Recipe
 
 
 def _check_inside(path: Path, root: Path) -> None:
@@ -138,7 +139,8 @@ def _begun_otherwise(run: Run, folder: Path) -> str | None:
         return f"an interrupted run whose record is unreadable ({err})"
     if not isinstance(begun, dict):
         return "an interrupted run whose record is not a JSON object"
-    diff = first_difference(begun.get("settings") if isinstance(begun.get("settings"), dict) else {}, run.settings())
+    recorded = begun.get("settings")
+    diff = first_difference(recorded if isinstance(recorded, dict) else {}, run.settings())
     if diff is not None:
         return f"an interrupted run with {describe_difference(diff)}"
     try:
@@ -319,6 +321,7 @@ def store_for(run: Run, cache_dir: Path | StoreURL, device: str = "auto", force:
                 remove(path)
         elif complete:
             return path
+    assert run.backbone is not None and run.init is not None  # (a fit-linear run always names them)
     cfg = ex.ExtractConfig(task=run.task, backbone=run.backbone, init=run.init, layers=run.layers, out=str(path),
                            task_params=dict(c.task_params), seed=run.seed, dtype=c.dtype, amp=c.amp,
                            projection=c.projection, device=device,
@@ -353,12 +356,13 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
     if run.kind == "bench":
         from reservoir.bench import speedup
 
-        res = speedup(run.task, dict(c.task_params), backbone=run.backbone, init=run.init, layers=run.layers,
-                      split_layer=c.split_layer, max_live_rows=c.max_live_rows, seed=run.seed, device=device,
-                      **_given(batch_size=c.batch_size))
-        write_result(folder / "speedup.json", {**res.to_dict(), "kind": "bench", "recipe": meta})
-        return (f"output only {res['output_only']['speedup']:.0f}x, layernorm top "
-                f"{res['layernorm_top']['speedup']:.1f}x per epoch")
+        assert run.backbone is not None and run.init is not None  # (a bench run always names them)
+        bench = speedup(run.task, dict(c.task_params), backbone=run.backbone, init=run.init, layers=run.layers,
+                        split_layer=c.split_layer, max_live_rows=c.max_live_rows, seed=run.seed, device=device,
+                        **_given(batch_size=c.batch_size))
+        write_result(folder / "speedup.json", {**bench.to_dict(), "kind": "bench", "recipe": meta})
+        return (f"output only {bench['output_only']['speedup']:.0f}x, layernorm top "
+                f"{bench['layernorm_top']['speedup']:.1f}x per epoch")
     if run.kind == "fit-linear":
         import reservoir.readouts.run as rr
 

@@ -1,7 +1,7 @@
 """Store files: building a new store whole, chunk sizes, removing stores and half-built leftovers.
 
 A new store on disk is built by :func:`build` under a temporary name beside
-its path; :meth:`~reservoir.store.FeatureStore.create` renames it into place
+its path; :meth:`~reservoir.store.WritableStore.create` renames it into place
 once whole. On object storage there is no rename: :func:`build` writes the
 store in place with its attributes last, so it is a store of ours only once
 whole (:mod:`reservoir.store.remote`).
