@@ -1,20 +1,5 @@
-"""``reservoir report``: a recipe's results as a markdown table beside the paper's numbers, plus plots.
-
-The results folder written by :func:`reservoir.recipes.run_recipe` holds the
-recipe (``recipe.yaml``) and one folder per run. The recipe is expanded again
-to find each run's result files; runs are grouped into rows by their label
-(task, tag, backbone, init, layer, readout or finetune and lr: everything but
-the seed). A row shows the test accuracy (mean ± population std over seeds
-when there are several; an lr sweep's row is its chosen lr's test accuracy
-over the sweep's seeds), the number of seeds, and the first ``paper:`` entry of
-the recipe whose ``match`` fits the row's label.
-
-Plots (matplotlib, Agg, no pyplot state): ``depth.png`` test accuracy vs layer
-per task, one line per backbone/init/readout, when fit-linear results span more
-than one layer (paper values as crosses); ``curves.png`` validation accuracy vs
-step of every train run; ``lr_sweep.png`` mean validation accuracy vs lr per
-swept variant (log x).
-"""
+"""A recipe's results as report rows: each run's results files read back and checked, grouped by label (everything
+but the seed), and the rows' markdown table beside the paper's numbers."""
 
 from __future__ import annotations
 
@@ -27,10 +12,10 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import atomic_write, check_inside, check_name, control_char, read_json, save_figure
-from reservoir.pairs import Scored, compare, markdown_pairs, markdown_text as _text
+from reservoir.io import check_inside, control_char, read_json
+from reservoir.pairs import Scored, markdown_text as _text
 from reservoir.readouts.intervals import accuracy_interval, decode_rows
-from reservoir.recipes import METRICS, PaperValue, Recipe, load_recipe
+from reservoir.recipes import METRICS, PaperValue, Recipe
 
 
 @dataclass
@@ -84,19 +69,6 @@ class Row:
     @property
     def std(self) -> float:
         return float(np.std(self.accs)) if self.accs else float("nan")
-
-
-@dataclass
-class Report:
-    """The rendered markdown and every file written (``report.md`` first)."""
-
-    markdown: str
-    files: list[Path]
-    rows: list[Row]
-    comparisons: list = field(default_factory=list)
-
-    def __str__(self) -> str:
-        return self.markdown
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -325,193 +297,3 @@ def markdown_table(rows: list[Row]) -> str:
                  _text("; ".join(dict.fromkeys(p.source for p in papers)))]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
-
-
-# -- plots -----------------------------------------------------------------------
-def _figure(n_panels: int):
-    from matplotlib.figure import Figure
-
-    cols = min(n_panels, 3)
-    rows = -(-n_panels // cols)
-    fig = Figure(figsize=(5 * cols, 3.6 * rows), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    for ax in axes[n_panels:]:
-        ax.set_visible(False)
-    return fig, axes
-
-
-def _task_name(label: dict[str, Any]) -> str:
-    return label["task"] + (f" ({label['tag']})" if label.get("tag") else "")
-
-
-def _error_bars(rows: list[Row]) -> np.ndarray:
-    """``(2, n)`` distances below and above each row's mean: its 95% interval, else the std over seeds."""
-    bars = []
-    for r in rows:
-        ci = r.interval()
-        bars.append((100 * (r.mean - ci[0]), 100 * (ci[1] - r.mean)) if ci else (100 * r.std, 100 * r.std))
-    return np.maximum(np.array(bars).T, 0.0)
-
-
-def plot_depth(rows: list[Row], path: Path) -> Path | None:
-    """Test accuracy vs layer (bars: 95% intervals), one panel per task, one line per backbone/init/readout."""
-    from matplotlib.ticker import MaxNLocator
-
-    fl = [r for r in rows if r.label["kind"] == "fit-linear" and r.accs]
-    # a panel per task whose readouts span several layers (a single depth is a table row, not a curve)
-    tasks = [t for t in dict.fromkeys(_task_name(r.label) for r in fl)
-             if len({r.label["layer"] for r in fl if _task_name(r.label) == t}) > 1]
-    if not tasks:
-        return None
-    fig, axes = _figure(len(tasks))
-    for ax, task in zip(axes, tasks):
-        lines: dict[tuple, list[Row]] = {}
-        for r in fl:
-            if _task_name(r.label) == task:
-                lines.setdefault((r.label["backbone"], r.label["init"], r.label["readout"]), []).append(r)
-        colours: dict[tuple, str] = {}
-        styles = {"pretrained": "-", "random": "--", "stats": ":"}
-        for (bb, init, readout), rs in lines.items():
-            rs = sorted(rs, key=lambda r: r.label["layer"])
-            x = [r.label["layer"] for r in rs]
-            colour = colours.setdefault((bb, init, readout), f"C{len(colours) % 10}")
-            ax.errorbar(x, [100 * r.mean for r in rs], yerr=_error_bars(rs), marker="o", capsize=3,
-                        color=colour, linestyle=styles.get(init, "-"),
-                        label=f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})"))
-            paper = [(r.label["layer"], r.paper.value) for r in rs if r.paper]
-            if paper:
-                px, py = zip(*paper)
-                ax.scatter(px, py, marker="x" if init == "pretrained" else "+", s=70, color=colour,
-                           label=f"paper, {init}")
-        ax.set(title=task, xlabel="layer (depth of the readout)", ylabel="test accuracy (%)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    save_figure(fig, path)  # through a temporary file: a full disk is one line, no half-written PNG
-    return path
-
-
-def _varying(labels: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
-    """The keys whose values differ across ``labels`` (what a legend needs to tell lines apart)."""
-    return [k for k in keys if len({str(lab.get(k)) for lab in labels}) > 1]
-
-
-def _legend_text(lab: dict[str, Any], keys: list[str]) -> str:
-    names = {"finetune": "train", "layer": "depth"}
-    return " ".join(str(lab[k]) if k in ("backbone", "init") else f"{names.get(k, k)} {lab[k]}" for k in keys) or "run"
-
-
-def plot_curves(curves: list[dict], path: Path) -> Path | None:
-    """Validation accuracy vs step of every train run, one panel per task.
-
-    Colour tells the trained groups (and other settings) apart, line style the
-    init (solid pretrained, dashed random, dotted stats); the legend names only
-    what differs between the panel's runs, below the axes.
-    """
-    if not curves:
-        return None
-    tasks = list(dict.fromkeys(_task_name(c["label"]) for c in curves))
-    fig, axes = _figure(len(tasks))
-    fig.set_figheight(fig.get_figheight() + 0.9)
-    styles = {"pretrained": "-", "random": "--", "stats": ":"}
-    for ax, task in zip(axes, tasks):
-        mine = [c for c in curves if _task_name(c["label"]) == task]
-        labs = [{**c["label"], "seed": c["seed"]} for c in mine]
-        keys = _varying(labs, ("backbone", "init", "finetune", "lr", "layer", "seed"))
-        colour_keys = [k for k in keys if k != "init"]
-        colours: dict[str, Any] = {}
-        for c, lab in zip(mine, labs):
-            ckey = _legend_text(lab, colour_keys)
-            colour = colours.setdefault(ckey, f"C{len(colours) % 10}")
-            steps = [p["step"] for p in c["curve"]]
-            ax.plot(steps, [100 * p["val_accuracy"] for p in c["curve"]], marker=".", color=colour,
-                    linestyle=styles.get(lab["init"], "-"), label=_legend_text(lab, keys))
-        ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
-    save_figure(fig, path)
-    return path
-
-
-def plot_sweeps(sweeps: list[dict], path: Path) -> Path | None:
-    """Mean validation accuracy vs learning rate per swept variant (log x)."""
-    if not sweeps:
-        return None
-    tasks = list(dict.fromkeys(_task_name(s["label"]) for s in sweeps))
-    fig, axes = _figure(len(tasks))
-    for ax, task in zip(axes, tasks):
-        for s in sweeps:
-            if _task_name(s["label"]) != task:
-                continue
-            lab = s["label"]
-            line = ax.plot(s["lrs"], [100 * v for v in s["val"]], marker="o",
-                           label=f"{lab['backbone']} {lab['init']} {lab['finetune']}")
-            best = s["lrs"].index(min(s["lrs"], key=lambda v: abs(v - s["best_lr"])))
-            ax.scatter([s["lrs"][best]], [100 * s["val"][best]], s=90, facecolors="none",
-                       edgecolors=line[0].get_color())
-        ax.set_xscale("log")
-        ax.set(title=task, xlabel="learning rate", ylabel="mean validation accuracy (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    save_figure(fig, path)
-    return path
-
-
-def report(results_dir: str | Path, plots: bool = True) -> Report:
-    """Render ``results_dir`` (a ``reservoir recipe run`` output): write ``report.md`` and the PNGs.
-
-    Examples
-    --------
-    >>> r = report("results/quickstart")  # doctest: +SKIP
-    >>> print(r.markdown); print(r.files)  # doctest: +SKIP
-    """
-    d = Path(results_dir)
-    check_name(d)
-    if not d.is_dir():
-        raise ReservoirError(f"{d}: expected a results folder (written by `reservoir recipe run`), found "
-                             f"{'a file' if d.exists() else 'no such folder'}")
-    if not (d / "recipe.yaml").is_file():
-        raise ReservoirError(f"{d}: expected a results folder with recipe.yaml (written by `reservoir recipe run`), "
-                             "found none")
-    check_inside(d / "recipe.yaml", d, "the recipe's copy")
-    from reservoir.recipes.runner import recipe_folder
-
-    recipe = load_recipe(d / "recipe.yaml", folder=recipe_folder(d))  # relative data paths as the run took them
-    outdated: list[str] = []
-    rows, curves, sweeps = collect(d, recipe, outdated)
-    figures = []
-    if plots:
-        for fn, data, name in ((plot_depth, rows, "depth.png"), (plot_curves, curves, "curves.png"),
-                               (plot_sweeps, sweeps, "lr_sweep.png")):
-            written = fn(data, d / name)
-            if written is not None:
-                figures.append(written)
-            elif (d / name).is_file() or (d / name).is_symlink():  # an earlier render's figure of rows gone since
-                (d / name).unlink()
-    parts = [f"# {recipe.name}", ""]
-    if recipe.description:  # as text: a table, a link or HTML in it is shown, not rendered
-        parts += [_text(recipe.description).replace("|", "\\|"), ""]
-    note = ("Test accuracy on the full test split with its 95% interval over the test rows; with several seeds, "
-            "mean ± std (population) over seeds and the interval of that mean. Paper values are from the recipe's "
-            "`paper:` entries.")
-    parts += [markdown_table(rows), "", note, ""]
-    if outdated:
-        parts += [f"**Not current:** {len(outdated)} results file(s) hold another run's results, or this recipe's "
-                  "with other settings (the recipe was edited since), and show as not run; `reservoir recipe run` "
-                  f"redoes them. First: {_text(outdated[0])}.", ""]
-    unpaired: list[str] = []
-    comparisons = compare([sc for r in rows if (sc := r.scored()) is not None], unpaired)
-    if comparisons:
-        parts += ["## Paired differences", "",
-                  "Rows scored on the same test rows: pretrained against each other init, each layer against "
-                  "the one below, and training everything against the FPT groups, in points of test accuracy "
-                  "with the 95% paired bootstrap interval over test rows; "
-                  "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
-    if unpaired:
-        parts += [f"Not compared: {len(unpaired)} pair(s) of rows on the same test rows but with different numbers "
-                  f"of seeds, e.g. {_text(unpaired[0])}; give both rows the same seeds to compare them.", ""]
-    parts += [f"![{p.stem}]({p.name})" for p in figures]
-    md = "\n".join(parts).rstrip() + "\n"
-    with atomic_write(d / "report.md", "the report", text=True) as f:
-        f.write(md)
-    return Report(md, [d / "report.md", *figures], rows, comparisons)
