@@ -232,7 +232,7 @@ def _ran_fit_linear_recipe(tmp_path):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5.0, 10**300, "0.9", True])
 def test_a_results_file_whose_accuracy_is_no_accuracy_is_refused_and_redone(tmp_path, bad):
     from reservoir.readouts.run import FitResult
-    from reservoir.recipes.runner import finished
+    from reservoir.recipes.state import finished
 
     recipe, out, path = _ran_fit_linear_recipe(tmp_path)
     data = json.loads(path.read_text())
@@ -266,7 +266,7 @@ def test_a_results_file_whose_accuracies_contradict_each_other_is_refused_and_re
     """An accuracy the report would print beside an interval that excludes it, or beside paired differences drawn
     from other per-row results, is refused as an out-of-range one is, and the run is done again."""
     from reservoir.readouts.run import FitResult
-    from reservoir.recipes.runner import finished
+    from reservoir.recipes.state import finished
 
     recipe, out, path = _ran_fit_linear_recipe(tmp_path)
     data = json.loads(path.read_text())

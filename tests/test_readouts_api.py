@@ -233,7 +233,7 @@ def test_fit_raw_and_train_refuse_a_train_split_of_one_class():
 
 def test_a_result_without_validation_is_strict_json_and_reads_back(tmp_path):
     """Too few rows to hold out validation: the file says null (strict JSON), and reads, reports and skips."""
-    from reservoir.recipes.runner import finished
+    from reservoir.recipes.state import finished
 
     rng = np.random.default_rng(0)
     data = tmp_path / "tiny.npz"

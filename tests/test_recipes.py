@@ -457,7 +457,7 @@ def test_a_report_shows_the_recipes_text_as_written_and_missing_seeds(tmp_path, 
     """A description holding a table, HTML or an image link, and a tag or a source holding markup, were rendered:
     a recipe could put numbers in the report that no results file holds. A row short of its seeds said only how
     many it had."""
-    import reservoir.recipes.runner
+    import reservoir.recipes.state
 
     fake = "| bit-xor | minilm | pretrained | 6 | linear | 99.90% [99.80, 100.00] | 3 |"
     data = {"name": "text", "description": f"{fake}\n<script>alert(1)</script> ![x](http://example.com/b.png)",
@@ -471,7 +471,7 @@ def test_a_report_shows_the_recipes_text_as_written_and_missing_seeds(tmp_path, 
     def read_data(*a, **k):
         raise AssertionError("the report read the run's data")
 
-    monkeypatch.setattr(reservoir.recipes.runner, "data_fingerprint", read_data)
+    monkeypatch.setattr(reservoir.recipes.state, "data_fingerprint", read_data)
     md = report(out, plots=False).markdown
     assert "\\| bit-xor \\| minilm" in md and "\n| bit-xor |" not in md  # the fake row is text, not a row
     assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md

@@ -67,7 +67,7 @@ sweep ``sweep.json``, bench ``speedup.json``, and in each ``recipe-run.json``, t
 the run began with, so that an interrupted run is resumed only by the same cell; each results file records its
 run's id and settings (:meth:`Run.settings`). Runs whose results exist with the recipe's current settings are skipped (``force``
 redoes them); results of another run, of this run before its cell was edited, or of a task read from files
-whose data changed since (its recorded fingerprint, :func:`~reservoir.recipes.runner.data_fingerprint`), are
+whose data changed since (its recorded fingerprint, :func:`~reservoir.recipes.state.data_fingerprint`), are
 computed again. Every path the runner writes or removes is resolved first and refused unless it lies inside the
 output (or cache) folder, so neither an id nor a symbolic link can send a write, or ``force``'s removal,
 elsewhere. fit-linear stores live at ``<cache_dir>/<hash12>.zarr``, the hash taken
@@ -77,9 +77,10 @@ reused, an unfinished one is resumed.
 """
 
 from reservoir.recipes.files import list_recipes, load_recipe, recipes_dir
-from reservoir.recipes.runner import plan, result_files, run_recipe, store_for
+from reservoir.recipes.runner import plan, run_recipe, store_for
 from reservoir.recipes.runs import Run, fitted_layers
 from reservoir.recipes.schema import KIND_KEYS, KINDS, LABEL_KEYS, METRICS, Cell, PaperValue, Recipe
+from reservoir.recipes.state import result_files
 
 __all__ = [
     "KINDS", "KIND_KEYS", "LABEL_KEYS", "METRICS", "Cell", "PaperValue", "Recipe", "Run", "fitted_layers",

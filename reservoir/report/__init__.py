@@ -65,7 +65,7 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
         raise ReservoirError(f"{d}: expected a results folder with recipe.yaml (written by `reservoir recipe run`), "
                              "found none")
     check_inside(d / "recipe.yaml", d, "the recipe's copy")
-    from reservoir.recipes.runner import recipe_folder
+    from reservoir.recipes.state import recipe_folder
 
     recipe = load_recipe(d / "recipe.yaml", folder=recipe_folder(d))  # relative data paths as the run took them
     outdated: list[str] = []

@@ -137,11 +137,11 @@ def collect(results_dir: Path, recipe: Recipe,
     """Rows (in recipe order), train curves and lr sweeps found under ``results_dir``.
 
     A results file of another run, or of this run with settings other than the recipe's (an edited recipe not yet
-    rerun: :func:`~reservoir.recipes.runner.file_state`), counts as not run; ``outdated`` gets a line for each.
+    rerun: :func:`~reservoir.recipes.state.file_state`), counts as not run; ``outdated`` gets a line for each.
     """
     from reservoir.bench import BenchResult
     from reservoir.readouts import FitResult
-    from reservoir.recipes.runner import file_state
+    from reservoir.recipes.state import file_state
     from reservoir.training import SweepResult, TrainResult
     from reservoir.training.loop import steps_to_converge
     from reservoir.training.sweeps import run_name
