@@ -43,6 +43,7 @@ from reservoir.backbones.arch import arch_for, config_refusal, get_module
 from reservoir.backbones.hub import check_folder, from_pretrained, hub_offline, load_error
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
+from reservoir.backbones.projection import input_projection
 from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import check_memory
@@ -277,50 +278,6 @@ def weights_sha256(model: nn.Module) -> str:
         h.update(f"{name}{tuple(t.shape)}".encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()
-
-
-def orthogonal_projection(d_in: int, n_dim: int, gain: float = options.PROJECTION_GAIN, seed: int = 0) -> nn.Linear:
-    """The fixed input map: ``Linear(d_in, n_dim)``, orthogonal weight scaled by ``gain``, zero bias.
-
-    Examples
-    --------
-    >>> proj = orthogonal_projection(15, 32, gain=1.0, seed=0)
-    >>> torch.allclose(proj.weight.t() @ proj.weight, torch.eye(15), atol=1e-5)
-    True
-    """
-    proj = nn.Linear(d_in, n_dim)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        nn.init.orthogonal_(proj.weight, gain=gain, generator=gen)
-        proj.bias.zero_()
-    return proj
-
-
-def input_projection(kind: str, d_in: int, n_dim: int, gain: float = options.PROJECTION_GAIN,
-                     seed: int = 0) -> nn.Linear:
-    """The fixed input map of ``kind`` (:data:`~reservoir.options.PROJECTIONS`), seeded, zero bias.
-
-    ``orthogonal``: :func:`orthogonal_projection` (scaled by ``gain``).
-    ``normal``: N(0, 1) entries, what ``nn.Embedding`` draws: a token task's
-    one-hot rows then pick rows of an embedding table, as the official FPT
-    code embeds tokens (``gain`` does not apply).
-
-    Examples
-    --------
-    >>> w = input_projection("normal", 15, 768, seed=0).weight.detach()
-    >>> round(float(w.std()), 1), w.shape
-    (1.0, torch.Size([768, 15]))
-    """
-    if kind == "orthogonal":
-        return orthogonal_projection(d_in, n_dim, gain, seed)
-    if kind != "normal":
-        raise ReservoirError(f"unknown projection {kind!r}; expected one of: {', '.join(options.PROJECTIONS)}")
-    proj = nn.Linear(d_in, n_dim)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        proj.weight.normal_(0.0, 1.0, generator=gen)
-        proj.bias.zero_()
-    return proj
 
 
 def load_backbone(

@@ -71,7 +71,7 @@ class PlainLoop:
 
     def __init__(self, config, task, feeder, device: torch.device, info, amp: str | None = None):
         from reservoir.backbones.arch import arch_for
-        from reservoir.backbones.load import input_projection
+        from reservoir.backbones.projection import input_projection
         from reservoir.backbones.model import Backbone
         from reservoir.training import ReservoirClassifier, heads_per_token
         from reservoir.training.data import EpochOrder
