@@ -12,10 +12,11 @@ right). The report compares
 * a run that trains everything (``--finetune all``, unfrozen) against the FPT
   groups (frozen) with everything else equal (Rothermel et al.'s question),
 
-with the paired bootstrap interval of the difference
-(:func:`reservoir.readouts.intervals.paired_difference`), and marks those whose
-interval excludes zero. With several seeds, a row's per-row results are summed
-over its seeds first.
+with the paired bootstrap interval of the difference and the exact sign test
+over the rows where the two differ
+(:func:`reservoir.readouts.intervals.paired_difference`), and marks those both
+resolve (the interval excludes zero and the test rejects no difference at 5%).
+With several seeds, a row's per-row results are summed over its seeds first.
 """
 
 from __future__ import annotations
@@ -109,10 +110,22 @@ def markdown_text(text: str) -> str:
     return text.translate(_MARKUP)
 
 
+def _p(p: float) -> str:
+    """A p-value as the table prints it: ``0.0215``, ``<0.0001``.
+
+    Examples
+    --------
+    >>> _p(0.021484375), _p(3e-9), _p(1.0)
+    ('0.0215', '<0.0001', '1')
+    """
+    return "<0.0001" if p < 1e-4 else f"{p:.3g}"
+
+
 def markdown_pairs(comparisons: list[Comparison]) -> str:
-    """The comparisons as a markdown table (points of accuracy; ``yes`` where the interval excludes zero)."""
+    """The comparisons as a markdown table (points of accuracy; ``yes`` where the difference is resolved: its
+    interval excludes zero and the sign test's p is below 0.05)."""
     head = ["task", "backbone", "setting", "layer", "comparison", "difference", "95% paired interval",
-            "excludes 0"]
+            "sign test p", "resolved"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for c in comparisons:
         lab, d = c.a.label, c.difference
@@ -125,7 +138,7 @@ def markdown_pairs(comparisons: list[Comparison]) -> str:
             lr = lab["lr"]
             setting += f", lr {lr:g}" if isinstance(lr, (int, float)) else f", lr {lr}"
         cells = [markdown_text(task), markdown_text(str(lab.get("backbone") or "—")), setting, layer, c.what,
-                 f"{100 * d.diff:+.2f} pts", f"[{100 * d.low:+.2f}, {100 * d.high:+.2f}]",
-                 "yes" if d.excludes_zero else "no"]
+                 f"{100 * d.diff:+.2f} pts", f"[{100 * d.low:+.2f}, {100 * d.high:+.2f}]", _p(d.p_value),
+                 "yes" if d.resolved else "no"]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     return "\n".join(lines)

@@ -162,7 +162,30 @@ def test_intervals_are_honest_at_the_edges():
     d = paired_difference(np.ones(400), np.r_[np.ones(380), np.zeros(20)])
     assert d.diff == pytest.approx(0.05) and d.excludes_zero and d.low > 0
     same = paired_difference(np.r_[np.ones(200), np.zeros(200)], np.r_[np.zeros(200), np.ones(200)])
-    assert same.diff == 0 and not same.excludes_zero
+    assert same.diff == 0 and not same.excludes_zero and not same.resolved
+    # every row alike, half its heads right: the interval of 50% over 5 rows (it was computed at 2 of 5 rows)
+    assert accuracy_interval(np.ones(5), heads=2) == pytest.approx((0.1704, 0.8296), abs=1e-4)
+
+
+def test_a_paired_difference_is_resolved_only_when_an_exact_test_agrees():
+    """The bootstrap's interval of a few rows that differ all one way is a point away from zero ([+1, +1] for one
+    row): a difference is resolved only when the exact sign test (McNemar's) also rejects no difference."""
+    from scipy.stats import binomtest
+
+    one = paired_difference(np.ones(1), np.zeros(1))
+    assert (one.low, one.high) == (1.0, 1.0) and one.excludes_zero and one.p_value == 1.0 and not one.resolved
+    a, b = np.r_[np.ones(4), np.zeros(996)], np.zeros(1000)  # 4 rows only a gets right, none the other way
+    four = paired_difference(a, b)
+    assert four.excludes_zero and four.p_value == pytest.approx(binomtest(4, 4).pvalue) == 0.125
+    assert not four.resolved
+    rng = np.random.default_rng(0)
+    a, b = (rng.random(1000) < 0.62).astype(float), (rng.random(1000) < 0.55).astype(float)
+    d = paired_difference(a, b)
+    pos, neg = int(((a - b) > 0).sum()), int(((a - b) < 0).sum())
+    assert d.p_value == pytest.approx(binomtest(pos, pos + neg).pvalue)  # McNemar's exact test
+    assert d.resolved == (d.excludes_zero and d.p_value < 0.05)
+    heads = paired_difference(np.r_[np.full(30, 3), np.full(970, 2)], np.full(1000, 2), heads=3)
+    assert heads.p_value == pytest.approx(binomtest(30, 30).pvalue) and heads.resolved  # rows that differ, any heads
 
 
 def test_rows_record_round_trip_and_refusals():
@@ -452,6 +475,32 @@ def test_standardized_penalty_matches_sklearn_on_badly_conditioned_features():
         np.testing.assert_allclose(ours.predict_proba(X), sk.predict_proba(Z), atol=1e-2)
 
 
+def test_a_learning_curve_below_the_carve_is_refused_without_a_val_split(tmp_path):
+    """Fewer than 10 training rows are never split for validation: a curve's point there would fit the weakest
+    strength, unlike every other point. Without a val split such a size is refused; a store that small says so."""
+    from reservoir import TaskData, extract, load_backbone
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 8, (40, 6)), np.arange(40) % 2
+
+    def store(name, n_train, **val):
+        task = TaskData.from_arrays(name, train=(x[:n_train], y[:n_train]), test=(x[30:], y[30:]), **val)
+        return extract(task, load_backbone("tiny-gpt2", d_in=task.d_in), tmp_path / f"{name}.zarr", layers=1,
+                       device="cpu", progress=False)
+
+    with store("plain", 30) as st:
+        with pytest.raises(ReservoirError, match=r"expected train sizes of at least 10 rows on a store without a val "
+                                                 r"split .* found 6"):
+            fit_linear(st, [1], train_sizes=[6, None])
+        assert fit_linear(st, [1])[0].config["validation"] == "carved from train"
+    with store("with-val", 30, val=(x[20:30], y[20:30])) as st:
+        curve = fit_linear(st, [1], train_sizes=[6, None])[0].metrics["learning_curve"]
+        assert [p["n_train"] for p in curve] == [6, 30]
+    with store("tiny", 8) as st:
+        assert fit_linear(st, [1])[0].config["validation"] == ("none (fewer than 10 training rows: the weakest "
+                                                               "strength is fitted)")
+
+
 def test_a_learning_curve_subset_of_one_class_predicts_that_class(tmp_path):
     """The readouts refuse one class (as scikit-learn does); a curve's small subset can hold one, and the curve then
     died with that refusal. Such a point is the constant predictor of that class."""
@@ -459,7 +508,7 @@ def test_a_learning_curve_subset_of_one_class_predicts_that_class(tmp_path):
 
     rng = np.random.default_rng(0)
     y = np.zeros(200, np.int64)
-    y[:3] = 1  # 3 of 200 rows of class 1: a subset of 4 rows is almost surely all 0
+    y[:1] = 1  # 1 of 200 rows of class 1: a subset of 10 rows is almost surely all 0
     yt = (rng.random(50) < 0.3).astype(np.int64)
     task = TaskData.from_arrays("imbalanced", train=(rng.integers(0, 8, (200, 6)), y),
                                 test=(rng.integers(0, 8, (50, 6)), yt))
@@ -467,9 +516,9 @@ def test_a_learning_curve_subset_of_one_class_predicts_that_class(tmp_path):
                     progress=False)
     with store:
         for readout in ("logistic", "ridge"):
-            curve = fit_linear(store, [1], readout, train_sizes=[4, None])[0].metrics["learning_curve"]
+            curve = fit_linear(store, [1], readout, train_sizes=[10, None])[0].metrics["learning_curve"]
             point = curve[0]
-            assert point["n_train"] == 4 and point["alpha"] is None and point["one_class"] == 0
+            assert point["n_train"] == 10 and point["alpha"] is None and point["one_class"] == 0
             assert point["test_accuracy"] == pytest.approx((yt == 0).mean())
             lo, hi = point["test_interval"]
             assert lo <= point["test_accuracy"] <= hi

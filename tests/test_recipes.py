@@ -401,9 +401,10 @@ def test_report_marks_paired_differences(tiny_run):
     d = paired_difference(a[0], b[0], a[1])
     (c,) = [c for c in rep.comparisons if c.what == "pretrained − random" and c.a.label["layer"] == 2]
     assert (c.difference.diff, c.difference.low, c.difference.high) == pytest.approx((d.diff, d.low, d.high))
-    mark = "yes" if d.excludes_zero else "no"
-    assert f"| pretrained − random | {100 * d.diff:+.2f} pts | [{100 * d.low:+.2f}, {100 * d.high:+.2f}] | {mark} |" \
-        in rep.markdown
+    assert c.difference.p_value == pytest.approx(d.p_value)
+    mark, p = "yes" if d.resolved else "no", "<0.0001" if d.p_value < 1e-4 else f"{d.p_value:.3g}"
+    assert f"| pretrained − random | {100 * d.diff:+.2f} pts | [{100 * d.low:+.2f}, {100 * d.high:+.2f}] | {p} | " \
+           f"{mark} |" in rep.markdown
 
 
 def test_report_mean_and_std_over_seeds(tmp_path):

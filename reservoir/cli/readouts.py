@@ -63,7 +63,8 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
               help="Multinomial logistic (its L2 path batched, whitened) or closed-form ridge (one eigendecomposition "
                    "per layer).")
 @click.option("--train-sizes", default=None, metavar="N,N,...,all",
-              help="Also fit on nested, seeded subsets of the training rows (a learning curve): a table and "
+              help="Also fit on nested, seeded subsets of the training rows (a learning curve; at least 10 rows "
+                   "unless the store has a val split): a table and "
                    "<readout>[-<pooling>][-nonorm]-learning-curve.png.")
 @click.option("--pooling", default=None, metavar="last|first|mean",
               help="Which pooling of the store to read (extract --pooling); default the store's first.")

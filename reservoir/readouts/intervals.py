@@ -23,7 +23,13 @@ many heads counts once, as it was drawn once.
   apart) can give a higher lower bound than none.
 * A difference of two readouts on the same rows: the paired bootstrap of the
   mean per-row difference (seeded, same draw), so what both get right or wrong
-  cancels; the difference is marked when its interval excludes zero.
+  cancels, and the exact sign test over the rows where the two differ
+  (McNemar's exact test when a row has one label). A difference is resolved
+  when both say so: its interval excludes zero and the test rejects no
+  difference at 5%. The bootstrap alone is not enough on a few rows that
+  differ: one row that ``a`` got right and ``b`` wrong gives the interval
+  [+1, +1] (every resample alike), and four such rows out of a thousand
+  exclude zero as well, where the exact test gives p = 1 and p = 0.125.
 
 Per-row results travel in results files as
 :func:`~reservoir.results.encode_rows` (counts of correct heads, base64).
@@ -94,7 +100,7 @@ def accuracy_interval(correct: np.ndarray, heads: int = 1, *, level: float = LEV
     if heads == 1:
         return wilson(int(correct.sum()), n, level)
     if np.all(correct == correct[0]):  # every row alike (all right, say): no spread to measure; count rows
-        return wilson(round(float(correct[0]) / heads * n), n, level)
+        return _wilson_p(float(correct[0]) / heads, n, level)
     share = correct / heads  # (n,)
     p = float(share.mean())
     variance = float(share.var(ddof=1)) / n  # of the mean
@@ -113,36 +119,67 @@ def _wilson_p(p: float, n: float, level: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Difference:
-    """``a - b`` in accuracy over the same rows, its paired 95% interval, and whether it excludes zero."""
+    """``a - b`` in accuracy over the same rows: its paired 95% interval (``low``, ``high``) and the exact sign
+    test's two-sided p-value over the rows where ``a`` and ``b`` differ (``p_value``)."""
 
     diff: float
     low: float
     high: float
+    p_value: float = math.nan
+    level: float = LEVEL
 
     @property
     def excludes_zero(self) -> bool:
+        """Whether the paired interval excludes zero."""
         return self.low > 0 or self.high < 0
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the rows tell ``a`` from ``b``: the interval excludes zero and the sign test rejects no
+        difference at ``1 - level`` (module docstring: the interval alone does not suffice on a few rows)."""
+        return self.excludes_zero and self.p_value < 1 - self.level
+
+
+def sign_test(d: np.ndarray) -> float:
+    """The exact two-sided sign test of per-row differences ``d``: the rows where they are zero left out, is the
+    number of positive rows among the rest what a fair coin gives? McNemar's exact test for one label a row.
+
+    Examples
+    --------
+    >>> sign_test(np.r_[np.ones(4), np.zeros(996)]), round(sign_test(np.r_[np.ones(9), -1.0]), 4)
+    (0.125, 0.0215)
+    """
+    from scipy.stats import binom
+
+    pos, neg = int((d > 0).sum()), int((d < 0).sum())
+    if pos + neg == 0:
+        return 1.0
+    return min(1.0, 2.0 * float(binom.cdf(min(pos, neg), pos + neg, 0.5)))
 
 
 def paired_difference(correct_a: np.ndarray, correct_b: np.ndarray, heads: int = 1, *, seed: int = 0,
                       level: float = LEVEL, resamples: int = RESAMPLES) -> Difference:
-    """The accuracy of ``a`` minus that of ``b`` on the same rows, with a paired bootstrap interval.
+    """The accuracy of ``a`` minus that of ``b`` on the same rows, with a paired bootstrap interval and the exact
+    sign test over the rows where they differ (:class:`Difference`; ``resolved`` needs both).
 
     Examples
     --------
     >>> a, b = np.ones(500), np.r_[np.ones(450), np.zeros(50)]
-    >>> paired_difference(a, b).excludes_zero, paired_difference(a, a).excludes_zero
+    >>> paired_difference(a, b).resolved, paired_difference(a, a).resolved
     (True, False)
+    >>> one = paired_difference(np.ones(1), np.zeros(1))  # one row: the interval excludes zero, the test cannot
+    >>> (one.low, one.high), one.p_value, one.resolved
+    ((1.0, 1.0), 1.0, False)
     """
     a, b = np.asarray(correct_a, np.float64), np.asarray(correct_b, np.float64)
     if a.shape != b.shape:
         raise ReservoirError(f"expected per-row results of the same rows; found {len(a)} and {len(b)} rows")
     d = (a - b) / heads  # (n,)
     if len(d) == 0:
-        return Difference(math.nan, math.nan, math.nan)
+        return Difference(math.nan, math.nan, math.nan, math.nan, level)
     means = _bootstrap_means(d, seed, resamples)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return Difference(float(d.mean()), float(lo), float(hi))
+    return Difference(float(d.mean()), float(lo), float(hi), sign_test(d), level)
 
 
 def accuracy_metrics(prefix: str, correct: np.ndarray, heads: int, *,

@@ -25,6 +25,7 @@ from reservoir.errors import ReservoirError
 from reservoir.io import check_local, within, writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
+from reservoir.readouts.stats import MIN_CARVE_ROWS
 from reservoir.readouts.sweep import make_readout, test_metrics, validation_metrics
 from reservoir.results import Result
 from reservoir.runtime import check_seed, resolve_device
@@ -265,6 +266,12 @@ def fit_linear(
         if largest > st.n_rows("train"):
             raise ReservoirError(f"{st.path}: expected train sizes up to the store's {st.n_rows('train'):,} training "
                                  f"rows; found {largest:,}")
+        smallest = min((s for s in sizes or [] if s is not None), default=None)
+        if smallest is not None and smallest < MIN_CARVE_ROWS and "val" not in st.splits:
+            raise ReservoirError(f"{st.path}: expected train sizes of at least {MIN_CARVE_ROWS} rows on a store "
+                                 "without a val split (the validation rows that choose the L2 strength are carved "
+                                 f"from the training rows, and fewer than {MIN_CARVE_ROWS} are never carved); found "
+                                 f"{smallest}")
         if sizes and None in sizes and st.n_rows("train") in sizes:
             raise ReservoirError(f"{st.path}: expected distinct train sizes; found {st.n_rows('train'):,} and 'all', "
                                  f"which are both the store's {st.n_rows('train'):,} training rows")
@@ -285,7 +292,9 @@ def fit_linear(
         if streamed and sizes:
             raise ReservoirError(f"{st.path}: a layer's train features exceed {STREAM_AUTO_BYTES / 1024**3:.0f} GiB, "
                                  "so they are streamed; a learning curve (train_sizes) needs them in memory")
-        has_val = "val" in st.splits
+        validation = ("store val split" if "val" in st.splits else "carved from train"
+                      if st.n_rows("train") >= MIN_CARVE_ROWS else
+                      f"none (fewer than {MIN_CARVE_ROWS} training rows: the weakest strength is fitted)")
         results = []
         for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
                          train_sizes=sizes, pooling=pooled):
@@ -297,7 +306,7 @@ def fit_linear(
                 kind="fit-linear",
                 config={"store": source, "layer": fit.layer, "readout": readout, "seed": seed,
                         "final_norm": final_norm, "alphas": sorted(est.val_scores_),
-                        "validation": "store val split" if has_val else "carved from train", "stream": streamed,
+                        "validation": validation, "stream": streamed,
                         "train_sizes": None if not sizes else ["all" if s is None else s for s in sizes],
                         "pooling": pooled},
                 store=st.fingerprint(), metrics=metrics, timings=fit.timings,

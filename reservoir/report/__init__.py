@@ -96,8 +96,9 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
         parts += ["## Paired differences", "",
                   "Rows scored on the same test rows: pretrained against each other init, each layer against "
                   "the one below, and training everything against the FPT groups, in points of test accuracy "
-                  "with the 95% paired bootstrap interval over test rows; "
-                  "`yes` where the interval excludes zero.", "", markdown_pairs(comparisons), ""]
+                  "with the 95% paired bootstrap interval over test rows and the exact sign test over the rows "
+                  "where the two differ (McNemar's, for one label a row); `resolved` where the interval excludes "
+                  "zero and p < 0.05.", "", markdown_pairs(comparisons), ""]
     if unpaired:
         parts += [f"Not compared: {len(unpaired)} pair(s) of rows on the same test rows but with different numbers "
                   f"of seeds, e.g. {_text(unpaired[0])}; give both rows the same seeds to compare them.", ""]
