@@ -65,7 +65,7 @@ def test_fit_linear_writes_nothing_without_results_dir(xor_store, tmp_path, monk
 
 
 def test_a_fit_whose_folder_lock_file_is_removed_stops_before_its_next_write(xor_store, tmp_path):
-    from reservoir.readouts.run import results_folder
+    from reservoir.readouts.naming import results_folder
     from reservoir.store.lock import lock_path
 
     folder = results_folder(tmp_path, xor_store)
@@ -253,7 +253,7 @@ def test_stores_of_one_name_do_not_mix_their_results(xor_store, tmp_path):
     import shutil
     from pathlib import Path
 
-    from reservoir.readouts.run import store_stem
+    from reservoir.readouts.naming import store_stem
 
     assert [store_stem(p) for p in ("c/xor.zarr", "xor.digits.zarr", "s3://b/k/xor.zarr/", "x.H5", "plain")] == \
         ["xor", "xor.digits", "xor", "x", "plain"]

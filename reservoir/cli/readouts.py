@@ -82,7 +82,8 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @storage_option(store="STORE")
 def fit_linear(store, layer, readout, train_sizes, pooling, save, stream, seed, results_dir, device, no_final_norm):
     """Fit a linear readout on stored features; print train/val/test accuracy (95% intervals) per layer."""
-    from reservoir.readouts.run import fit_linear as run_fit, result_stem, results_folder
+    from reservoir.readouts.naming import result_stem, results_folder
+    from reservoir.readouts.run import fit_linear as run_fit
 
     if not results_dir.strip():  # the working folder would take the results' folders
         raise click.BadParameter("expected a folder for the results; found an empty path", param_hint="--results")
@@ -145,7 +146,7 @@ def predict(probe, store, splits, out):
     import numpy as np
 
     from reservoir.readouts.probes import predict_store
-    from reservoir.readouts.run import store_stem
+    from reservoir.readouts.naming import store_stem
 
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
     target = Path(out) if out is not None else Path(f"{base}-{store_stem(store)}.predictions.npz")
@@ -172,7 +173,7 @@ def _check_predictions_owner(target: Path, store: str) -> None:
     (``x.zarr`` and ``x.h5``, or two folders), as ``fit-linear`` refuses their results."""
     import numpy as np
 
-    from reservoir.readouts.run import same_store
+    from reservoir.readouts.naming import same_store
 
     try:
         with np.load(target, allow_pickle=False) as old:

@@ -25,6 +25,7 @@ from reservoir.errors import ReservoirError
 from reservoir.io import check_local, within, writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
+from reservoir.readouts.naming import result_stem, results_folder, same_store
 from reservoir.readouts.stats import MIN_CARVE_ROWS
 from reservoir.readouts.sweep import make_readout, test_metrics, validation_metrics
 from reservoir.results import Result
@@ -326,44 +327,6 @@ def fit_linear(
             if on_result is not None:
                 on_result(result)
         return results
-
-
-def result_stem(readout: str, pooling: str, final_norm: bool) -> str:
-    """The name of a fit's files less ``-layer<K>.json``: the readout, then the pooling unless ``last``, then
-    ``nonorm`` for raw features, so every kind of fit of a layer sits beside the others.
-
-    Examples
-    --------
-    >>> result_stem("logistic", "last", True), result_stem("ridge", "mean", False)
-    ('logistic', 'ridge-mean-nonorm')
-    """
-    return readout + ("" if pooling == "last" else f"-{pooling}") + ("" if final_norm else "-nonorm")
-
-
-def store_stem(store: object) -> str:
-    """The name a store's results go by: its file name less the format's suffix (``cache/xor.zarr`` -> ``xor``).
-
-    Only that suffix goes: ``xor.digits.zarr`` is ``xor.digits``. Two stores of
-    one name (``xor.zarr`` and ``xor.h5``, or in two folders) share it, and
-    :func:`fit_linear` refuses to mix their results in one folder.
-    """
-    name = Path(str(store).rstrip("/")).name  # a path, or an object store's URL
-    for suffix in (".zarr", ".h5", ".hdf5", ".hdf"):
-        if name.lower().endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
-    """The folder of ``results_dir`` that :func:`fit_linear` writes a store's results in."""
-    return Path(results_dir) / store_stem(store)
-
-
-def same_store(a: str, b: str) -> bool:
-    """Whether two store paths (or URLs) name one store."""
-    if "://" in a or "://" in b:
-        return a.rstrip("/") == b.rstrip("/")
-    return Path(a).resolve() == Path(b).resolve()
 
 
 def _check_owner(folder: Path, stem: str, source: str) -> None:

@@ -1,0 +1,45 @@
+"""Where a fit's files go: the stem of their names (readout, pooling, raw features), the results folder of a
+store (named after the store), and whether two store paths name one store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def result_stem(readout: str, pooling: str, final_norm: bool) -> str:
+    """The name of a fit's files less ``-layer<K>.json``: the readout, then the pooling unless ``last``, then
+    ``nonorm`` for raw features, so every kind of fit of a layer sits beside the others.
+
+    Examples
+    --------
+    >>> result_stem("logistic", "last", True), result_stem("ridge", "mean", False)
+    ('logistic', 'ridge-mean-nonorm')
+    """
+    return readout + ("" if pooling == "last" else f"-{pooling}") + ("" if final_norm else "-nonorm")
+
+
+def store_stem(store: object) -> str:
+    """The name a store's results go by: its file name less the format's suffix (``cache/xor.zarr`` -> ``xor``).
+
+    Only that suffix goes: ``xor.digits.zarr`` is ``xor.digits``. Two stores of
+    one name (``xor.zarr`` and ``xor.h5``, or in two folders) share it, and
+    :func:`~reservoir.readouts.run.fit_linear` refuses to mix their results in one folder.
+    """
+    name = Path(str(store).rstrip("/")).name  # a path, or an object store's URL
+    for suffix in (".zarr", ".h5", ".hdf5", ".hdf"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
+    """The folder of ``results_dir`` that :func:`~reservoir.readouts.run.fit_linear` writes a store's results in."""
+    return Path(results_dir) / store_stem(store)
+
+
+def same_store(a: str, b: str) -> bool:
+    """Whether two store paths (or URLs) name one store."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return Path(a).resolve() == Path(b).resolve()
