@@ -293,13 +293,14 @@ def fit_linear(
         if streamed and sizes:
             raise ReservoirError(f"{st.path}: a layer's train features exceed {STREAM_AUTO_BYTES / 1024**3:.0f} GiB, "
                                  "so they are streamed; a learning curve (train_sizes) needs them in memory")
-        validation = ("store val split" if "val" in st.splits else "carved from train"
-                      if st.n_rows("train") >= MIN_CARVE_ROWS else
-                      f"none (fewer than {MIN_CARVE_ROWS} training rows: the weakest strength is fitted)")
+        has_val = "val" in st.splits
         results = []
         for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
                          train_sizes=sizes, pooling=pooled):
             est = fit.estimator
+            # what the readout did: without a val split it carves one, or (too few rows) scores no strength at all
+            validation = "store val split" if has_val else "carved from train" if est.val_scores_ else \
+                f"none (fewer than {MIN_CARVE_ROWS} training rows: the weakest strength is fitted)"
             metrics = dict(fit.metrics)
             if fit.curve:
                 metrics["learning_curve"] = fit.curve
