@@ -482,7 +482,7 @@ def test_csv_columns_named_twice_or_for_two_roles_are_one_line_and_one_number_is
 
 def test_one_long_row_that_would_pad_beyond_memory_is_refused_before_padding(tmp_path, monkeypatch):
     pytest.importorskip("pyarrow")
-    import reservoir.io as rio
+    import reservoir.io.system as rio
 
     long_row = " ".join(["1"] * 2000)
     rows = "".join(f"{long_row if i == 0 else 2},{i % 2},{'train' if i < 3000 else 'test'}\n" for i in range(4000))
@@ -499,7 +499,7 @@ def test_a_table_that_would_decode_beyond_memory_is_refused_before_it_is_read(tm
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    import reservoir.io as rio
+    import reservoir.io.system as rio
 
     n = 4000
     pq.write_table(pa.table({"inputs": [[1] * 1000] * n, "label": [i % 2 for i in range(n)],
@@ -566,7 +566,7 @@ def test_csv_cells_are_parsed_at_the_speed_of_the_file_and_checked_against_memor
     """25,000 numbers a row took 40 ms a row in Python (json.loads each); pyarrow's kernels parse them in one pass.
     The parse's memory (about eight times the cells' text) is checked before it."""
     pytest.importorskip("pyarrow")
-    import reservoir.io as rio
+    import reservoir.io.system as rio
 
     row = " ".join(["7"] * 25_000)
     text = "".join(f"{row},{i % 2},{'train' if i < 60 else 'test'}\n" for i in range(80))

@@ -161,7 +161,7 @@ def test_idx_headers_are_checked_before_the_data_is_read(tmp_path, monkeypatch):
     bytes."""
     import gzip
 
-    import reservoir.io as rio
+    import reservoir.io.system as rio
     from reservoir.tasks.images.idx import read_idx
 
     folder = tmp_path / "idx"

@@ -419,7 +419,7 @@ def test_an_npz_is_checked_from_its_headers_before_it_is_decompressed(tmp_path, 
     assert "train_labels: expected 4096 rows, one per row of train_inputs; found 4095 rows" in r.stderr and not loads
     np.savez_compressed(path, train_inputs=big, train_labels=np.zeros(4096, int), test_inputs=big[:8],
                         test_labels=np.zeros(8, int))
-    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 4 << 20)  # a machine with 4 MiB free
+    monkeypatch.setattr(reservoir.io.system, "available_memory", lambda: 4 << 20)  # a machine with 4 MiB free
     r = invoke("extract", "--data", path, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
     assert_bad_input(r)
     assert "zeros.npz: expected arrays that fit in the 4.0 MiB of memory available; found 8.0 MiB" in r.stderr
@@ -540,7 +540,7 @@ def full_disk(monkeypatch):
             raise no_space()
         return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(reservoir.io, "open", opened, raising=False)
+    monkeypatch.setattr(reservoir.io.writes, "open", opened, raising=False)
     monkeypatch.setattr(os, "pwrite", pwrite)
     return room
 
@@ -758,7 +758,7 @@ def test_a_json_file_past_the_size_limit_is_refused_before_it_is_parsed(tmp_path
 
     path = tmp_path / "big.json"
     path.write_text(json.dumps({"x": "y" * 5000}))
-    monkeypatch.setattr(reservoir.io, "MAX_JSON_BYTES", 4096)
+    monkeypatch.setattr(reservoir.io.reads, "MAX_JSON_BYTES", 4096)
     with pytest.raises(ReservoirError, match=r"big.json: expected a results JSON object of at most 4.0 KiB; found 4.9"):
         read_json(path, "a results JSON object")
 

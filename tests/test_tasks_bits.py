@@ -177,7 +177,7 @@ def test_memory_bad_params(params, word):
 def test_parameters_whose_arrays_exceed_the_memory_are_refused_before_any_is_made(task, params, made, monkeypatch):
     import reservoir.io
 
-    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 16 << 30)
+    monkeypatch.setattr(reservoir.io.system, "available_memory", lambda: 16 << 30)
     with pytest.raises(ReservoirError) as err:
         get_task(task, **params)
     assert str(err.value).startswith(f"task {task!r}: expected arrays ({made}) that fit in the 16.0 GiB of memory "

@@ -144,11 +144,11 @@ def test_a_json_file_beyond_the_toolkits_own_json_bound_is_read_when_memory_allo
     recs = [dict(r, evolutionary=[[0.5] * 30] * len(r["primary"])) for r in records("train")]
     write_json(tmp_path, "train", recs)
     path = tmp_path / "remote_homology_train.json"
-    monkeypatch.setattr(reservoir.io, "MAX_JSON_BYTES", 1024)  # the file is ~5 KiB
+    monkeypatch.setattr(reservoir.io.reads, "MAX_JSON_BYTES", 1024)  # the file is ~5 KiB
     assert path.stat().st_size > 4096
     split, _ = read_split(str(path), max_length=1024)
     assert len(split.labels) == len(recs)
-    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 8 * path.stat().st_size)
+    monkeypatch.setattr(reservoir.io.system, "available_memory", lambda: 8 * path.stat().st_size)
     with pytest.raises(ReservoirError) as e:
         read_split(str(path), max_length=1024)
     assert_one_line_error(e, str(path), "expected records read as Python objects (about ten times the file) that fit")

@@ -300,7 +300,7 @@ def test_an_image_size_whose_arrays_exceed_the_memory_is_refused_before_padding(
     import reservoir.io
 
     write_mnist(tmp_path, n_train=20, n_test=8)
-    monkeypatch.setattr(reservoir.io, "available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(reservoir.io.system, "available_memory", lambda: 1 << 30)
     with pytest.raises(ReservoirError) as e:
         get_task("mnist", data_dir=tmp_path, size=4000)
     assert_one_line_error(e, "task 'mnist': expected arrays (20 train images of 4000x4000 pixels) that fit in the "
