@@ -143,7 +143,7 @@ def collect(results_dir: Path, recipe: Recipe,
     from reservoir.readouts import FitResult
     from reservoir.recipes.state import file_state
     from reservoir.training import SweepResult, TrainResult
-    from reservoir.training.loop import steps_to_converge
+    from reservoir.training.evaluate import steps_to_converge
     from reservoir.training.sweeps import run_name
 
     rows: dict[tuple, Row] = {}

@@ -14,6 +14,7 @@ The package, in the order a run uses it:
 - :mod:`~reservoir.training.config`: :class:`TrainConfig`, the bounds of its numbers;
 - :mod:`~reservoir.training.classifier`: :class:`ReservoirClassifier` and the loss;
 - :mod:`~reservoir.training.data`: :class:`Feeder` (one split's batches), :class:`TrainData`;
+- :mod:`~reservoir.training.evaluate`: accuracy on a split, the rows right, steps to converge;
 - :mod:`~reservoir.training.loop`: :func:`train` (objects in, :class:`TrainResult` out);
 - :mod:`~reservoir.training.builders`: :func:`run` (a config in: what ``reservoir train`` calls), :func:`load_run`;
 - :mod:`~reservoir.training.stores`: training from split-point and last-token stores;

@@ -30,7 +30,8 @@ from reservoir.training.classifier import ReservoirClassifier, heads_per_token
 from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val, data_identity
 from reservoir.training.freeze import describe, parse_groups
-from reservoir.training.loop import TrainResult, check_finite, scored_metrics, steps_to_converge
+from reservoir.training.evaluate import scored_metrics, steps_to_converge
+from reservoir.training.loop import TrainResult, check_finite
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store import FeatureStore
