@@ -308,6 +308,69 @@ def test_resume_reaches_the_same_weights(tmp_path, monkeypatch):
         run(TrainConfig(**{**cfg, "out": str(tmp_path / "b")}, lr=0.01), progress=False)
 
 
+def test_a_run_computed_again_never_leaves_its_checkpoints_beside_the_old_results(tmp_path, monkeypatch):
+    """A finished run's folder without last.pt (removed to save space) is trained again from step 0: stopped after
+    its first validation, it must not leave new checkpoints under the old results.json, read as finished."""
+    import reservoir.training.loop as tr
+    from reservoir.training.builders import finished_or_run
+
+    out = tmp_path / "run"
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu",
+                      out=str(out))
+    accuracies = iter([0.5, 0.9])  # step 4 is the best
+    monkeypatch.setattr(tr, "evaluate", lambda *a, **kw: next(accuracies))
+    assert run(cfg, progress=False).metrics["best_step"] == 4
+    (out / "last.pt").unlink()
+
+    def stopped_at_the_second_validation(accuracies=iter([0.7])):
+        def evaluate(*a, **kw):
+            for accuracy in accuracies:
+                return accuracy
+            raise KeyboardInterrupt
+        return evaluate
+
+    monkeypatch.setattr(tr, "evaluate", stopped_at_the_second_validation())
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, progress=False)
+    assert torch.load(out / "best.pt", weights_only=True)["step"] == 2
+    assert not (out / "results.json").exists()  # not finished: the next call resumes it from last.pt
+    accuracies = iter([0.9])
+    monkeypatch.setattr(tr, "evaluate", lambda *a, **kw: next(accuracies))
+    folder, result = finished_or_run(cfg, progress=False)
+    assert result is not None and result.metrics["best_step"] == 4  # resumed at step 2, trained to the end
+
+
+def test_load_run_refuses_a_best_checkpoint_of_another_step_than_its_results(tmp_path):
+    out = tmp_path / "run"
+    run(TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=4, eval_every=2, task_params=XOR, device="cpu",
+                    out=str(out)), progress=False)
+    results = json.loads((out / "results.json").read_text())
+    results["metrics"]["best_step"] = {2: 4, 4: 2}[results["metrics"]["best_step"]]
+    (out / "results.json").write_text(json.dumps(results))
+    with pytest.raises(ReservoirError, match=r"best.pt: expected the best step of the run in results.json \(\d\); "
+                                             r"found step \d"):
+        load_run(out)
+
+
+def test_a_sweep_and_a_single_run_never_share_a_folder(tmp_path, monkeypatch):
+    from reservoir.training import sweep
+
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=2, eval_every=2, task_params=XOR, device="cpu")
+    r = sweep(cfg, [1e-3, 1e-2], seeds=1, progress=False)
+    folder = next((tmp_path / "results" / "train").iterdir())
+    assert folder.name.endswith("-sweep0.001-0.01x2-seeds0-0") and (folder / "sweep.json").is_file()
+    assert r.best_lr in (1e-3, 1e-2)
+    run(cfg, progress=False)  # the default single run: a folder of its own
+    single = tmp_path / cfg.default_out()
+    assert single.name.endswith("-lr0.001-seed0") and (single / "results.json").is_file()
+    assert sorted((tmp_path / "results" / "train").iterdir()) == sorted([single, folder])
+    with pytest.raises(ReservoirError, match="holds an lr sweep"):
+        run(replace(cfg, out=str(folder)), progress=False)
+    with pytest.raises(ReservoirError, match="holds a single run"):
+        sweep(replace(cfg, out=str(single)), [1e-3, 1e-2], seeds=1, progress=False)
+
+
 def test_a_run_stopped_between_its_two_checkpoints_resumes_with_its_best_step(tmp_path, monkeypatch):
     """last.pt is written first; a run killed before the best.pt of the same (best) step gets that best.pt from
     last.pt when it resumes, so the tested tensors are those of the best step the results name."""

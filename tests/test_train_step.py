@@ -112,8 +112,13 @@ def test_cuda_graphs_setting_is_checked():
     config = TrainConfig(task="bit-xor", backbone="tiny-gpt2", task_params={"n_train": 60, "n_test": 20})
     _, model, data = build(config, CPU)
     _freeze(model, data, config)
+    import threading
+
+    readers = {t for t in threading.enumerate() if t.name == "reservoir-batches"}
     with pytest.raises(ReservoirError, match="--cuda-graphs on needs a CUDA device.*found the device is cpu"):
         Stepper(model, adam(list(model.head.parameters()), 1e-3, CPU), data.train, CPU, 16, 0, cuda_graphs="on")
+    # the refused stepper's batch reader is stopped, not left waiting for room in its queue for ever
+    assert {t for t in threading.enumerate() if t.name == "reservoir-batches" and t.is_alive()} <= readers
 
 
 def test_loss_scaled_steps_train_what_plain_steps_train():

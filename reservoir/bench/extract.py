@@ -35,15 +35,15 @@ import numpy as np
 import torch
 
 from reservoir.bench.result import BenchResult
-
-if TYPE_CHECKING:  # pragma: no cover
-    from reservoir.store.remote import StoreURL
 from reservoir.io import scratch_folder
 from reservoir.runtime import compute_dtype, compute_path
 from reservoir.runtime import synchronize as _sync
 
+if TYPE_CHECKING:  # pragma: no cover
+    from reservoir.store.remote import StoreURL
 
-def _peak_rss_mb() -> float:
+
+def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -149,7 +149,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
         r["url_pass_over_bare"] = r["url_pass_s"] / r["bare_forward_s"]
         r["url_over_local"] = r["url_pass_s"] / r["pass_s"]
     r["tokens_per_s"] = n_tokens / r["pass_s"]
-    r["peak_rss_mb"] = _peak_rss_mb()
+    r["peak_rss_mb"] = peak_rss_mb()
     r["peak_device_mb"] = peak_device_mb(dev)
     return BenchResult("bench-extract", r)
 
@@ -176,7 +176,7 @@ def time_pass(prep, path: Path | StoreURL, fmt: str, progress: bool = False, bar
         _sync(prep.device)
         r["pass_s"] = time.perf_counter() - t0
         r.update({k: prep.timings.pop(k) for k in WRITER_ACCOUNT})
-        r["peak_rss_mb_extract"] = _peak_rss_mb()
+        r["peak_rss_mb_extract"] = peak_rss_mb()
         r["peak_device_mb_extract"] = peak_device_mb(prep.device)
         r["plan"] = [(w.split, w.window.rows, w.order, w.bounds)
                      for w in iter_windows(prep, store, progress=False, every_chunk=True)]
@@ -264,8 +264,9 @@ def _time_hf(prep, plan, dtype, autocast_cpu: bool = False) -> float:
         for window in plan:
             forward(hf, *window)
     _sync(dev)
-    del hf
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    del hf  # freeing the model is not the forward's time
+    return seconds
 
 
 def _padded(split, rows: np.ndarray, order: np.ndarray, bound: tuple[int, int]) -> int:
@@ -380,7 +381,9 @@ def _size_mb(path: Path) -> float:
 
 def format_extract(r: BenchResult) -> str:
     """The benchmark as the lines ``reservoir bench extract`` prints."""
-    batches = f"{r['max_tokens']:,} tokens" if r["max_tokens"] else f"{r['batch_size'] or 64} rows"
+    from reservoir.extract.plan import DEFAULT_BATCH_SIZE
+
+    batches = f"{r['max_tokens']:,} tokens" if r["max_tokens"] else f"{r['batch_size'] or DEFAULT_BATCH_SIZE} rows"
     if r["max_tokens"] and r["batch_size"]:
         batches += f" / {r['batch_size']} rows"
     if r["max_tokens"] and r["max_tokens"] < r["max_length"]:  # a row longer than the budget is a batch of its own

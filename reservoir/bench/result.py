@@ -1,4 +1,5 @@
-"""The result of ``bench extract`` and ``bench speedup``: what was measured, under the benchmark's kind."""
+"""The result of ``bench extract``, ``bench speedup`` and ``bench train``: what was measured, under the benchmark's
+kind."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ class BenchResult(Result):
     """A benchmark's measurements; its file holds ``kind`` and the measurements side by side, flat.
 
     Measurements are read by key (``r["pass_over_bare"]``, ``r["output_only"]["speedup"]``);
-    :func:`~reservoir.bench.format_extract` and
-    :func:`~reservoir.bench.format_speedup` print them.
+    :func:`~reservoir.bench.format_extract`, :func:`~reservoir.bench.format_speedup` and
+    :func:`~reservoir.bench.format_train` print them.
 
     Attributes
     ----------
     kind : str
-        ``"bench-extract"`` or ``"bench-speedup"`` (``"bench"`` in recipe results).
+        ``"bench-extract"``, ``"bench-speedup"`` or ``"bench-train"`` (``"bench"`` in recipe results).
     measurements : dict
         Seconds, ratios, counts and the settings measured, as the benchmark
         function documents them.

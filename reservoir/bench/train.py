@@ -23,7 +23,6 @@ ratio of one run.
 
 from __future__ import annotations
 
-import resource
 import time
 from typing import Any
 
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from reservoir.bench.extract import _hf_forward, load_hf_model, peak_device_mb
+from reservoir.bench.extract import _hf_forward, load_hf_model, peak_device_mb, peak_rss_mb
 from reservoir.bench.result import BenchResult
 from reservoir.errors import ReservoirError
 from reservoir.runtime import autocast, compute_dtype, compute_path, resolve_device
@@ -233,7 +232,7 @@ def bench_train(config, steps: int = 50, warmup: int = 10) -> BenchResult:
     r["ratio"] = r["project"]["step_ms"] / r["plain"]["step_ms"]
     if "plain_autocast" in r:
         r["ratio_autocast"] = r["project"]["step_ms"] / r["plain_autocast"]["step_ms"]
-    r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    r["peak_rss_mb"] = peak_rss_mb()
     return BenchResult("bench-train", r)
 
 

@@ -126,8 +126,14 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", attn_implementatio
     diff = ckpt.differing(saved["config"], config)
     if diff is not None:
         raise ReservoirError(f"{best}: expected the checkpoint of the run in results.json, found a run with {diff}")
+    results = read_json(Path(run_dir) / "results.json", "the results of a `reservoir train` run")
+    metrics = results.get("metrics") if isinstance(results, dict) else None
+    recorded_step = metrics.get("best_step") if isinstance(metrics, dict) else None
+    if saved["step"] != recorded_step:  # a rerun stopped before its end, beside the results of an earlier one
+        raise ReservoirError(f"{best}: expected the best step of the run in results.json ({recorded_step!r}); found "
+                             f"step {saved['step']!r}")
     task, model, _ = build(config, dev, attn_implementation)
-    info = read_json(Path(run_dir) / "results.json", "the results of a `reservoir train` run").get("backbone")
+    info = results.get("backbone")
     recorded = info.get("weights_sha256") if isinstance(info, dict) else None
     found = model.backbone.info.weights_sha256
     if recorded is not None and found != recorded:  # the folder or the hub revision changed since the run

@@ -251,9 +251,8 @@ class CachedHead:
     @torch.no_grad()
     def accuracy(self, X: torch.Tensor, Y: torch.Tensor) -> float:
         """Share of label elements predicted right on resident ``X`` ``(M, n_out, d)``, ``Y``."""
-        logits = self.head(X).view(len(X), -1, self.C)  # (M, n_out*n_heads, C)
-        right = logits.argmax(-1) == Y.reshape(len(X), -1)
-        return int(right.sum()) / max(right.numel(), 1)
+        correct, heads = self.correct_rows(X, Y)
+        return int(correct.sum()) / max(len(correct) * heads, 1)
 
 
 def resident(X: np.ndarray, Y: np.ndarray, n_out: int, device) -> tuple[torch.Tensor, torch.Tensor]:

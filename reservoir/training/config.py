@@ -96,15 +96,17 @@ class TrainConfig:
         options.check_projection(self.projection, self.projection_gain)
         parse_groups(self.finetune)
 
-    def default_out(self) -> str:
-        """The run folder when ``out`` is unset: ``results/train/<task>-<backbone>-<init>-<groups>-lr<lr>-seed<s>``."""
+    def default_out(self, runs: str | None = None) -> str:
+        """The run folder when ``out`` is unset: ``results/train/<task>-<backbone>-<init>-<groups>-<runs>``, where
+        ``runs`` is ``lr<lr>-seed<s>`` for one run (a sweep passes its own, so that no run shares its folder)."""
         from reservoir.tasks.base import task_label  # a data file's task: data-<file stem>
 
         from reservoir.training.freeze import parse_groups
 
         name, task = slug(self.backbone), task_label(self.task, self.task_params)
         groups = "+".join(parse_groups(self.finetune))
-        return str(Path("results") / "train" / f"{task}-{name}-{self.init}-{groups}-lr{self.lr:g}-seed{self.seed}")
+        runs = runs or f"lr{self.lr:g}-seed{self.seed}"
+        return str(Path("results") / "train" / f"{task}-{name}-{self.init}-{groups}-{runs}")
 
     def total_steps(self, n_train: int) -> int:
         """Optimizer steps of the run: ``steps``, else ``epochs`` passes over ``n_train`` rows, else 2000."""

@@ -10,6 +10,7 @@ without one it writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ from torch import nn
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import stop_deferred, writable_folder
+from reservoir.io import fsync_dir, stop_deferred, writable_folder
 from reservoir.store.lock import StoreLock, run_folder_lock
 from reservoir.results import Result
 from reservoir.runtime import cast_frozen_matmuls, compute_dtype
@@ -66,7 +67,7 @@ class TrainResult(Result):
     curve: list[dict[str, float]]
     timings: dict[str, float]
     rows: dict[str, Any] | None = None
-    #: How the training steps ran: ``"eager"`` or ``"cuda-graph"`` (:mod:`reservoir.training.step`).
+    #: How the training steps ran: ``"eager"``, ``"cuda-graph"`` or ``"compiled"`` (:mod:`reservoir.training.step`).
     step_mode: str | None = None
 
 
@@ -150,6 +151,7 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
             restore_optimizer_flags(opt, *flags)
         elif folder is not None:
             _check_folder(folder, settings, identity)
+            retire_results(folder)
         best, step_mode = _loop(model, opt, data, settings, steps, state, folder, progress, lock, identity)
         if folder is not None:  # the best step may predate a resume: read back, and checked to be this run's
             saved = ckpt.load(folder / "best.pt", ckpt.BEST_KEYS, device)
@@ -203,6 +205,8 @@ def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any])
     stored features. The same run's files are computed again in place."""
     from reservoir.settings import first_difference
 
+    if (folder / "sweep.json").exists():
+        raise ReservoirError(f"{folder} holds an lr sweep (sweep.json); pass another --out")
     results = folder / "results.json"
     if results.is_file():
         try:
@@ -217,6 +221,14 @@ def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any])
                 what = "a head trained on stored features" if raw.cached else f"a run with {diff[0]}={diff[1]!r}"
                 raise ReservoirError(f"{folder} holds {what} (results.json); pass another --out")
     ckpt.check_best(folder, settings, identity, head=False)
+
+
+def retire_results(folder: Path) -> None:
+    """Remove the ``results.json`` of a run computed again from its first step, before its first checkpoint: a run
+    stopped before its end must not leave new checkpoints beside the old run's results, read as finished."""
+    with contextlib.suppress(FileNotFoundError):
+        (folder / "results.json").unlink()
+    fsync_dir(folder)
 
 
 def ready_to_train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig
@@ -283,7 +295,7 @@ def _loop(model: ReservoirClassifier, opt: torch.optim.Optimizer, data: TrainDat
     seconds) in place and, with a ``folder``, checkpoints it after each
     validation, once its ``lock`` is found still held. Returns the trained tensors of the best step validated in this
     call (``None`` if none beat the resumed best) and how the steps ran
-    (``"eager"`` or ``"cuda-graph"``).
+    (``"eager"``, ``"cuda-graph"`` or ``"compiled"``).
     """
     from tqdm.auto import tqdm
 

@@ -265,7 +265,11 @@ class Stepper:
         self.loss_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self._static_rows: torch.Tensor | None = None
-        self.why_eager = self._why_eager(cuda_graphs)
+        try:
+            self.why_eager = self._why_eager(cuda_graphs)
+        except ReservoirError:
+            self.batches.close()  # its reader thread would wait forever for room in its queue
+            raise
         self.use_graph = self.why_eager is None
         self._eager_steps = 0
 

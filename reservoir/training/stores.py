@@ -31,7 +31,7 @@ from reservoir.training.config import TrainConfig
 from reservoir.training.data import Feeder, TrainData, carve_val, data_identity
 from reservoir.training.freeze import describe, parse_groups
 from reservoir.training.evaluate import scored_metrics, steps_to_converge
-from reservoir.training.loop import TrainResult, check_finite
+from reservoir.training.loop import TrainResult, check_finite, retire_results
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store import FeatureStore
@@ -217,6 +217,7 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     with run_folder_lock(folder) as lock:  # one writer per run folder
         if folder is not None:
             _check_cached_folder(folder, config, identity)
+            retire_results(folder)
         t0 = time.perf_counter()
         curve, (best_val, best_step, best) = _fit_head(trainer, Xv, Yv, config, steps)
         train_s = time.perf_counter() - t0
@@ -261,6 +262,8 @@ def _check_cached_folder(folder: Path, config: TrainConfig, identity: dict[str, 
     tensors), or a cached one of other settings or data. The same cached run is computed again in place."""
     if (folder / "last.pt").exists():
         raise ReservoirError(f"{folder} holds a live run (last.pt); pass another --out")
+    if (folder / "sweep.json").exists():
+        raise ReservoirError(f"{folder} holds an lr sweep (sweep.json); pass another --out")
     ckpt.check_best(folder, config, identity, head=True)
 
 

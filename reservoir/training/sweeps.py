@@ -84,7 +84,8 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     """Train every lr in ``lrs`` x ``seeds`` seeds (from ``config.seed``); the lr with the best mean validation wins.
 
     Each run is :func:`~reservoir.training.run` into ``<out>/lr<lr>-seed<seed>``
-    (:func:`run_name`; ``out``: ``config.out``, else :meth:`TrainConfig.default_out`); the
+    (:func:`run_name`; ``out``: ``config.out``, else :meth:`TrainConfig.default_out` ending
+    ``sweep<low>-<high>x<n>-seeds<first>-<last>``, never a single run's folder); the
     sweep writes ``<out>/sweep.json`` with every run's metrics and the chosen
     lr's test accuracy mean and std over seeds. ``extra`` adds top-level keys
     to the result and its file.
@@ -95,7 +96,6 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     ... # doctest: +SKIP
     >>> r.best_lr, r.metrics["test_accuracy_mean"]  # doctest: +SKIP
     """
-    out = Path(config.out or config.default_out())
     try:
         lrs = [float(lr) for lr in lrs]
     except (TypeError, ValueError):
@@ -108,6 +108,11 @@ def sweep(config: TrainConfig, lrs: list[float], seeds: int, progress: bool = Tr
     if config.seed + seeds - 1 > options.SEED_MAX:
         raise ReservoirError(f"--seed {config.seed} with --seeds {seeds}: expected seeds up to "
                              f"{options.SEED_MAX}; found them up to {config.seed + seeds - 1}")
+    out = Path(config.out or config.default_out(f"sweep{lr_label(min(lrs))}-{lr_label(max(lrs))}x{len(lrs)}-"
+                                                f"seeds{config.seed}-{config.seed + seeds - 1}"))
+    if (out / "results.json").exists() or (out / "best.pt").exists():
+        raise ReservoirError(f"{out} holds a single run (results.json, best.pt); expected a sweep's folder or a new "
+                             "one: pass another --out")
     # every run's settings checked before the first trains (an lr or seed out of range, refused after hours of
     # earlier runs, was the alternative)
     configs = [[replace(config, lr=lr, seed=s, out=str(out / run_name(lr, s)))
