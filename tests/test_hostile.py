@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import assert_bad_input, invoke
+from test_cli import XOR, assert_bad_input, invoke
 
 EXTRACT = ["extract", "--task", "bit-xor", "-p", "n_train=64", "-p", "n_test=32", "--layers", "1", "--quiet"]
 
@@ -1195,3 +1195,44 @@ def test_a_run_folder_inside_a_zarr_store_is_refused_before_training(tmp_path):
                                    "tiny-gpt2", "--steps", 4, "--eval-every", 2, "--quiet", "--out", store / "run"))
     assert f"expected an output folder outside any feature store; found it inside the Zarr store {store}" in line
     assert sorted(p.relative_to(store) for p in store.rglob("*")) == before  # nothing made inside it
+
+
+@pytest.mark.parametrize("case", ["backbone", "lstm", "data", "data-uncached", "out-folder"])
+def test_names_longer_than_the_system_takes_are_one_line(tmp_path, monkeypatch, case):
+    """A name over 255 bytes raises ENAMETOOLONG from any lookup of it (Path.is_dir included): where a backbone, a
+    data file or an output is named so, one line and exit 2, not a traceback."""
+    long = "a" * 300
+    monkeypatch.setenv("RESERVOIR_TASK_CACHE", "off" if case == "data-uncached" else str(tmp_path / "tasks"))
+    data = ["--data", tmp_path / f"{long}.npz"]
+    args = {"backbone": ["extract", *XOR, "--backbone", long, "--out", tmp_path / "s.zarr"],
+            "lstm": ["train", "--task", "bit-xor", "--backbone", "lstm-" + "1" * 300, "--steps", "1",
+                     "--out", tmp_path / "run"],
+            "data": ["extract", *data, "--backbone", "tiny-gpt2", "--out", tmp_path / "s.zarr"],
+            "data-uncached": ["fit-raw", *data, "--out", tmp_path / "r.json"],
+            "out-folder": ["extract", *XOR, "--backbone", "tiny-gpt2", "--out",
+                           tmp_path / long / "s.zarr"]}[case]
+    line = assert_bad_input(invoke(*args))
+    assert "File name too long" in line or "lstm-<layers>x<dim>" in line or "not a valid hub id" in line, line
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_revision_names_a_hub_revision_only(tmp_path):
+    """--revision pins a hub id; a folder or a built-in name loads as it is, and the revision it would record is
+    refused rather than written into the store's provenance."""
+    from transformers import GPT2Config, GPT2Model
+
+    folder = tmp_path / "model"
+    GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=32)).save_pretrained(folder)
+    for backbone, kind in ((folder, "a model folder"), ("tiny-gpt2", "a built-in backbone"),
+                           ("lstm-1x8", "a built-in backbone")):
+        line = assert_bad_input(invoke("extract", *XOR, "--backbone", backbone, "--init", "random",
+                                       "--revision", "v9", "--out", tmp_path / "s.zarr"))
+        assert f"expected --revision 'v9' with a hub id only; found {kind}" in line, line
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("value", ["maybe", "1", "[]"])
+def test_a_download_parameter_is_true_or_false(tmp_path, value):
+    line = assert_bad_input(invoke("extract", "--task", "mnist", "-p", f"download={value}", "--backbone", "tiny-gpt2",
+                                   "--out", tmp_path / "s.zarr"))
+    assert "task 'mnist': download must be true or false; found" in line, line

@@ -556,3 +556,28 @@ def test_cifar10_options_after_data_dir_are_keywords(tmp_path):
     with pytest.raises(TypeError):
         build_cifar10(str(tmp_path), 2)
     assert build_cifar10(str(tmp_path), patch=2).splits["train"].inputs.shape == (10, 256, 12)
+
+
+def test_files_a_download_left_are_read_where_the_system_folder_lacks_them(tmp_path, monkeypatch):
+    """Fashion-MNIST's default folder is the Debian package's; where it is absent, `download=true` fetches the
+    files into ~/.cache/reservoir/fashion-mnist. Later runs without download read them there (they used to fail,
+    looking only in the system folder), and the task cache's key stamps them."""
+    from reservoir.tasks.cache import data_files
+    from reservoir.tasks.images.idx import find_mnist
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    system_folder = tmp_path / "usr-share-datasets-fashion-mnist"  # not there: no Debian package
+    system = str(system_folder)
+    with pytest.raises(ReservoirError, match="place them there, or pass download=True"):
+        find_mnist("fashion-mnist", system, False, system)
+    downloaded = tmp_path / "home" / ".cache" / "reservoir" / "fashion-mnist"
+    write_mnist(downloaded)
+    assert find_mnist("fashion-mnist", system, False, system) == str(downloaded)
+    assert find_mnist("fashion-mnist", None, False, system) == str(downloaded)
+    other = tmp_path / "mine"
+    write_mnist(other)  # a data_dir of the user's own is read as given
+    assert find_mnist("fashion-mnist", str(other), False, system) == str(other)
+    stamped = data_files("fashion-mnist", {"data_dir": system})
+    assert sorted(f[0] for f in stamped) == sorted(MNIST_NAMES)
+    write_mnist(system_folder)  # the system folder complete: it is read
+    assert find_mnist("fashion-mnist", system, False, system) == system

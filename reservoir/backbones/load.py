@@ -48,7 +48,7 @@ from reservoir import options
 from reservoir.errors import ReservoirError
 from reservoir.io import check_memory
 from reservoir.runtime import check_seed
-from reservoir.settings import folder_only
+from reservoir.settings import folder_only, is_folder
 
 log = logging.getLogger("reservoir")
 
@@ -101,7 +101,7 @@ def lstm_spec(name: str) -> tuple[int, int] | None:
         For a name starting with ``lstm-`` that is not ``lstm-<layers>x<dim>``
         with positive integers (unless it is an existing folder).
     """
-    if not name.startswith("lstm-") or Path(name).is_dir():
+    if not name.startswith("lstm-") or is_folder(name):
         return None
     m = re.fullmatch(r"lstm-(\d+)x(\d+)", name)
     if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
@@ -195,18 +195,18 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
         return model, name, None
     source = str(_minilm_path()) if name == "minilm" else os.path.expanduser(name)
     model_id = SHORT_NAMES.get(name, name)
-    is_folder = Path(source).is_dir()
+    local = is_folder(source)
     # hub ids are "name" or "org/name"; anything else names a folder
-    if not is_folder and folder_only(name):
+    if not local and folder_only(name):
         raise ReservoirError(f"backbone {name!r}: expected a model folder (config.json and weights), "
                              "found no such folder")
-    if not is_folder and revision is None:
+    if not local and revision is None:
         revision = "main"
-    if is_folder:
+    if local:
         check_folder(name, Path(source))
-    offline = False if is_folder else hub_offline(name, revision, backbone_names())
+    offline = False if local else hub_offline(name, revision, backbone_names())
     hub_kwargs: dict[str, Any] = {"trust_remote_code": False}
-    if not is_folder:
+    if not local:
         hub_kwargs.update(revision=revision, local_files_only=offline)
     try:
         config = AutoConfig.from_pretrained(source, **hub_kwargs)
@@ -225,7 +225,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
     except ReservoirError:
         raise
     except Exception as err:  # noqa: BLE001 - whatever transformers, safetensors or the hub raise on bad files
-        raise load_error(name, source, is_folder, err) from None
+        raise load_error(name, source, local, err) from None
     found = getattr(model.config, "_attn_implementation", None)
     if found != kwargs["attn_implementation"]:  # the masks reservoir builds are for SDPA or eager attention only
         raise ReservoirError(f"backbone {name!r}: expected {kwargs['attn_implementation']} attention; the model was "
@@ -312,7 +312,8 @@ def load_backbone(
         The orthogonal input projection's gain; the seed of the input map
         (default ``seed``).
     revision : str, optional
-        Hub revision (branch, tag or commit) for hub ids.
+        Hub revision (branch, tag or commit) for hub ids; refused with a
+        folder or a built-in name, which load as they are.
     attn_implementation : {"sdpa", "eager"}
         Eager attention exposes attention weights.
     projection : {"orthogonal", "normal"}
@@ -340,6 +341,10 @@ def load_backbone(
         projection_seed = check_seed(projection_seed, "projection_seed")
     options.check_projection(projection, projection_gain)
     lstm = lstm_spec(name)
+    if revision is not None and (lstm is not None or name in TINY_CONFIGS or name == "minilm" or is_folder(name)):
+        kind = "a model folder" if is_folder(name) and name not in TINY_CONFIGS else "a built-in backbone"
+        raise ReservoirError(f"backbone {name!r}: expected --revision {revision!r} with a hub id only; found {kind}, "
+                             "which loads as it is (drop --revision)")
     if lstm is not None:
         return _load_lstm(name, *lstm, init=init, depth=depth, d_in=d_in, seed=seed, projection_gain=projection_gain,
                           projection_seed=projection_seed, projection=projection)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import errno
 import json
 import logging
 import os
@@ -52,6 +53,13 @@ class _Group(click.Group):
             click.echo(f"Error: expected batches that fit in {where}; found an allocation failed "
                        f"({error_line(err)[:200]}): use a smaller --batch-size or --max-tokens, or smaller inputs",
                        err=True)
+            ctx.exit(2)
+        except OSError as err:  # a path given on the command line that the system cannot take
+            if err.errno != errno.ENAMETOOLONG:
+                raise
+            name = str(err.filename or "")
+            click.echo(f"Error: {name if len(name) <= 80 else name[:60] + '...'}: expected a path whose names the "
+                       f"system takes (at most 255 bytes each); found a longer one ({err.strerror})", err=True)
             ctx.exit(2)
         except Terminated as stop:
             click.echo(f"Terminated; {_again(ctx)}.", err=True)

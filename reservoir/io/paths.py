@@ -13,7 +13,7 @@ from reservoir.errors import ReservoirError
 from reservoir.io.text import control_char, one_line
 
 __all__ = ["MAX_NAME_BYTES", "ZARR_MARKERS", "check_inside", "check_local", "check_name", "check_regular",
-           "file_kind", "unwritable", "within", "writable_folder", "zarr_store_around"]
+           "file_kind", "lookup", "unwritable", "within", "writable_folder", "zarr_store_around"]
 
 
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device",
@@ -35,6 +35,29 @@ def check_regular(path: str | os.PathLike, expected: str) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise ReservoirError(f"{path}: expected {expected}; found {file_kind(st.st_mode)}")
     return st.st_size
+
+
+def lookup(path: str | os.PathLike) -> os.stat_result | None:
+    """``os.stat(path)`` (links followed), or ``None`` where nothing is there; refused in one line where the system
+    cannot look the path up (a name longer than it takes, a loop of links, a folder above it that may not be read).
+
+    Examples
+    --------
+    >>> lookup("no-such-file") is None
+    True
+    >>> lookup("x" * 300)
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: xxx...: expected a path this system can look up; found File name too long
+    """
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        text = str(os.fspath(path))
+        raise ReservoirError(f"{text if len(text) <= 200 else text[:60] + '...'}: expected a path this system can "
+                             f"look up; found {err.strerror or one_line(err)}") from None
 
 
 def check_inside(path: str | os.PathLike, root: str | os.PathLike, expected: str, doing: str = "read") -> None:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,11 @@ from typing import Any
 import numpy as np
 
 from reservoir import __version__
-from reservoir.io import load_npy, read_json
+from reservoir.io import load_npy, lookup, read_json
 from reservoir.tasks.arrays import _SPLIT_NAME, checked_task
 from reservoir.tasks.base import Split, TaskData, fingerprint, get_task, resolve_params, task_label
 from reservoir.tasks.columns import is_saved_dataset
-from reservoir.tasks.files import data_folder
+from reservoir.tasks.files import download_folder
 
 log = logging.getLogger("reservoir")
 
@@ -69,20 +70,23 @@ def cache_key(name: str, params: dict[str, Any]) -> str:
 
 def data_files(name: str, params: dict[str, Any]) -> list[list[Any]]:
     """The files a task with full ``params`` reads, each ``[name, size, mtime, inode, ctime]`` (:func:`_stamp`):
-    its ``data_dir`` (or default data folder) and its data file ``path``; empty for a task made from its parameters
-    alone (or whose files are absent)."""
+    its ``data_dir``, the folder a download writes to and its data file ``path``; empty for a task made from its
+    parameters alone (or whose files are absent)."""
     files = []
-    data_dir = params.get("data_dir")
-    if data_dir is None and "data_dir" in params:  # the task reads its default folder (where download puts files)
-        data_dir = data_folder(name, None, False, None, lambda folder: True)
     path = params.get("path")
-    for source in (data_dir, path):
+    sources = [params.get("data_dir"), path]
+    if "data_dir" in params:  # a task of downloadable files also reads them where a download puts them
+        sources.append(download_folder(name))
+    for source in dict.fromkeys(sources):
         root = Path(source).expanduser() if source else None  # a folder of files; the data task's file or folder
-        if root is not None and root.is_file():
-            files.append([root.name, *_stamp(root.stat())])
-        elif root is not None and source is path and not is_saved_dataset(root):
+        st = None if root is None else lookup(root)
+        if st is None:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files.append([root.name, *_stamp(st)])
+        elif source is path and not is_saved_dataset(root):
             continue  # not a dataset folder (a mistyped /usr, say): the build refuses it without a walk
-        elif root is not None and root.is_dir():
+        elif stat.S_ISDIR(st.st_mode):
             files += _walk(root)
     return files
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import ReservoirError
-from reservoir.io import ArrayHeader, check_local, check_memory, npy_header, one_line
+from reservoir.io import ArrayHeader, check_local, check_memory, file_kind, lookup, npy_header, one_line
 from reservoir.tasks.arrays import MAX_VOCAB, checked_task
 from reservoir.tasks.base import TaskData, TaskSpec, register
 
@@ -87,10 +88,11 @@ def build_data(path: str | None = None, input_column: str = "inputs", label_colu
 def _kind_of(source: Path) -> str:
     """``"npz"``, ``"columns"`` (a Parquet or CSV file, a folder); anything else is refused in one line."""
     expected = "an .npz, .parquet or .csv file, or a folder written by datasets' save_to_disk"
-    if source.is_dir():
+    st = lookup(source)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         return "columns"
-    if not source.is_file():
-        found = "no such file or folder" if not source.exists() else "neither a file nor a folder"
+    if st is None or not stat.S_ISREG(st.st_mode):
+        found = "no such file or folder" if st is None else file_kind(st.st_mode)
         raise ReservoirError(f"{source}: expected {expected}; found {found}")
     suffix = source.suffix.lower()
     if suffix == ".npz":

@@ -24,7 +24,7 @@ import numpy as np
 from reservoir.errors import ReservoirError
 from reservoir.io import check_local, one_line, publish
 
-__all__ = ["data_folder", "download_file", "load_pickle"]
+__all__ = ["data_folder", "download_file", "download_folder", "load_pickle"]
 
 
 def download_file(url: str, dest: str, names: str) -> None:
@@ -65,22 +65,33 @@ def download_file(url: str, dest: str, names: str) -> None:
         raise
 
 
+def download_folder(task: str) -> str:
+    """Where a download puts task ``task``'s files: ``~/.cache/reservoir/<task>``."""
+    return os.path.join(os.path.expanduser("~"), ".cache", "reservoir", task)
+
+
 def data_folder(task: str, data_dir: Any, download: bool, default: str | None,
                 complete: Callable[[str], bool]) -> str:
-    """The folder a task reads its files from: ``data_dir``, else ``default``, else ``~/.cache/reservoir/<task>``.
+    """The folder a task reads its files from: ``data_dir``, else ``default``, else :func:`download_folder`.
 
-    ``complete(folder)`` says whether a folder holds every file. With
-    ``download``, a ``default`` (system) folder that lacks them gives way to
-    the cache folder, where the download can write.
+    ``complete(folder)`` says whether a folder holds every file. A
+    ``default`` (system) folder that lacks them gives way to the download
+    folder when that one holds them (an earlier download put them there), or
+    with ``download`` (the download writes there).
     """
-    cache = os.path.join(os.path.expanduser("~"), ".cache", "reservoir", task)
+    cache = download_folder(task)
     if data_dir is not None:
         check_local(data_dir, "a data folder (data_dir)")
         folder = os.fspath(data_dir)
-        if download and folder == default and not complete(folder):
-            return cache  # a system folder without the files: download into the cache instead
+        if folder != default:
+            return folder
+    elif default is None:
+        return cache
+    else:
+        folder = default
+    if complete(folder) or not (download or complete(cache)):
         return folder
-    return default if default is not None and (complete(default) or not download) else cache
+    return cache
 
 
 #: Bytes a pickle may have its constructors allocate beyond its own size (an array's data is in the pickle itself,

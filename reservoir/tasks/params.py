@@ -16,11 +16,27 @@ from typing import Any
 from reservoir.errors import ReservoirError
 from reservoir.options import shown
 
-__all__ = ["MAX_SIZE", "choice_param", "int_param"]
+__all__ = ["MAX_SIZE", "bool_param", "choice_param", "int_param"]
 
 #: Largest count or length a task parameter may ask for (rows, positions, bits): past it, arrays would not fit in
 #: any machine's memory, and the request is refused before anything is allocated.
 MAX_SIZE = 10**8
+
+
+def bool_param(task: str, name: str, value: Any) -> bool:
+    """``value`` as a ``bool`` (Python's or numpy's), else a one-line ReservoirError: a string such as ``"no"``
+    would be true.
+
+    Examples
+    --------
+    >>> bool_param("mnist", "download", "no")
+    Traceback (most recent call last):
+    ...
+    reservoir.errors.ReservoirError: task 'mnist': download must be true or false; found 'no'
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise ReservoirError(f"task {task!r}: {name} must be true or false; found {shown(value)}")
 
 
 def int_param(task: str, name: str, value: Any, lo: int, hi: int | None = None, *, none_ok: bool = False) -> Any:

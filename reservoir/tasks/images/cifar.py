@@ -20,6 +20,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.tasks.files import data_folder, download_file, load_pickle, one_line
+from reservoir.tasks.params import bool_param
 
 __all__ = ["CIFAR_FOLDER", "CIFAR_TEST", "CIFAR_TRAIN", "CIFAR_URL", "find_cifar10", "read_cifar10", "read_cifar_batch"]
 
@@ -162,7 +163,7 @@ def read_cifar10(name: str, data_dir: Any, download: bool, n_train: int | None, 
     ``(N, 3072)``, labels int64 ``(N,)``, the first ``n_train`` / ``n_test``
     rows (train rows in batch order 1..5) when given (each ``None`` or an int >= 1).
     """
-    batches = find_cifar10(name, data_dir, download)
+    batches = find_cifar10(name, data_dir, bool_param(name, "download", download))
     out = {}
     for split, files, n in (("train", CIFAR_TRAIN, n_train), ("test", CIFAR_TEST, n_test)):
         parts, have = [], 0

@@ -19,7 +19,7 @@ from reservoir.runtime import check_seed
 from reservoir.tasks.base import Split, TaskData, TaskSpec, register
 from reservoir.tasks.images.cifar import read_cifar10
 from reservoir.tasks.images.idx import find_mnist, read_mnist
-from reservoir.tasks.params import check_size, int_param
+from reservoir.tasks.params import bool_param, check_size, int_param
 
 __all__ = ["CIFAR_MEAN", "CIFAR_STD", "FASHION_MNIST_DIR", "GRAY_WEIGHTS", "build_cifar10", "build_cifar10_lra",
            "build_digits", "build_fashion_mnist", "build_mnist", "patchify"]  # fmt: skip
@@ -70,7 +70,7 @@ def _build_idx_task(name: str, data_dir: Any, size: Any, patch: Any, download: b
                     default: str | None = None) -> TaskData:  # fmt: skip
     """An IDX task: images zero-padded to ``size`` x ``size``, /255, ``patch x patch`` tokens."""
     size, patch, n_train, n_test = _check_idx(name, size, patch, n_train, n_test)
-    folder = find_mnist(name, data_dir, download, default)
+    folder = find_mnist(name, data_dir, bool_param(name, "download", download), default)
     splits = {}
     side = None  # the train images' side
     for split, n in (("train", n_train), ("test", n_test)):
@@ -111,11 +111,13 @@ def _check_idx(name: str, size: Any, patch: Any, n_train: Any, n_test: Any) -> t
 def check_mnist(p: Mapping[str, Any]) -> None:
     """The ``mnist`` parameters checked, without reading a file."""
     _check_idx("mnist", p["size"], p["patch"], p["n_train"], p["n_test"])
+    bool_param("mnist", "download", p["download"])
 
 
 def check_fashion_mnist(p: Mapping[str, Any]) -> None:
     """The ``fashion-mnist`` parameters checked, without reading a file."""
     _check_idx("fashion-mnist", p["size"], p["patch"], p["n_train"], p["n_test"])
+    bool_param("fashion-mnist", "download", p["download"])
 
 
 def build_mnist(data_dir: Any = None, size: int = 32, patch: int = 4, download: bool = False,
@@ -221,7 +223,8 @@ def build_cifar10(data_dir: Any = None, *, download: bool = False, n_train: int 
         inputs float32 ``(N, (32/patch)**2, 3*patch**2)``, values ``patch[y, x, c]``; 64 x 48 at patch 4.
     """
     name = "cifar10"
-    patch, n_train, n_test = check_cifar10({"patch": patch, "n_train": n_train, "n_test": n_test})
+    patch, n_train, n_test = check_cifar10({"patch": patch, "n_train": n_train, "n_test": n_test,
+                                            "download": download})
     raw = read_cifar10(name, data_dir, download, n_train, n_test)
     mean, std = np.array(CIFAR_MEAN, np.float32), np.array(CIFAR_STD, np.float32)
     splits = {}
@@ -242,12 +245,14 @@ def check_cifar10(p: Mapping[str, Any]) -> tuple[int, int | None, int | None]:
     patch = int_param(name, "patch", p["patch"], 1)
     if 32 % patch:
         raise ReservoirError(f"task {name!r}: patch must divide 32; found patch={patch}")
+    bool_param(name, "download", p["download"])
     return (patch, *_counts(name, p["n_train"], p["n_test"]))
 
 
 def check_cifar10_lra(p: Mapping[str, Any]) -> None:
     """The ``cifar10-lra`` parameters checked, without reading a file."""
     _counts("cifar10-lra", p["n_train"], p["n_test"])
+    bool_param("cifar10-lra", "download", p["download"])
 
 
 def build_cifar10_lra(data_dir: Any = None, download: bool = False,
