@@ -24,7 +24,7 @@ from reservoir.io import one_line
 from reservoir.tasks.base import Split, TaskData
 from reservoir.tasks.params import int_param
 
-__all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack", "train_classes"]
+__all__ = ["checked_task", "encode", "from_arrays", "gather_splits", "pack", "pad_rows", "train_classes"]
 
 #: Integer dtypes the backbone reads as token ids without a conversion (``ReservoirBackbone.project``).
 TOKEN_DTYPES = (np.uint8, np.int16, np.int32, np.int64)
@@ -53,10 +53,22 @@ def encode(seqs: Sequence[bytes | Sequence[int]], labels: Sequence[int]) -> Spli
 
 def pack(flat: bytes, lengths: np.ndarray, labels: Sequence[int]) -> Split:
     """Concatenated token ids (one byte each) and their lengths -> a right-padded uint8 :class:`Split`."""
-    width = int(lengths.max()) if len(lengths) else 0
-    inputs = np.zeros((len(lengths), width), dtype=np.uint8)  # (N, L)
-    inputs[np.arange(width)[None, :] < lengths[:, None]] = np.frombuffer(flat, dtype=np.uint8)  # row by row
+    inputs = pad_rows(np.frombuffer(flat, dtype=np.uint8), lengths)  # (N, L)
     return Split(inputs=inputs, lengths=lengths, labels=np.asarray(labels, dtype=np.int64))
+
+
+def pad_rows(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated rows ``(sum(lengths), ...)`` -> right-padded ``(N, max(lengths), ...)``, padded with 0.
+
+    Examples
+    --------
+    >>> pad_rows(np.array([3, 1, 2]), np.array([2, 1])).tolist()
+    [[3, 1], [2, 0]]
+    """
+    width = int(lengths.max()) if len(lengths) else 0
+    out = np.zeros((len(lengths), width, *flat.shape[1:]), dtype=flat.dtype)
+    out[np.arange(width)[None, :] < lengths[:, None]] = flat  # row by row, in order
+    return out
 
 
 def from_arrays(name: str, splits: Mapping[str, Any], *, kind: str | None = None, d_in: int | None = None,

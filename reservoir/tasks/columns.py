@@ -33,6 +33,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.io import check_memory, check_regular, one_line, read_json
+from reservoir.tasks.arrays import pad_rows
 
 __all__ = ["SPLIT_COLUMN", "label_array", "read_tables", "sequence_arrays"]
 
@@ -341,17 +342,9 @@ def sequence_arrays(source: Path, field: str, column: Any) -> tuple[np.ndarray, 
                  f"padded sequences ({len(lengths):,} rows x {width:,} positions)")
     if tokens:  # an id beyond int64 (uint64) stays as it is, for the vocabulary check to name it, not wrapped
         big = flat.dtype == np.uint64 and flat.size and flat.max() > np.iinfo(np.int64).max
-        return _pad(flat if big else flat.astype(np.int64, copy=False), lengths), lengths
+        return pad_rows(flat if big else flat.astype(np.int64, copy=False), lengths), lengths
     with np.errstate(over="ignore"):  # a float64 beyond float32 becomes infinity, refused as not finite
-        return _pad(flat.astype(np.float32, copy=False).reshape(-1, d or 1), lengths), lengths
-
-
-def _pad(flat: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated rows ``(sum(lengths), ...)`` -> right-padded ``(N, max(lengths), ...)``, padded with 0."""
-    width = int(lengths.max()) if len(lengths) else 0
-    out = np.zeros((len(lengths), width, *flat.shape[1:]), dtype=flat.dtype)
-    out[np.arange(width)[None, :] < lengths[:, None]] = flat  # row by row, in order
-    return out
+        return pad_rows(flat.astype(np.float32, copy=False).reshape(-1, d or 1), lengths), lengths
 
 
 #: A number as JSON writes it (and Python's ``json`` reads ``NaN``/``Infinity``), in RE2 syntax for pyarrow.
