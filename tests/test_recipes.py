@@ -103,6 +103,45 @@ def test_paper_entry_that_fits_no_row_is_refused():
     make({**BASE, "paper": [{"match": {"task": "bit-xor", "layer": 2}, "value": 1}]})
 
 
+def test_a_paper_value_sits_only_beside_rows_that_measure_its_metric():
+    """An entry without `kind` in its match (a Table-6 steps value for a task) fits the recipe's train rows only:
+    not a fit-linear row of the same task, and a test accuracy never a bench row."""
+    data = {"defaults": {"backbone": "tiny-gpt2"},
+            "cells": [BASE["cells"][0], {"kind": "train", "task": "bit-xor", "steps": 4, "eval_every": 2},
+                      {"kind": "bench", "task": "bit-xor", "layers": 2}],
+            "paper": [{"match": {"task": "bit-xor"}, "value": 500, "metric": "steps_to_converge"},
+                      {"match": {"task": "bit-xor"}, "value": 56}]}
+    recipe = make(data)
+    rows = {run.kind: label for run in recipe.runs() for label, _ in run.outputs()}
+    assert recipe.paper_value(rows["train"], "steps_to_converge").value == 500
+    assert recipe.paper_value(rows["fit-linear"], "steps_to_converge") is None
+    assert recipe.paper_value(rows["fit-linear"]).value == 56 and recipe.paper_value(rows["bench"]) is None
+    assert "fits no run" in error_of({**BASE, "cells": [data["cells"][2]], "defaults": data["defaults"],
+                                      "paper": [{"match": {"task": "bit-xor"}, "value": 56}]})
+
+
+def test_a_default_task_parameter_that_only_some_tasks_of_a_cell_take_is_refused():
+    """A cell's tasks share one task_params: n_train from the defaults, which bit-xor takes and digits does not,
+    used to be dropped for both (bit-xor silently built 4,000 rows)."""
+    msg = error_of({"defaults": {"task_params": {"n_train": 64}},
+                    "cells": [{"kind": "fit-raw", "task": ["bit-xor", "digits"]}]})
+    assert ("task_params 'n_train' in defaults: expected a parameter every task of cells[0] takes, or none; found "
+            "it taken by bit-xor, not by digits (split the cell by task)") in msg
+    cells = make({"defaults": {"task_params": {"n_train": 64}},
+                  "cells": [{"kind": "fit-raw", "task": "digits"}, {"kind": "fit-raw", "task": "bit-xor"}]}).cells
+    assert cells[0].task_params == {} and cells[1].task_params == {"n_train": 64}
+
+
+def test_a_cell_gives_lr_or_lr_sweep_not_both():
+    cell = {"kind": "train", "task": "bit-xor", "lr_sweep": "1e-3:1e-2:2", "lr": [1e-5]}
+    assert "cells[0]: expected lr or lr_sweep, not both (the sweep chooses the rate)" in error_of({"cells": [cell]})
+    assert "expected lr or lr_sweep" in error_of({"defaults": {"lr_sweep": "1e-3:1e-2:2"},
+                                                 "cells": [{"kind": "train", "task": "bit-xor", "lr": 1e-3}]})
+    make({"defaults": {"lr": 1e-4}, "cells": [{"kind": "train", "task": "bit-xor", "lr_sweep": "1e-3:1e-2:2"}]})
+    assert "expects LOW:HIGH:N" in error_of({"cells": [{"kind": "train", "task": "bit-xor",
+                                                         "lr_sweep": "1e-3:1e-2:2_0"}]})
+
+
 def test_every_shipped_recipe_validates():
     listed = dict(list_recipes())
     assert {"quickstart", "cpu-listops-depth", "cpu-images", "cpu-bit-xor", "paper-table1", "paper-table2",

@@ -33,7 +33,8 @@ def recipe_list():
               help="Where fit-linear feature stores are kept (reused across recipes when settings match); a folder "
                    "or an object-store URL (s3://bucket/prefix).")
 @click.option("--force", is_flag=True, help="Redo runs whose results already exist.")
-@click.option("--quiet", is_flag=True, help="No progress bar or per-run lines.")
+@click.option("--quiet", is_flag=True, help="No progress bars and no line per finished run (each training still "
+                                               "prints its trainable parameter counts, each task where it was read).")
 @click.option("--dry-run", is_flag=True, help="List the runs and the work they ask for; run nothing.")
 @storage_option(cache_dir="--cache")
 def recipe_run(ref, out, device, cache_dir, force, quiet, dry_run):

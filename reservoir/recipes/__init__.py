@@ -11,7 +11,7 @@ stable id, used as its results folder under the output directory::
     cells:
       - kind: fit-linear                   # fit-linear | train | fit-raw | bench
         task: listops                      # or a list of tasks
-        task_params: {n_train: 4000, n_test: 1000}   # over defaults' task_params (those the task takes)
+        task_params: {n_train: 4000, n_test: 1000}   # over defaults' task_params (those its tasks take)
         init: [pretrained, random]
         layers: 6                          # store depth K (layers 0..K are extracted once)
         fit_layers: all                    # all | K | [0, 3, 6]: readouts fitted from the store
@@ -41,7 +41,9 @@ split; the data's own seed is a task parameter. A data file is the task ``data``
 ``task_params: {path: ...}`` (a relative path is read from the recipe's folder; run ids and report rows
 name it ``data-<file stem>``). A ``backbone`` that is a model folder is read as ``--backbone`` reads it: a
 relative folder from the working folder ``recipe run`` is started in, as a recipe may name a hub id too.
-``tag`` names a variant (e.g. other task parameters) so that its runs get distinct ids; like the recipe's
+Defaults' ``task_params`` serve the cells whose tasks take them; one that only some of a cell's tasks
+take is refused (the cell's tasks share one ``task_params``: split the cell by task). ``tag`` names a
+variant (e.g. other task parameters) so that its runs get distinct ids; like the recipe's
 ``name`` it becomes part of a folder name, so both are letters, digits, ``.``,
 ``_`` and ``-`` only (not ``.`` or ``..``), at most 64 characters; a recipe expands to at most
 10,000 runs. A train cell takes ``steps`` or ``epochs``, not both; either one set in the cell replaces

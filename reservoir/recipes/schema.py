@@ -16,6 +16,9 @@ from reservoir.recipes.runs import MAX_OUTPUTS, MAX_RUNS, Run, expand, n_outputs
 from reservoir.recipes.values import as_list, check_id, choices, integer, mapping, number, once, takes, unknown_keys
 
 KINDS = ("fit-linear", "train", "fit-raw", "bench")
+#: The kinds of run whose report rows measure each paper metric (a benchmark measures no test accuracy).
+METRIC_KINDS = {"test_accuracy": ("fit-linear", "train", "fit-raw"), "steps_to_converge": ("train",),
+                "speedup": ("bench",)}
 TOP_KEYS = ("name", "description", "defaults", "cells", "paper")
 COMMON_KEYS = ("kind", "task", "task_params", "seeds", "tag")
 KIND_KEYS = {
@@ -206,6 +209,9 @@ class Cell:
         if raw.keys() & {"steps", "epochs"}:  # a cell's own length replaces the defaults' (steps or epochs)
             merged.pop("steps", None), merged.pop("epochs", None)
         merged.update(raw)
+        if "lr" in raw and merged.get("lr_sweep") is not None:  # the CLI refuses --lr with --lr-sweep alike
+            raise ReservoirError(f"{where}: expected lr or lr_sweep, not both (the sweep chooses the rate); found lr "
+                                 f"{raw['lr']!r} and lr_sweep {merged['lr_sweep']!r}")
         if "task" not in merged:
             raise ReservoirError(f"{where} needs a task (e.g. task: bit-xor)")
         bad = next((t for t in as_list(merged["task"]) if not isinstance(t, str)), None)
@@ -217,6 +223,14 @@ class Cell:
                                  f"{merged['steps']!r}, epochs {merged['epochs']!r})")
         shared = mapping(defaults.get("task_params"), "task_params in defaults")
         own = mapping(raw.get("task_params"), f"task_params in {where}")
+        tasks = as_list(merged["task"])
+        for key in shared.keys() - own.keys():  # one task_params serves the cell's every task: a default for some
+            takers = [t for t in tasks if takes(t, key)]  # of them only would change what the others build
+            if takers and len(takers) < len(tasks):
+                others = [t for t in tasks if t not in takers]
+                raise ReservoirError(f"task_params {key!r} in defaults: expected a parameter every task of {where} "
+                                     f"takes, or none; found it taken by {', '.join(takers)}, not by "
+                                     f"{', '.join(others)} (split the cell by task)")
         merged["task_params"] = {**{k: v for k, v in shared.items() if takes(merged["task"], k)}, **own}
         return cls(where=where, **merged)
 
@@ -254,6 +268,11 @@ class PaperValue:
 
     def matches(self, label: dict[str, Any]) -> bool:
         return all(_same(label.get(k), v) for k, v in self.match.items())
+
+    def fits(self, label: dict[str, Any]) -> bool:
+        """Whether the entry belongs beside the report row ``label``: its ``match`` fits and the row's kind measures
+        the entry's metric (steps to converge only beside trainings, a speedup only beside benchmarks)."""
+        return label.get("kind") in METRIC_KINDS[self.metric] and self.matches(label)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -322,10 +341,9 @@ class Recipe:
             runs = recipe.runs()  # id collisions are a recipe error
             recipe._check_rows(runs)
             labels = [label for run in runs for label, _ in run.outputs()]
-            kinds = {"steps_to_converge": ("train",), "speedup": ("bench",), "test_accuracy": KINDS}
             for p in paper:  # an entry that fits no row is a typo, not a number to drop silently
-                if not any(p.matches(lab) and lab["kind"] in kinds[p.metric] for lab in labels):
-                    what = "run" if p.metric == "test_accuracy" else f"{kinds[p.metric][0]} run"
+                if not any(p.fits(lab) for lab in labels):
+                    what = "run" if p.metric == "test_accuracy" else f"{METRIC_KINDS[p.metric][0]} run"
                     raise ReservoirError(f"{p.where}.match {p.match} fits no {what} of this recipe")
             return recipe
         except ReservoirError as err:
@@ -373,7 +391,7 @@ class Recipe:
 
     def paper_value(self, label: dict[str, Any], metric: str = "test_accuracy") -> PaperValue | None:
         """The first paper entry for ``metric`` whose ``match`` fits ``label``."""
-        return next((p for p in self.paper if p.metric == metric and p.matches(label)), None)
+        return next((p for p in self.paper if p.metric == metric and p.fits(label)), None)
 
 
 def _check_defaults_used(defaults: dict[str, Any]) -> None:

@@ -51,6 +51,8 @@ def parse_lr_sweep(spec: str) -> list[float]:
     """
     try:
         lo, hi, n = spec.split(":")
+        if "_" in spec:  # Python's numbers take 1_0 as 10: a typo here, as in every number a recipe gives
+            raise ValueError(spec)
         lo_f, hi_f, n_i = float(lo), float(hi), int(n)
     except ValueError:
         raise ReservoirError(f"--lr-sweep expects LOW:HIGH:N (e.g. 1e-6:1e-2:9), found {spec!r}") from None
