@@ -731,6 +731,19 @@ RAW = {"name": "raw", "cells": [{"kind": "fit-raw", "task": "digits", "task_para
 RAW_ID = "fit-raw__digits__seed0"
 
 
+def test_one_lr_sweep_written_two_ways_is_not_redone(tmp_path, monkeypatch):
+    data = {"name": "sweep", "defaults": {"backbone": "tiny-gpt2", "task_params": {"n_train": 48, "n_test": 16}},
+            "cells": [{"kind": "train", "task": "bit-xor", "lr_sweep": "1e-3:1e-2:2", "seeds": [0], "steps": 2,
+                       "eval_every": 2, "batch_size": 8}]}
+    out = tmp_path / "out"
+    (rid,) = run_recipe(make(data), out=out, device="cpu", progress=False)["ran"]
+    rewritten = {**data, "cells": [{**data["cells"][0], "lr_sweep": "0.001:0.01:2"}]}
+    _forbid(monkeypatch)
+    assert run_recipe(make(rewritten), out=out, device="cpu", progress=False)["skipped"] == [rid]
+    other = {**data, "cells": [{**data["cells"][0], "lr_sweep": "1e-3:1e-2:3"}]}  # another sweep: another run
+    assert [r.id for r in make(other).runs()] != [rid]
+
+
 def test_an_edited_recipe_redoes_the_runs_whose_settings_changed(tmp_path, monkeypatch):
     """A run counts as done only when its results record this run with these settings: an edited task parameter
     redoes it (the dry run says why), an unchanged recipe skips it."""
