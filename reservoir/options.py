@@ -96,9 +96,21 @@ def shown(value: Any, width: int = 60) -> str:
     return f"{text[:width // 2 - 5]}...{text[-(width // 2 - 5):]} ({len(text):,} characters)"
 
 
+def is_bool(v: Any) -> bool:
+    """Python's ``bool`` or numpy's (``numpy.bool_``, whose type is named ``bool`` since numpy 2).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> is_bool(True), is_bool(np.False_), is_bool(1), is_bool("no")
+    (True, True, False, False)
+    """
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
+
+
 def is_int(v: Any) -> bool:
     """An integer, not a bool."""
-    return isinstance(v, Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+    return isinstance(v, Integral) and not is_bool(v)
 
 
 def repeated(values: Sequence[Any]) -> Any:
@@ -114,7 +126,7 @@ def repeated(values: Sequence[Any]) -> Any:
 
 def is_real(v: Any) -> bool:
     """A finite real number, not a bool (an integer of any size is finite)."""
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if is_bool(v):
         return False
     return isinstance(v, Integral) or (isinstance(v, Real) and math.isfinite(v))
 

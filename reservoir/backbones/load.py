@@ -341,10 +341,12 @@ def load_backbone(
         projection_seed = check_seed(projection_seed, "projection_seed")
     options.check_projection(projection, projection_gain)
     lstm = lstm_spec(name)
-    if revision is not None and (lstm is not None or name in TINY_CONFIGS or name == "minilm" or is_folder(name)):
-        kind = "a model folder" if is_folder(name) and name not in TINY_CONFIGS else "a built-in backbone"
-        raise ReservoirError(f"backbone {name!r}: expected --revision {revision!r} with a hub id only; found {kind}, "
-                             "which loads as it is (drop --revision)")
+    if revision is not None:
+        built_in = lstm is not None or name in TINY_CONFIGS or name == "minilm"
+        if built_in or is_folder(name):
+            raise ReservoirError(f"backbone {name!r}: expected --revision {revision!r} with a hub id only; found "
+                                 f"{'a built-in backbone' if built_in else 'a model folder'}, which loads as it is "
+                                 "(drop --revision)")
     if lstm is not None:
         return _load_lstm(name, *lstm, init=init, depth=depth, d_in=d_in, seed=seed, projection_gain=projection_gain,
                           projection_seed=projection_seed, projection=projection)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import errno
+import functools
 import json
 import logging
 import os

@@ -117,7 +117,7 @@ def _begun_otherwise(run: Run, folder: Path) -> str | None:
     if not isinstance(begun, dict):
         return "an interrupted run whose record is not a JSON object"
     recorded = begun.get("settings")
-    diff = first_difference(_compared(recorded if isinstance(recorded, dict) else {}), _compared(run.settings()))
+    diff = first_difference(_compared(recorded), _compared(run.settings()))
     if diff is not None:
         return f"an interrupted run with {describe_difference(diff)}"
     try:
@@ -132,11 +132,14 @@ def _begun_otherwise(run: Run, folder: Path) -> str | None:
     return None
 
 
-def _compared(settings: dict[str, Any]) -> dict[str, Any]:
-    """Run settings as two of them are compared: an ``lr_sweep`` as the rates it sweeps, so that one sweep written
-    two ways (``1e-3:1e-2:2``, ``0.001:0.01:2``; the run's id is the same) is not redone."""
+def _compared(settings: Any) -> dict[str, Any]:
+    """Run settings (as recorded: anything but a mapping is none) as two of them are compared: an ``lr_sweep`` as
+    the rates it sweeps, so that one sweep written two ways (``1e-3:1e-2:2``, ``0.001:0.01:2``; the run's id is the
+    same) is not redone."""
     from reservoir.training import parse_lr_sweep
 
+    if not isinstance(settings, dict):
+        return {}
     sweep = settings.get("lr_sweep")
     if not isinstance(sweep, str):
         return settings
@@ -160,7 +163,7 @@ def file_state(run: Run, path: Path, read_data: bool = True) -> tuple[str, str]:
         return "foreign", f"{path.name} holds {'run ' + repr(found) if found else 'no recipe run'}"
     recorded = record.get("settings")
     if recorded is not None:  # (files written before results recorded their run's settings have none)
-        diff = first_difference(_compared(recorded if isinstance(recorded, dict) else {}), _compared(run.settings()))
+        diff = first_difference(_compared(recorded), _compared(run.settings()))
         if diff is not None:
             return "stale", f"computed with {describe_difference(diff)}"
     if not read_data:

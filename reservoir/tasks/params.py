@@ -14,7 +14,7 @@ from numbers import Integral
 from typing import Any
 
 from reservoir.errors import ReservoirError
-from reservoir.options import shown
+from reservoir.options import is_bool, shown
 
 __all__ = ["MAX_SIZE", "bool_param", "choice_param", "int_param"]
 
@@ -29,12 +29,15 @@ def bool_param(task: str, name: str, value: Any) -> bool:
 
     Examples
     --------
+    >>> import numpy as np
+    >>> bool_param("mnist", "download", np.True_)
+    True
     >>> bool_param("mnist", "download", "no")
     Traceback (most recent call last):
     ...
     reservoir.errors.ReservoirError: task 'mnist': download must be true or false; found 'no'
     """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if is_bool(value):
         return bool(value)
     raise ReservoirError(f"task {task!r}: {name} must be true or false; found {shown(value)}")
 

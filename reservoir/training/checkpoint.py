@@ -221,7 +221,10 @@ def check_same_run(ckpt: dict[str, Any], where: Path, config: TrainConfig, data:
 def check_best(folder: Path, config: TrainConfig, data: dict[str, Any] | None, head: bool) -> None:
     """Refuse (one line) a ``best.pt`` in ``folder`` of another run: of the other kind (a head trained on stored
     features when ``head`` is false, trained tensors of a live run when it is true), or of other settings or data
-    (:func:`check_same_run`; an older cached run that recorded neither is taken)."""
+    (:func:`check_same_run`; an older cached run that recorded neither is taken); and a folder holding an lr sweep
+    (``sweep.json``), whose runs are in folders of their own."""
+    if (folder / "sweep.json").exists():
+        raise ReservoirError(f"{folder} holds an lr sweep (sweep.json); pass another --out")
     best = folder / "best.pt"
     if not best.exists():
         return

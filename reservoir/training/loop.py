@@ -205,8 +205,6 @@ def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any])
     stored features. The same run's files are computed again in place."""
     from reservoir.settings import first_difference
 
-    if (folder / "sweep.json").exists():
-        raise ReservoirError(f"{folder} holds an lr sweep (sweep.json); pass another --out")
     results = folder / "results.json"
     if results.is_file():
         try:

@@ -262,8 +262,6 @@ def _check_cached_folder(folder: Path, config: TrainConfig, identity: dict[str, 
     tensors), or a cached one of other settings or data. The same cached run is computed again in place."""
     if (folder / "last.pt").exists():
         raise ReservoirError(f"{folder} holds a live run (last.pt); pass another --out")
-    if (folder / "sweep.json").exists():
-        raise ReservoirError(f"{folder} holds an lr sweep (sweep.json); pass another --out")
     ckpt.check_best(folder, config, identity, head=True)
 
 
