@@ -174,7 +174,7 @@ def grid(each: Constraint) -> Constraint:
 #: A path as text: not empty (an empty path is the working folder, where nothing is meant to be written).
 PATH = Constraint(lambda v: isinstance(v, str) and v.strip() != "", "a path (not empty)")
 #: True or False.
-FLAG = Constraint(lambda v: isinstance(v, bool) or type(v).__name__ == "bool_", "True or False")
+FLAG = Constraint(is_bool, "True or False")
 #: What scikit-learn's ``random_state`` takes here.
 RANDOM_STATE = optional(integer(0))
 #: Every seed (:data:`SEED_MAX`).
@@ -239,11 +239,15 @@ def label_of(name: str, found: Setting) -> str:
 
 
 def check_fields(config: Any) -> None:
-    """Check every field of a configuration dataclass against its setting's constraint (one line naming it)."""
+    """Check every field of a configuration dataclass against its setting's constraint (one line naming it); a flag
+    given as a numpy bool is kept as Python's (what JSON, the store's attributes and run settings, can write)."""
     for f in dataclasses.fields(config):
         found = f.metadata.get("setting")
         if found is not None:
-            found.check(getattr(config, f.name), label_of(f.name, found))
+            value = getattr(config, f.name)
+            found.check(value, label_of(f.name, found))
+            if found.constraint is FLAG:
+                object.__setattr__(config, f.name, bool(value))
 
 
 def check_limit(value: Any, limit: float, label: str) -> None:

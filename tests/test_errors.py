@@ -97,6 +97,22 @@ def test_one_device_validator_for_the_python_api():
     raises_one_line(lambda: LogisticReadout(device="foo").fit(X, y), "unknown device 'foo'")
 
 
+def test_flags_take_numpy_bools_and_keep_them_as_python_bools():
+    from reservoir.extract import ExtractConfig
+    from reservoir.readouts import LogisticReadout
+    from reservoir.training import TrainConfig
+
+    extract = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", truncate=np.True_)
+    train = TrainConfig(task="bit-xor", backbone="tiny-gpt2", compile=np.False_)
+    assert type(extract.truncate) is bool and extract.truncate
+    assert type(train.compile) is bool and not train.compile
+    json.dumps([extract.truncate, train.compile])  # what settings and provenance write
+    raises_one_line(lambda: ExtractConfig(task="bit-xor", backbone="tiny-gpt2", truncate=1), "True or False")
+    X, y = np.random.default_rng(0).normal(size=(40, 3)), np.arange(40) % 2
+    assert LogisticReadout(whiten=np.False_, alphas=[1.0]).fit(X, y).score(X, y) > 0.3
+    raises_one_line(lambda: LogisticReadout(whiten="no", alphas=[1.0]).fit(X, y), "True or False")
+
+
 # ---------------------------------------------------- 2. unwritable results folder
 
 
