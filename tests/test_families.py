@@ -215,14 +215,14 @@ def test_bench_extract_times_every_family(name, tmp_path):
 
 
 def test_vit_hf_forward_from_embeddings_equals_hidden_states():
-    from reservoir.bench.extract import _hf_forward
+    from reservoir.bench.reference import hf_forward
 
     bb = load_backbone("tiny-vit", d_in=3)
     hf, _, _ = _load_hf("tiny-vit", "pretrained", 0, None, "sdpa")
     x, lengths = torch.randn(3, 12, 3), torch.tensor([12, 7, 3])
     mask = (torch.arange(12)[None] < lengths[:, None]).long()
     with torch.no_grad():
-        ours = _hf_forward(hf.eval(), bb.project(x), mask, output_hidden_states=True).hidden_states  # positions added
+        ours = hf_forward(hf.eval(), bb.project(x), mask, output_hidden_states=True).hidden_states  # positions added
         ref = _hf_hidden_states(hf, bb, x, lengths)
     assert isinstance(hf.embeddings, type(get_module(hf, "embeddings"))) and len(ours) == len(ref) == 3
     for a, b in zip(ours, ref):

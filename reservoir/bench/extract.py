@@ -25,8 +25,6 @@ set-up (kernels, allocator growth) is not counted.
 
 from __future__ import annotations
 
-import copy
-import resource
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,42 +32,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from reservoir.bench.result import BenchResult
+from reservoir.bench.reference import NAIVE_BATCH, hf_forward, hf_model, time_naive
+from reservoir.bench.result import BenchResult, peak_device_mb, peak_rss_mb
 from reservoir.io import scratch_folder
 from reservoir.runtime import compute_dtype, compute_path
 from reservoir.runtime import synchronize as _sync
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.store.remote import StoreURL
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def load_hf_model(name: str, init: str, seed: int, revision: str | None = None, depth: int | None = None):
-    """The bare Hugging Face model a backbone is loaded from, with the same weights recipe (init, seed, stats draw),
-    keeping blocks ``1..depth`` (all with ``None``); on the CPU, in float32, as loaded."""
-    from reservoir.backbones.arch import arch_for, get_module
-    from reservoir.backbones.load import _load_hf, _stats_init
-
-    model, _, _ = _load_hf(name, init, seed, revision, "sdpa")
-    if init == "stats":
-        _stats_init(model, seed)
-    if depth is not None:
-        parent_path, _, attr = arch_for(model.config.model_type).blocks.rpartition(".")
-        parent = get_module(model, parent_path) if parent_path else model
-        setattr(parent, attr, torch.nn.ModuleList(list(getattr(parent, attr))[:depth]))
-        model.config.num_hidden_layers = depth
-    return model
-
-
-def _hf_model(prep, full: bool, dtype):
-    """The backbone's Hugging Face model, frozen on the device: ``full`` keeps every block, else ``depth``."""
-    cfg = prep.config
-    model = load_hf_model(cfg.backbone, cfg.init, cfg.seed, cfg.revision, None if full else prep.backbone.depth)
-    return model.eval().requires_grad_(False).to(prep.device, dtype=dtype)
 
 
 def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_url: str | None = None) -> BenchResult:
@@ -137,7 +107,7 @@ def bench_extract(config, naive_rows: int = 128, progress: bool = False, store_u
     r["hf_forward_s"] = _time_hf(prep, plan, dtype, autocast_cpu=dev.type == "cpu")
     if dtype != torch.float32:  # the way a user runs the model: float32 weights, no autocast
         r["hf_forward_f32_s"] = _time_hf(prep, plan, torch.float32)
-    r.update(_time_naive(prep, naive_rows))
+    r.update(time_naive(prep, naive_rows))
     r["extract_s"] = r["task_s"] + r["model_s"] + r["pass_s"]
     r.pop("path")
     r["pass_over_bare"] = r["pass_s"] / r["bare_forward_s"]
@@ -243,7 +213,7 @@ def _time_hf(prep, plan, dtype, autocast_cpu: bool = False) -> float:
 
     bb, dev = prep.backbone, prep.device
     mixed = autocast_cpu and dtype != torch.float32
-    hf = _hf_model(prep, full=False, dtype=torch.float32 if mixed else dtype) if bb.arch is not None else None
+    hf = hf_model(prep, full=False, dtype=torch.float32 if mixed else dtype) if bb.arch is not None else None
     if hf is None:  # the LSTM baseline has no Hugging Face model
         return float("nan")
     engine = prep.engine()
@@ -255,7 +225,7 @@ def _time_hf(prep, plan, dtype, autocast_cpu: bool = False) -> float:
         for lo, hi in bounds:
             L = int(sorted_len[hi - 1])
             mask = (torch.arange(L, device=dev)[None, :] < lens[lo:hi, None]).long()  # (b, L)
-            _hf_forward(hf, bb.project(x[lo:hi, :L]).to(torch.float32 if mixed else dtype), mask)
+            hf_forward(hf, bb.project(x[lo:hi, :L]).to(torch.float32 if mixed else dtype), mask)
 
     with torch.inference_mode(), context:  # as a user runs it: PyTorch's default attention dispatch
         forward(hf, *_largest_batch(plan))  # untimed, as the pass's warm-up: kernels chosen, allocator grown
@@ -281,96 +251,6 @@ def _largest_batch(plan) -> tuple[Any, np.ndarray, np.ndarray, list[tuple[int, i
     (split, rows, order, _), (lo, hi) = max(((w, b) for w in plan for b in w[3]),
                                             key=lambda wb: _padded(*wb[0][:3], wb[1]))
     return split, rows[order[lo:hi]], np.arange(hi - lo), [(0, hi - lo)]
-
-
-#: Rows per batch of the naive way (the official code's batch size).
-NAIVE_BATCH = 32
-
-
-def _time_naive(prep, naive_rows: int) -> dict[str, Any]:
-    """The official code's way on about ``naive_rows`` rows: full model, all hidden states, padded to the maximum,
-    fp32, in batches of :data:`NAIVE_BATCH`."""
-    bb, dev, task = prep.backbone, prep.device, prep.task
-    if bb.arch is None:
-        return {"naive_s": float("nan"), "naive_rows": 0}
-    hf = _hf_model(prep, full=True, dtype=torch.float32)
-    proj = copy.deepcopy(bb.input).float()
-    L = task.max_length
-
-    def batch(hf, split, lo: int, n: int) -> int:
-        x = np.zeros((n, L, *split.inputs.shape[2:]), dtype=split.inputs.dtype)
-        x[:, : split.inputs.shape[1]] = split.inputs[lo : lo + n, :L]
-        emb = _embed_fp32(proj, torch.from_numpy(x).to(dev))
-        hs = _hf_forward(hf, emb, None, output_hidden_states=True).hidden_states
-        torch.stack([h[:, -1] for h in hs], dim=1).cpu()  # (b, n_layer + 1, n_dim), as the official code reads
-        return n
-
-    # The run it stands for: each split in batches of NAIVE_BATCH rows, a partial one last. Every batch has the same
-    # padded shape, so a whole batch costs the same in any split: time `k` whole batches and every partial one, and
-    # scale the whole ones by their count (rows would overstate a launch-bound GPU's partial batches).
-    B = NAIVE_BATCH
-    wholes = [(split, lo) for split in task.splits.values() for lo in range(0, len(split) - B + 1, B)]
-    partials = [(split, len(split) - len(split) % B) for split in task.splits.values() if len(split) % B]
-    k = min(len(wholes), max(1, round(naive_rows / B)))
-    with torch.inference_mode():
-        first = next(iter(task.splits.values()))
-        batch(hf, first, 0, min(B, len(first)))  # untimed warm-up, as the other parts have: one whole batch
-        _sync(dev)
-        t0 = time.perf_counter()
-        for split, lo in wholes[:k]:
-            batch(hf, split, lo, B)
-        _sync(dev)
-        t1 = time.perf_counter()
-        for split, lo in partials:
-            batch(hf, split, lo, len(split) - lo)
-        _sync(dev)
-        t2 = time.perf_counter()
-    del hf
-    whole_s, partial_s = t1 - t0, t2 - t1
-    return {"naive_rows": k * B + sum(len(split) - lo for split, lo in partials), "naive_timed_s": whole_s + partial_s,
-            "naive_whole_batches_timed": k, "naive_whole_batches": len(wholes), "naive_whole_s": whole_s,
-            "naive_partial_s": partial_s, "naive_s": (whole_s / k * len(wholes) if k else 0.0) + partial_s,
-            "naive_padded_length": L}
-
-
-class _GivenEmbeddings(torch.nn.Module):
-    """Stands in for ViT's embedding module (ViTModel takes no ``inputs_embeds``): the given embeddings plus the
-    patch position rows, then the embedding dropout, as :meth:`~reservoir.backbones.model.Backbone.embed` computes
-    layer 0 (no CLS token; the table's CLS row is never read)."""
-
-    def __init__(self, original: torch.nn.Module):
-        super().__init__()
-        self.patch_embeddings = original.patch_embeddings  # ViTModel.forward reads its dtype
-        self.position_embeddings = original.position_embeddings  # (1, n + 1, n_dim), the same parameter
-        self.dropout = original.dropout
-
-    def forward(self, embeds: torch.Tensor, **kwargs) -> torch.Tensor:
-        L = embeds.shape[1]
-        return self.dropout(embeds + self.position_embeddings[:, 1 : 1 + L])  # (B, L, n_dim)
-
-
-def _hf_forward(hf, embeds: torch.Tensor, mask: torch.Tensor | None, **kwargs):
-    """The Hugging Face model's forward from input embeddings ``(B, L, n_dim)`` (ViT: in place of its patch embedding)."""
-    if hf.config.model_type != "vit":
-        return hf(inputs_embeds=embeds, attention_mask=mask, **kwargs)
-    original = hf.embeddings
-    hf.embeddings = _GivenEmbeddings(original)
-    try:
-        return hf(pixel_values=embeds, attention_mask=mask, **kwargs)
-    finally:
-        hf.embeddings = original
-
-
-def _embed_fp32(proj, x: torch.Tensor) -> torch.Tensor:
-    """One-hot token ids or vectors through the projection, in float32."""
-    if x.dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
-        return torch.nn.functional.embedding(x.long(), proj.weight.t()) + proj.bias
-    return proj(x.float())
-
-
-def peak_device_mb(device) -> float | None:
-    """Peak CUDA memory allocated so far (since the last reset), in MB; ``None`` on the CPU."""
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
 def _size_mb(path: Path) -> float:

@@ -4,6 +4,7 @@ kind."""
 from __future__ import annotations
 
 import dataclasses
+import resource
 from typing import Any
 
 from reservoir.errors import ReservoirError
@@ -59,3 +60,15 @@ class BenchResult(Result):
         rest = {k: v for k, v in data.items() if k != "kind"}
         return cls(data["kind"], {k: v for k, v in rest.items() if k not in ENVELOPE},
                    extra={k: v for k, v in rest.items() if k in ENVELOPE})
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_device_mb(device) -> float | None:
+    """Peak CUDA memory allocated so far (since the last reset), in MB; ``None`` on the CPU."""
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

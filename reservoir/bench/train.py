@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from reservoir.bench.extract import _hf_forward, load_hf_model, peak_device_mb, peak_rss_mb
-from reservoir.bench.result import BenchResult
+from reservoir.bench.reference import hf_forward, load_hf_model
+from reservoir.bench.result import BenchResult, peak_device_mb, peak_rss_mb
 from reservoir.errors import ReservoirError
 from reservoir.runtime import autocast, compute_dtype, compute_path, resolve_device
 from reservoir.runtime import synchronize as _sync
@@ -112,7 +112,7 @@ class PlainLoop:
         mask = (torch.arange(L, device=self.device)[None, :] < lengths[:, None]).long()  # (B, L)
         m = self.model
         with autocast(self.device, self.amp):
-            h = _hf_forward(self.hf, m.backbone.project(x), mask).last_hidden_state  # (B, L, n_dim), final norm in
+            h = hf_forward(self.hf, m.backbone.project(x), mask).last_hidden_state  # (B, L, n_dim), final norm in
             r, idx = last_token_index(lengths, m.n_out_tokens)
             logits = m.head(h[r, idx]).view(len(y), m.n_out_tokens, m.n_heads, m.n_classes)
         loss = F.cross_entropy(logits.float().reshape(-1, m.n_classes), y.reshape(-1))
