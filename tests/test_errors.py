@@ -130,9 +130,9 @@ def test_results_folder_under_a_file_is_refused_before_fitting(store, tmp_path, 
 
 
 def test_out_file_under_a_file_is_refused_before_the_work(tmp_path, monkeypatch):
-    import reservoir.readouts.run as rr
+    import reservoir.readouts.raw as raw
 
-    monkeypatch.setattr(rr, "fit_raw", lambda *a, **k: pytest.fail("ran before --out was checked"))
+    monkeypatch.setattr(raw, "fit_raw", lambda *a, **k: pytest.fail("ran before --out was checked"))
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     one_line_error(invoke("fit-raw", "--task", "digits", "--out", blocker / "r.json"), str(blocker), "is a file")

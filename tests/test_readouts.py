@@ -222,7 +222,7 @@ def test_fit_linear_ridge_streamed_and_in_memory(xor_store, tmp_path, monkeypatc
 
 def test_fit_raw_digits_and_standardized_penalty():
     from reservoir.errors import ReservoirError
-    from reservoir.readouts.run import fit_raw
+    from reservoir.readouts.raw import fit_raw
 
     r = fit_raw("digits")
     assert r.kind == "fit-raw" and r.metrics["n_features"] == 64 and r.metrics["n_test"] == 360

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import reservoir.bench
 import reservoir.extract
+import reservoir.readouts.raw
 import reservoir.readouts.run
 import reservoir.training
 from reservoir.cli import main
@@ -292,7 +293,7 @@ def _forbid(monkeypatch):
         raise AssertionError("recomputed")
 
     for mod, name in ((reservoir.extract, "run"), (reservoir.readouts.run, "fit_linear"),
-                      (reservoir.readouts.run, "fit_raw"), (reservoir.training, "run"), (reservoir.training, "sweep"),
+                      (reservoir.readouts.raw, "fit_raw"), (reservoir.training, "run"), (reservoir.training, "sweep"),
                       (reservoir.bench, "speedup")):
         monkeypatch.setattr(mod, name, boom)
 
@@ -1125,7 +1126,7 @@ def test_a_recipe_run_whose_folder_lock_file_is_removed_stops_before_its_next_ru
 
     out = tmp_path / "out"
     cells = [{"kind": "fit-raw", "task": "digits", "seeds": [0, 1]}]  # two runs
-    runner = reservoir.readouts.run
+    runner = reservoir.readouts.raw
     fit_raw, calls = runner.fit_raw, []
 
     def then_removed(*a, **k):  # the lock file removed by hand while the first run computes

@@ -204,7 +204,7 @@ def _write_npz(path: Path, arrays: dict) -> None:
 @click.option("--out", default=None, help="Write the result as JSON here.")
 def fit_raw(task, data, input_column, label_column, params, readout, seed, out):
     """Baseline without a backbone: the same readout on the flattened raw inputs."""
-    from reservoir.readouts.run import fit_raw as run_raw
+    from reservoir.readouts.raw import fit_raw as run_raw
     from reservoir.tasks.base import task_label
 
     task, task_params = _task_from(task, data, input_column, label_column, params)

@@ -20,7 +20,8 @@
 
 from reservoir.readouts.features import iter_layer, load_layer
 from reservoir.readouts.logistic import LogisticReadout
+from reservoir.readouts.raw import fit_raw
 from reservoir.readouts.ridge import RidgeReadout
-from reservoir.readouts.run import FitResult, fit_linear, fit_raw
+from reservoir.readouts.run import FitResult, fit_linear
 
 __all__ = ["FitResult", "LogisticReadout", "RidgeReadout", "fit_linear", "fit_raw", "iter_layer", "load_layer"]

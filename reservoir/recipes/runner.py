@@ -173,11 +173,11 @@ def _execute(run: Run, folder: Path, cache_dir: Path | StoreURL, device: str, fo
     c = run.cell
     fit_device = str(resolve_device(device))
     if run.kind == "fit-raw":
-        import reservoir.readouts.run as rr
+        import reservoir.readouts.raw as raw
 
         accs = []
         for r in c.readout:
-            res = rr.fit_raw(run.task, dict(c.task_params), r, seed=run.seed, device=fit_device)
+            res = raw.fit_raw(run.task, dict(c.task_params), r, seed=run.seed, device=fit_device)
             write_result(folder / f"{r}.json", {**res.to_dict(), "recipe": meta})
             accs.append(f"{r} {res.metrics['test_accuracy']:.2%}")
         return ", ".join(accs)
