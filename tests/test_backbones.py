@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from reservoir.backbones import ARCHS, last_token_index, load_backbone, orthogonal_projection
-from reservoir.backbones.load import TINY_CONFIGS, _load_hf, weights_sha256
+from reservoir.backbones.load import _load_hf, weights_sha256
+from reservoir.backbones.names import TINY_CONFIGS
 from reservoir.errors import ReservoirError
 
 TINY = ["tiny-gpt2", "tiny-bert"]

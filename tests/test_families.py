@@ -17,7 +17,8 @@ import torch
 
 from reservoir.backbones import load_backbone
 from reservoir.backbones.arch import ARCHS, get_module, norm_types
-from reservoir.backbones.load import TINY_CONFIGS, _load_hf
+from reservoir.backbones.load import _load_hf
+from reservoir.backbones.names import TINY_CONFIGS
 from reservoir.errors import ReservoirError
 from reservoir.readouts.features import apply_final_norm
 from reservoir.training.freeze import GROUPS, apply_freeze, parameter_groups

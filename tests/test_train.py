@@ -705,9 +705,9 @@ def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_pa
     assert r.cached is True and r.parameters == {"output": n, "trainable": n, "total": n}
     assert f"trainable params: {n:,} || all params: {n:,} || trainable%: 100.0000" in capsys.readouterr().out
     assert TrainResult.read(tmp_path / "r" / "results.json").parameters["total"] == n
-    import reservoir.backbones.load as bl
+    import reservoir.backbones.names as bn
 
-    monkeypatch.setitem(bl.SHORT_NAMES, "tg", "tiny-gpt2")  # a backbone with a short name: its run named by it
+    monkeypatch.setitem(bn.SHORT_NAMES, "tg", "tiny-gpt2")  # a backbone with a short name: its run named by it
     config = config_for_store(store, finetune="output")
     assert config.backbone == "tg" and "-tg-" in config.default_out()
     with pytest.raises(ReservoirError, match="--amp bf16 with --from-store .*: expected --amp auto or --amp none"):

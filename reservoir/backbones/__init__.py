@@ -1,8 +1,9 @@
 """Frozen Hugging Face backbones, their architecture table and inits."""
 
 from reservoir.backbones.arch import ARCHS, ArchFacts, arch_for
-from reservoir.backbones.load import INITS, backbone_names, load_backbone
+from reservoir.backbones.load import INITS, load_backbone
 from reservoir.backbones.model import Backbone, BackboneInfo, last_token_index
+from reservoir.backbones.names import backbone_names
 from reservoir.backbones.projection import input_projection, orthogonal_projection
 
 __all__ = [

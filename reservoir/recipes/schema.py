@@ -178,7 +178,7 @@ class Cell:
     def _check_backbones(self) -> None:
         """What can be known of each backbone without loading it: an LSTM has no pretrained weights, and a built-in
         backbone's depth bounds ``layers`` (a folder's or a hub model's is checked when it loads)."""
-        from reservoir.backbones.load import builtin_layers, lstm_spec
+        from reservoir.backbones.names import builtin_layers, lstm_spec
 
         for bb in self.backbone:
             try:

@@ -75,7 +75,7 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
     held: dict[str, Any] = {"task": store_fields["task"], "task_params": a["task"].get("params") or {},
                             "init": store_fields["init"], "revision": store_fields["revision"],
                             "projection": store_fields["projection"]}
-    from reservoir.backbones.load import SHORT_NAMES
+    from reservoir.backbones.names import SHORT_NAMES
 
     named = next((k for k, v in SHORT_NAMES.items() if v == a["backbone"]["id"]), a["backbone"]["id"])
     if layer is not None:
@@ -98,7 +98,7 @@ def config_for_store(path: str | os.PathLike, *, given: Collection[str] | None =
 def _agrees(name: str, given: Any, held: Any) -> bool:
     """Whether a setting given with ``--from-store`` asks for what the store holds: task parameters each equal to the
     store's; a backbone name (a short name, a folder) that loads the store's backbone id; else equal values."""
-    from reservoir.backbones.load import SHORT_NAMES
+    from reservoir.backbones.names import SHORT_NAMES
 
     if name == "task_params":
         return isinstance(given, dict) and all(k in held and held[k] == v for k, v in given.items())
