@@ -707,3 +707,13 @@ def test_task_and_data_together_or_neither_are_usage_errors(tmp_path):
     assert_one_line(invoke("extract", "--quiet"), "Missing option '--task' (or pass --data PATH)")
     assert_one_line(invoke("fit-raw", "--data", tmp_path / "x.npz", "-p", "path=y.npz"), "found -p path=...")
     assert_one_line(invoke("extract", "--task", "data"), "task 'data': expected path")
+
+
+@pytest.mark.parametrize("command", ["extract", "train", "fit-raw", "bench"])
+def test_column_options_without_data_are_refused_not_ignored(tmp_path, command):
+    args = {"extract": ["extract", *TINY, "--out", tmp_path / "x.zarr"], "train": ["train", *TINY, "--steps", "1"],
+            "fit-raw": ["fit-raw"], "bench": ["bench", "extract", *TINY]}[command]
+    for flag in ("--input-column", "--label-column"):
+        assert_one_line(invoke(*args, "--task", "bit-xor", flag, "x"),
+                        f"{flag} names a column of a --data file; found it without --data")
+    assert not (tmp_path / "x.zarr").exists()

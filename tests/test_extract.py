@@ -83,6 +83,49 @@ def test_layers_from_numpy_are_ints_and_an_empty_list_is_one_line():
         ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=[])
 
 
+def test_config_values_of_the_wrong_kind_are_one_line_and_numpy_values_are_taken(tmp_path):
+    def refused(match, **kw):
+        with pytest.raises(ReservoirError, match=match):
+            ExtractConfig(task="bit-xor", backbone="tiny-gpt2", **kw)
+
+    refused(r"^--batch-size must be an integer >= 1, found 2.5$", batch_size=2.5)
+    refused(r"^--batch-size must be an integer >= 1, found '8'$", batch_size="8")
+    refused(r"^--batch-size must be an integer >= 1, found True$", batch_size=True)
+    refused(r"^--max-tokens must be an integer >= 1, found 40.5$", max_tokens=40.5)
+    refused(r"^--pooling must be one or more of last, first, mean .*; found None$", pooling=None)
+    refused(r"^--out must be a path \(not empty\), found ''$", out="")
+    config = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=np.array([0, 2]), batch_size=np.int64(8),
+                           max_tokens=np.int32(64), out=tmp_path / "x.zarr")
+    assert config.layers == [0, 2] and all(type(k) is int for k in config.layers)
+    assert type(config.batch_size) is int and type(config.max_tokens) is int and config.out == str(tmp_path / "x.zarr")
+
+
+def test_extract_rows_takes_a_device_name_and_no_rows():
+    from reservoir.backbones import load_backbone
+
+    bb = load_backbone("tiny-gpt2", d_in=15)
+    ids, lengths = np.random.default_rng(0).integers(0, 15, (3, 5)).astype(np.uint8), np.array([5, 2, 4])
+    np.testing.assert_array_equal(extract_rows(bb, ids, lengths, [0, 2], 1, device="cpu", amp="none"),
+                                  extract_rows(bb, ids, lengths, [0, 2], 1, amp="none"))
+    feats, states = extract_rows(bb, ids[:0], lengths[:0], [0, 2], 1, full_seq_layer=1, amp="none")
+    assert feats.shape == (0, 2, 1, 32) and states.shape == (0, 5, 32) and feats.dtype == np.float32
+
+
+def test_extract_refuses_a_backbone_whose_weights_are_not_float32(tmp_path):
+    from reservoir import extract, get_task
+    from reservoir.backbones import load_backbone
+
+    task = get_task("bit-xor", n_train=16, n_test=8)
+    bb = load_backbone("tiny-gpt2", d_in=task.d_in)
+    for dtype, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        out = tmp_path / f"{name}.zarr"
+        with pytest.raises(ReservoirError, match=f"^expected a backbone with float32 weights, .*; found {name}$"):
+            extract(task, bb.to(dtype), out, layers=1, amp="none", progress=False)
+        assert not out.exists()
+    with extract(task, bb.float(), tmp_path / "f.zarr", layers=1, amp="none", progress=False) as store:
+        assert store.attrs["compute_dtype"] == "float32"
+
+
 def test_split_point_states_default_to_the_inputs_width():
     from reservoir.backbones import load_backbone
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from reservoir import options
 from reservoir.errors import ReservoirError
@@ -250,6 +251,11 @@ def _task_from(task: str | None, data: str | None, input_column: str, label_colu
     if task is not None and data is not None:
         raise click.UsageError(f"expected --task or --data, not both; found --task {task} and --data {data}")
     if data is None:
+        ctx = click.get_current_context(silent=True)
+        given = [flag for flag, name in (("--input-column", "input_column"), ("--label-column", "label_column"))
+                 if ctx is not None and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+        if given:
+            raise click.UsageError(f"{given[0]} names a column of a --data file; found it without --data")
         if task is None and not alternative:
             raise click.UsageError("Missing option '--task' (or pass --data PATH).")
         return task, task_params

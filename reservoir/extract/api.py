@@ -42,9 +42,10 @@ def extract(task: TaskData, backbone: ReservoirBackbone, out: str | Path | Featu
         A built-in task (:func:`reservoir.get_task`) or one from arrays
         (:meth:`reservoir.TaskData.from_arrays`).
     backbone : ReservoirBackbone
-        From :func:`reservoir.load_backbone`, with ``d_in=task.d_in``. It is
-        moved to ``device``, and on CUDA its frozen weights are cast to the
-        compute dtype (``amp``) in place.
+        From :func:`reservoir.load_backbone`, with ``d_in=task.d_in``, its
+        weights float32. It is moved to ``device`` when the compute dtype
+        (``amp``) is float32; otherwise a copy is moved and cast, and the
+        caller's model stays as it was.
     out : str, path or FeatureStore
         The store (``.zarr`` folder or ``.h5`` file, ``format`` overriding the suffix; or a Zarr store URL such
         as ``s3://bucket/prefix/x.zarr``), or a store handle whose store to resume (the handle is closed once

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
@@ -34,7 +37,7 @@ class ExtractConfig:
     layers: list[int] | int | None = setting(
         "Depth K (store layers 0..K; blocks above K never run), a list like 0,3,6, or 'all' (the default).", None)
     out: str | None = setting("Store path (.zarr folder or .h5 file). Default: cache/<task>-<backbone>-<init>.zarr "
-                              "(--data: data-<file stem> as the task).", None)
+                              "(--data: data-<file stem> as the task).", None, optional(options.PATH))
     format: str | None = setting("Store backend; default from the suffix.", None, optional(one_of(*options.FORMATS)))
     task_params: dict[str, Any] = setting("Task parameter, repeatable (e.g. -p n_train=4000 -p max_length=300).",
                                           flag="--param", factory=dict)
@@ -62,8 +65,12 @@ class ExtractConfig:
                              "of failing.", False, options.FLAG)
 
     def __post_init__(self) -> None:
-        if self.layers == "all":  # what the command line and recipes write for every layer
+        if isinstance(self.out, os.PathLike):  # a Path as its text (what the store's attributes write)
+            self.out = os.fspath(self.out)
+        if isinstance(self.layers, str) and self.layers == "all":  # what the command line and recipes write
             self.layers = None
+        if isinstance(self.layers, np.ndarray) and self.layers.ndim == 1:  # a list of layers as an array
+            self.layers = self.layers.tolist()
         layers = self.layers
         if not (layers is None or options.is_int(layers)
                 or (isinstance(layers, (list, tuple)) and layers and all(options.is_int(k) for k in layers))):
@@ -75,6 +82,10 @@ class ExtractConfig:
         check_fields(self)
         options.check_projection(self.projection, self.projection_gain)
         check_batching(self.batch_size, self.max_tokens)
+        if self.batch_size is not None:  # numpy integers as ints (what the store's attributes write)
+            self.batch_size = operator.index(self.batch_size)
+        if self.max_tokens is not None:
+            self.max_tokens = operator.index(self.max_tokens)
         self.pooling = check_poolings(self.pooling)
 
     def default_out(self) -> str:
@@ -86,6 +97,9 @@ class ExtractConfig:
 
 def check_poolings(pooling: str | list[str] | tuple[str, ...]) -> list[str]:
     """``last``, ``first``, ``mean`` or several of them (a list, or ``"last,mean"``), each once; one line if not."""
+    if not isinstance(pooling, (str, list, tuple)):
+        raise ReservoirError(f"--pooling must be one or more of {', '.join(options.POOLINGS)} (a name, a list or "
+                             f"\"last,mean\"); found {options.shown(pooling)}")
     kinds = [p.strip() for p in pooling.split(",")] if isinstance(pooling, str) else list(pooling)
     bad = [p for p in kinds if p not in options.POOLINGS]
     if not kinds or bad or len(set(kinds)) != len(kinds):

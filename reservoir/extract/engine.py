@@ -14,7 +14,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.extract.plan import plan_order
-from reservoir.runtime import forward_context
+from reservoir.runtime import forward_context, resolve_device
 
 
 def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list[int], n_out_tokens: int,
@@ -40,7 +40,10 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
         if longest > max_length:
             raise ReservoirError(f"expected max_length at least the longest sequence ({longest}) for the "
                                  f"full-sequence states, found {max_length}")
-    device = device or torch.device("cpu")
+    device = torch.device("cpu") if device is None else resolve_device(device)
+    if len(lengths) == 0:  # no rows: empty arrays of the shapes rows would have
+        feats = np.zeros((0, len(layers), n_out_tokens, backbone.n_dim), np.float32)
+        return feats if full_seq_layer is None else (feats, np.zeros((0, max_length, backbone.n_dim), np.float32))
     engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
     with torch.inference_mode(), forward_context(backbone, device, amp):
         feats, states = engine.run(inputs, lengths, np.arange(len(lengths)), *plan_order(lengths, batch_size, max_tokens),

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from reservoir import options
 from reservoir.errors import ReservoirError
 
 #: Default rows per batch when no token budget is given (the CPU's default).
@@ -51,11 +52,10 @@ class Window:
 
 
 def check_batching(batch_size: int | None, max_tokens: int | None) -> None:
-    """Refuse non-positive batch sizes and token budgets, in one line."""
-    if batch_size is not None and batch_size < 1:
-        raise ReservoirError(f"--batch-size must be >= 1, found {batch_size}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ReservoirError(f"--max-tokens must be >= 1, found {max_tokens}")
+    """Refuse batch sizes and token budgets that are not integers >= 1, in one line."""
+    for flag, value in (("--batch-size", batch_size), ("--max-tokens", max_tokens)):
+        if value is not None and not (options.is_int(value) and value >= 1):
+            raise ReservoirError(f"{flag} must be an integer >= 1, found {options.shown(value)}")
 
 
 def other_batching(begun: dict[str, Any] | None, mine: dict[str, Any] | None) -> dict[str, Any] | None:

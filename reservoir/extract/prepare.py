@@ -96,6 +96,10 @@ def plan_extraction(config: ExtractConfig, task: TaskData, backbone: ReservoirBa
     task stays whole (a truncated copy is planned).
     """
     device = resolve_device(config.device)
+    kept = sorted({str(p.dtype).removeprefix("torch.") for p in backbone.parameters() if p.is_floating_point()})
+    if not owned and kept != ["float32"]:  # the weights hashed and the compute dtype recorded are float32's
+        raise ReservoirError(f"expected a backbone with float32 weights, as reservoir.load_backbone gives (amp= casts "
+                             f"a copy for the forward); found {', '.join(kept) or 'no floating weights'}")
     if backbone.projection_info is None:
         raise ReservoirError("expected a backbone from reservoir.load_backbone (its input projection recorded), "
                              f"found a {type(backbone).__name__} without projection_info")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,8 @@ class TrainConfig:
         """Refuse bad settings before anything is built or written (one line naming the option)."""
         from reservoir.training.freeze import parse_groups
 
+        if isinstance(self.out, os.PathLike):  # a Path as its text (what the run's settings write)
+            self.out = os.fspath(self.out)
         options.check_fields(self)
         options.check_projection(self.projection, self.projection_gain)
         parse_groups(self.finetune)
