@@ -477,6 +477,10 @@ def test_csv_columns_named_twice_or_for_two_roles_are_one_line_and_one_number_is
                         "row's split in a single table")
     assert_one_line(invoke("extract", "--data", tmp_path / "one.csv", "--input-column", "label", *TINY, "--out",
                            store), "expected the inputs and the labels in two columns; found 'label' named for both")
+    (tmp_path / "vals.csv").write_text("inputs,label,split\n1 2,0,train\n2,1,train\n1,1,val\n2,0,validation\n"
+                                       "1,1,test\n2,0,test\n")  # two names of one split: not merged
+    assert_one_line(invoke("extract", "--data", tmp_path / "vals.csv", *TINY, "--out", store),
+                    "column 'split': expected one name for the validation split; found both 'val' and 'validation'")
     assert not store.exists()
 
 
@@ -554,6 +558,10 @@ def test_csv_cells_parse_as_json_reads_them_and_what_json_refuses_is_refused(tmp
         with pytest.raises(ReservoirError, match=re.escape(f"expected a JSON list or numbers separated by spaces in "
                                                            f"every cell; found {found}")):
             parsed(*cells)
+    for cells, found in [(("0.1 nan",), "'nan' at row 0"), (("1", "0.1 -INF"), "'-INF' at row 1"),
+                         (("[0.1, nan]",), "'nan' at row 0"), (("[[1, 2], [inf, 3]]",), "'inf' at row 0")]:
+        with pytest.raises(ReservoirError, match=re.escape(f"expected finite numbers in every cell; found {found}")):
+            parsed(*cells)  # the cause named, not the cell's form
     for cells, row in [(("1", "[ ]"), 1), (("  ", "1"), 0)]:
         with pytest.raises(ReservoirError, match=f"expected at least one position per row; found an empty sequence "
                                                  f"at row {row}"):

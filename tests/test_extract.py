@@ -94,6 +94,7 @@ def test_config_values_of_the_wrong_kind_are_one_line_and_numpy_values_are_taken
     refused(r"^--max-tokens must be an integer >= 1, found 40.5$", max_tokens=40.5)
     refused(r"^--pooling must be one or more of last, first, mean .*; found None$", pooling=None)
     refused(r"^--out must be a path \(not empty\), found ''$", out="")
+    refused(r"^--layers: expected each layer once; found layer 1 twice in 2,1,1$", layers=[2, 1, 1])
     config = ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=np.array([0, 2]), batch_size=np.int64(8),
                            max_tokens=np.int32(64), out=tmp_path / "x.zarr")
     assert config.layers == [0, 2] and all(type(k) is int for k in config.layers)

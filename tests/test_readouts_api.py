@@ -270,6 +270,39 @@ def test_stores_of_one_name_do_not_mix_their_results(xor_store, tmp_path):
     fit_linear(twin, layers=[2], results_dir=tmp_path / "r2")  # another folder: fine
 
 
+def test_results_of_another_extraction_at_the_same_path_are_refused_not_mixed(tmp_path):
+    """A store deleted and extracted again from other data (or settings): its results would sit beside the old
+    extraction's; refused before any fit. The same data extracted again, or to another depth, keeps them."""
+    import shutil
+
+    from reservoir.extract import ExtractConfig, run as run_extract
+
+    store, results = tmp_path / "x.zarr", tmp_path / "r"
+
+    def extract(layers, **params):
+        shutil.rmtree(store, ignore_errors=True)
+        run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=layers, out=str(store),
+                                  task_params={"n_train": 48, "n_test": 24, **params}), progress=False)
+
+    extract(2)
+    fit_linear(store, layers="all", results_dir=results)
+    extract(1)  # the same data and settings, fewer layers: the same layer 0 and 1 features
+    fit_linear(store, layers=[1], results_dir=results)
+    extract(2, seed=7)  # other data
+    with pytest.raises(ReservoirError, match=r"expected results of this extraction of .*x\.zarr or none; found "
+                                             r"logistic-layer0\.json from another extraction at that path "
+                                             r"\(task\.(fingerprint|params\.seed)=") as err:
+        fit_linear(store, layers=[2], results_dir=results)
+    assert "\n" not in str(err.value)
+    assert FitResult.read(results / "x" / "logistic-layer2.json").store["task"]["params"].get("seed", 0) != 7
+
+
+def test_a_learning_curve_with_streaming_names_both_options(xor_store):
+    with pytest.raises(ReservoirError, match=r"^expected --train-sizes without --stream on \(a learning curve refits "
+                                             r"in memory\); found both$"):
+        fit_linear(xor_store, layers=[1], train_sizes=[20, "all"], stream=True)
+
+
 def test_entry_points_refuse_what_is_not_a_store_in_one_line(xor_store):
     for call in (lambda: fit_linear(123), lambda: readout_vs_sklearn(["s.h5"])):
         with pytest.raises(ReservoirError, match=r"^expected a store: a path \(.zarr or .h5\), a store URL or a "

@@ -65,7 +65,7 @@ def _parse_sizes(value: str | None) -> list[int | None] | None:
 @click.option("--train-sizes", default=None, metavar="N,N,...,all",
               help="Also fit on nested, seeded subsets of the training rows (a learning curve; at least 10 rows "
                    "unless the store has a val split): a table and "
-                   "<readout>[-<pooling>][-nonorm]-learning-curve.png.")
+                   "<readout>[-<pooling>][-nonorm]-learning-curve.png. Fits in memory: not with --stream on.")
 @click.option("--pooling", default=None, metavar="last|first|mean",
               help="Which pooling of the store to read (extract --pooling); default the store's first.")
 @click.option("--save", is_flag=True, help="Keep each fitted readout as a probe beside its results file "

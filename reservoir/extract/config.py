@@ -77,6 +77,10 @@ class ExtractConfig:
             raise ReservoirError(f"--layers must be a depth K, a list of layers or 'all', found {layers!r}")
         if isinstance(layers, (list, tuple)):  # numpy integers as ints (what JSON, the store's attributes, can write)
             self.layers = [int(k) for k in layers]
+            twice = options.repeated(self.layers)
+            if twice is not None:  # not dropped without a word (fit-linear's --layer refuses it too)
+                raise ReservoirError(f"--layers: expected each layer once; found layer {twice} twice in "
+                                     f"{','.join(map(str, self.layers))}")
         elif layers is not None:
             self.layers = operator.index(layers)
         check_fields(self)

@@ -43,7 +43,9 @@ def extract_rows(backbone, inputs: np.ndarray, lengths: np.ndarray, layers: list
     device = torch.device("cpu") if device is None else resolve_device(device)
     if len(lengths) == 0:  # no rows: empty arrays of the shapes rows would have
         feats = np.zeros((0, len(layers), n_out_tokens, backbone.n_dim), np.float32)
-        return feats if full_seq_layer is None else (feats, np.zeros((0, max_length, backbone.n_dim), np.float32))
+        if full_seq_layer is None:
+            return feats
+        return feats, np.zeros((0, int(max_length or 0), backbone.n_dim), np.float32)
     engine = Engine(backbone, layers, n_out_tokens, device, torch.float32, full_seq_layer, max_length)
     with torch.inference_mode(), forward_context(backbone, device, amp):
         feats, states = engine.run(inputs, lengths, np.arange(len(lengths)), *plan_order(lengths, batch_size, max_tokens),

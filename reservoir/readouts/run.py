@@ -29,7 +29,9 @@ from reservoir.readouts.naming import result_stem, results_folder, same_store
 from reservoir.readouts.stats import MIN_CARVE_ROWS
 from reservoir.results import Result
 from reservoir.runtime import check_seed, resolve_device
+from reservoir.settings import describe_difference, first_difference
 from reservoir.store import FeatureStore
+from reservoir.store.feature_store import KEY_FIELDS
 from reservoir.store.lock import run_folder_lock
 from reservoir.store.remote import StoreURL
 
@@ -245,7 +247,7 @@ def fit_linear(
         raise ReservoirError(f"expected stream to be true, false or 'auto', found {stream!r}")
     sizes = _check_sizes(train_sizes)
     if sizes and stream is True:
-        raise ReservoirError("expected train_sizes without stream (a learning curve refits in memory); found both")
+        raise ReservoirError("expected --train-sizes without --stream on (a learning curve refits in memory); found both")
     if save and results_dir is None:
         raise ReservoirError("expected a results_dir to save the probes beside their results; found none")
     if results_dir is not None:
@@ -282,13 +284,13 @@ def fit_linear(
                                      "one inside it")
             writable_folder(folder)
             lock = held.enter_context(run_folder_lock(folder))  # one writer: each results file beside its own probe
-            _check_owner(folder, stem, source)
+            _check_owner(folder, stem, source, st.fingerprint())
         if on_result is not None:
             on_result(None)
         streamed = stream is True or (stream == "auto" and layer_bytes(st, "train") > STREAM_AUTO_BYTES)
         if streamed and sizes:
             raise ReservoirError(f"{st.path}: a layer's train features exceed {STREAM_AUTO_BYTES / 1024**3:.0f} GiB, "
-                                 "so they are streamed; a learning curve (train_sizes) needs them in memory")
+                                 "so they are streamed; a learning curve (--train-sizes) needs them in memory")
         has_val = "val" in st.splits
         results = []
         for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
@@ -326,17 +328,45 @@ def fit_linear(
         return results
 
 
-def _check_owner(folder: Path, stem: str, source: str) -> None:
+def _check_owner(folder: Path, stem: str, source: str, fingerprint: dict[str, Any]) -> None:
     """Refuse, before any fit, a folder whose results of this readout came from another store (two stores of one
-    name in different folders): writing would replace them without a word."""
+    name in different folders), or from another extraction at this store's path (its settings or data other than
+    this store's: a store deleted and extracted again): writing beside them would mix two extractions' results, and
+    writing over them would replace them without a word. A store of the same settings and data extracted again, or
+    with other layers or poolings stored beside, gives the same features: its results stay."""
     for old in sorted(folder.glob(f"{stem}-layer*.json")):
         try:
-            other = FitResult.read(old).config.get("store")
+            result = FitResult.read(old)
         except ReservoirError:
             continue  # unreadable: replaced like any damaged result
+        other = result.config.get("store")
         if isinstance(other, str) and not same_store(other, source):
             raise ReservoirError(f"{folder}: expected results of {source} or none; found {old.name} from {other} "
                                  "(another store of the same name); pass another results folder or remove them")
+        diff = _extraction_difference(result.store, fingerprint)
+        if diff is not None:
+            raise ReservoirError(f"{folder}: expected results of this extraction of {source} or none; found "
+                                 f"{old.name} from another extraction at that path ({describe_difference(diff)}); "
+                                 "pass another results folder or remove them")
+
+
+def _extraction_difference(old: Any, new: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first setting (dotted) whose value differs between two stores' fingerprints, leaving out what does not
+    change a stored layer's features (which layers, up to which depth, and poolings were stored beside it, when, by
+    which version);
+    ``None`` for a result that recorded no fingerprint."""
+    if not isinstance(old, dict) or not old:
+        return None
+
+    def features(fp: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: fp.get(k) for k in KEY_FIELDS if k != "layers"}
+        for key, beside in (("pooling", "kinds"), ("backbone", "depth")):  # depth: the top layer stored
+            part = kept.get(key)
+            if isinstance(part, dict):
+                kept[key] = {k: v for k, v in part.items() if k != beside}
+        return kept
+
+    return first_difference(features(old), features(new))
 
 
 def _check_sizes(sizes) -> list[int | None] | None:

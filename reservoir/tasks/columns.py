@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -271,10 +272,13 @@ def _split_column(source: Path, table: Any) -> dict[str, Any]:
     if col.null_count:
         row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
         raise _fail(source, field, "a split name in every row", f"a missing value at row {row}")
-    unknown = [v for v in pc.unique(col).to_pylist() if v not in SPLIT_NAMES]
+    present = pc.unique(col).to_pylist()
+    unknown = [v for v in present if v not in SPLIT_NAMES]
     if unknown:
         raise _fail(source, field, f"split names among {', '.join(SPLIT_NAMES)}",
                     ", ".join(repr(v) for v in unknown[:5]))
+    if "val" in present and "validation" in present:  # two names of one split: rows of one kept apart, not merged
+        raise _fail(source, field, "one name for the validation split", "both 'val' and 'validation'")
     table = table.drop_columns([SPLIT_COLUMN])
     out = {}
     for ours in ("train", "val", "test"):
@@ -384,8 +388,7 @@ def _parse_text(source: Path, field: str, arr: Any) -> Any:
             raise _fail(source, field, "lists of numbers (or of vectors of numbers)", one_line(err)) from None
     unlisted = next((int(i) for i in bad if not arr[int(i)].as_py().lstrip().startswith("[")), None)
     if unlisted is not None:  # not a JSON list either: refused as it is
-        raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
-                    f"{arr[unlisted].as_py()[:40]!r} at row {unlisted}")
+        raise _bad_cell(source, field, arr[unlisted].as_py(), unlisted)
     check_memory(f"{source}: {field}", _NESTED_PER_BYTE * arr.nbytes, "cells parsed (about 20 times their text)")
     rows: list[Any] = []
     for i, cell in enumerate(arr.to_pylist()):
@@ -394,12 +397,25 @@ def _parse_text(source: Path, field: str, arr: Any) -> Any:
             rows.append(None if t is None else json.loads(t) if t.startswith("[")
                         else [json.loads(v) for v in t.split()])
         except (ValueError, RecursionError):
-            raise _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
-                        f"{cell[:40]!r} at row {i}") from None
+            raise _bad_cell(source, field, cell, i) from None
     try:
         return pa.array(rows)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
         raise _fail(source, field, "lists of numbers (or of vectors of numbers)", one_line(err)) from None
+
+
+#: A value that is not a finite number, as a cell may spell it (``nan``, ``-inf``, ``Infinity``; any case).
+_NOT_FINITE = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+
+
+def _bad_cell(source: Path, field: str, cell: str, row: int) -> ReservoirError:
+    """The refusal of a text cell that is no list of numbers: naming a value that is not finite where it holds one
+    (the cause, not the cell's form), else the form expected."""
+    words = re.split(r"[\s,\[\]]+", cell)
+    odd = next((w for w in words if _NOT_FINITE.fullmatch(w)), None)
+    if odd is not None:
+        return _fail(source, field, "finite numbers in every cell", f"{odd!r} at row {row}")
+    return _fail(source, field, "a JSON list or numbers separated by spaces in every cell", f"{cell[:40]!r} at row {row}")
 
 
 def label_array(source: Path, field: str, column: Any) -> np.ndarray:
