@@ -157,6 +157,14 @@ def test_lock_left_by_a_dead_process_is_taken_over(tmp_path, reference):
     assert_identical(out, reference["zarr"])
 
 
+def test_a_record_naming_a_pid_beyond_any_process_names_none():
+    """A lease or lock record's pid beyond what a pid can be gave OverflowError (exit 1) from every reader."""
+    from reservoir.io.system import MAX_PID, process_alive
+
+    assert process_alive(os.getpid()) and not process_alive(2**64) and not process_alive(MAX_PID + 1)
+    assert process_alive(-3) and process_alive("12")  # not a pid at all: taken as alive, as before
+
+
 def test_a_lock_file_removed_under_a_writer_stops_it_and_its_release_spares_the_next_writers(tmp_path, monkeypatch):
     import reservoir.store.files
 

@@ -198,6 +198,41 @@ def test_storage_options_and_endpoints_that_would_panic_or_move_the_objects_are_
     assert "found no such file or folder (no object under that prefix)" in r.stderr
 
 
+def test_settings_obstore_would_panic_on_or_quietly_override_are_one_line(bucket, monkeypatch):
+    """A secret with a line break (read from a file) made obstore's client panic (a Rust panic, exit 1); an
+    AWS_ENDPOINT_URL_S3 won over --storage-option endpoint=; a password in an endpoint was echoed by every line."""
+    url, server = f"s3://{bucket}/a.zarr", os.environ["AWS_ENDPOINT_URL"]
+    for k in ("AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ACCESS_KEY_ID"):
+        with monkeypatch.context() as m:
+            m.setenv(k, os.environ.get(k, "x") + "\n")
+            remote.configure(None)
+            assert_bad_input(r := invoke("info", url))
+            assert f"{k}: expected a value without control characters (a line break copied with a secret?); " \
+                   "found '\\n' at character" in r.stderr
+    assert_bad_input(r := invoke("info", url, "--storage-option", "region=us\x01east"))
+    assert "--storage-option region: expected a value without control characters" in r.stderr
+    with monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1")
+        remote.configure(None)
+        assert_bad_input(r := invoke("info", url, "--storage-option", f"endpoint={server}"))
+        assert "--storage-option endpoint: expected the endpoint obstore will use; found AWS_ENDPOINT_URL_S3 set " \
+               "to 'http://127.0.0.1:1', which it reads over any option" in r.stderr
+    for option in (f"endpoint_url={server}", f"aws_endpoint_url={server}"):  # http allowed whichever the spelling
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+        remote.configure(None)
+        assert_bad_input(r := invoke("info", url, "--storage-option", option))
+        assert "found no such file or folder (no object under that prefix)" in r.stderr, r.stderr
+    for where in ("env", "option"):
+        secret = "http://user:SECRETPW@127.0.0.1:1"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", secret if where == "env" else server)
+        remote.configure(None)
+        r = invoke("info", url, *(["--storage-option", f"endpoint={secret}"] if where == "option" else []))
+        assert_bad_input(r)
+        assert "expected an endpoint URL without user:password@" in r.stderr and "SECRETPW" not in r.stderr
+    assert remote.cause(ValueError("Error performing GET http://u:SECRETPW@host:1/b?x in 3ms")) == \
+        "Error performing GET http://host:1/b?x"
+
+
 def test_the_services_own_code_and_message_are_in_the_line(bucket):
     assert_bad_input(r := invoke("info", "s3://no-such-bucket-here/x.zarr"))
     assert "404 Not Found: NoSuchBucket: The specified bucket does not exist" in r.stderr
@@ -207,9 +242,12 @@ def test_the_services_own_code_and_message_are_in_the_line(bucket):
 
 
 def test_a_bucket_name_with_credentials_or_a_port_is_refused():
-    for bad in ("user:pw@bucket", "bucket:80", "-bucket"):
+    for bad in ("bucket:80", "-bucket"):
         with pytest.raises(ReservoirError, match=f"expected a bucket name of letters, digits.*found {bad!r}"):
             remote.StoreURL(f"s3://{bad}/a.zarr")
+    with pytest.raises(ReservoirError, match=r"^expected no user:password@ in a store URL \(credentials go in the "
+                                             r"environment or --storage-option\); found one before 'bucket'$"):
+        remote.StoreURL("s3://user:SECRETPW@bucket/a.zarr")  # the password not echoed
     # ADLS Gen2's own form names the account after the container: taken, as obstore takes it
     assert remote.StoreURL("abfss://cont@acct.dfs.core.windows.net/pre/x.zarr").bucket == \
         "cont@acct.dfs.core.windows.net"
@@ -298,6 +336,34 @@ def test_deleted_and_corrupted_chunk_objects_are_found_and_repaired(bucket, loca
     assert_ok(invoke(*SMALL, "--out", url))  # the same command writes exactly the damaged chunks again
     assert_ok(invoke("info", url, "--verify"))
     assert_identical(url, local["small"])
+
+
+def test_a_read_request_that_fails_is_one_line_not_a_damaged_chunk(bucket, monkeypatch):
+    """A chunk whose GET failed (a 503, a reset, a 403) was reported as damaged, and the next extract re-extracted
+    it (clearing `complete`): the request's failure is one line, and the store stays as it was."""
+    import obstore.exceptions
+
+    from reservoir.readouts import fit_linear
+    from reservoir.store import checks
+
+    url = f"s3://{bucket}/a.zarr"
+    assert_ok(invoke(*SMALL, "--out", url))
+    with FeatureStore.open(url) as st:
+        read = st._b.read
+
+        def failing(name, *a, **k):
+            if name in ("train/features", "train/done"):
+                raise obstore.exceptions.GenericError(f"Error performing GET http://host/{name}/c/1: 503")
+            return read(name, *a, **k)
+
+        monkeypatch.setattr(st._b, "read", failing)
+        for call in (lambda: fit_linear(st, layers=[1]), lambda: checks.verify(st)):
+            with pytest.raises(ReservoirError, match=r"could not read train/(features|done) \(Error performing GET "
+                                                     r".*503\); the store is not damaged by it") as err:
+                call()
+            assert not isinstance(err.value, checks.Damaged)
+    with FeatureStore.open(url) as st:
+        assert st.complete and checks.verify(st) == {}
 
 
 def test_a_garbled_chunk_object_is_one_line_and_a_clean_exit(bucket, tmp_path):
@@ -468,6 +534,33 @@ def _lease_puts_fail(monkeypatch):
         return put(store, key, *args, **kw)
 
     monkeypatch.setattr(obstore, "put", failing)
+
+
+def test_a_lease_write_whose_response_was_lost_is_the_writers_own(bucket, monkeypatch):
+    """The store applied a conditional lease write, its response was lost, and the client's retry was refused
+    (the object exists, or its version moved): taking the lease refused the writer as busy with itself, a renewal
+    stopped the run as lost to itself. The lease read back is the one the write sent: it is ours."""
+    import obstore
+
+    put, lost = obstore.put, []
+
+    def applied_then_refused(store, key, *args, **kw):
+        result = put(store, key, *args, **kw)  # (the check's second create is refused here, as it should be)
+        kind = "create" if kw.get("mode") == "create" else "renewal"
+        if key.endswith(".lease") and kind not in lost:  # the first create, and the first renewal
+            lost.append(kind)
+            raise obstore.exceptions.PreconditionError("simulated: the retry of an applied write")
+        return result
+
+    monkeypatch.setenv(leases.ENV_SECONDS, "1")
+    url = remote.StoreURL(f"s3://{bucket}/lost.zarr")
+    monkeypatch.setattr(obstore, "put", applied_then_refused)
+    lease = leases.Lease(url, "job-a").acquire()
+    time.sleep(0.8)  # renewals every quarter second: the first one's response lost, the later ones fine
+    lease.check()
+    assert len(lost) == 2 and leases.holder(url)["pid"] == os.getpid() and lease.held
+    lease.release()
+    assert leases.read(url)[0] is None
 
 
 def test_a_holder_whose_renewals_fail_stops_before_its_lease_expires(bucket, monkeypatch):

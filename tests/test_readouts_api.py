@@ -303,6 +303,20 @@ def test_a_learning_curve_with_streaming_names_both_options(xor_store):
         fit_linear(xor_store, layers=[1], train_sizes=[20, "all"], stream=True)
 
 
+def test_a_store_whose_name_leaves_no_results_folder_is_refused(xor_store, tmp_path):
+    """``...h5`` less its suffix is ``..``: its results went one folder above the results folder given."""
+    import shutil
+
+    (tmp_path / "s").mkdir()
+    for name, stem in (("...h5", r"\.\."), ("..h5", r"\.")):
+        odd = tmp_path / "s" / name
+        shutil.copy(xor_store, odd)
+        with pytest.raises(ReservoirError, match=r"expected a store whose name \(less its suffix\) names its results "
+                                                 f"folder inside .*; found '{stem}' \\(rename the store\\)$"):
+            fit_linear(odd, layers=[1], results_dir=tmp_path / "r" / "fit-linear")
+    assert not (tmp_path / "r").exists()
+
+
 def test_entry_points_refuse_what_is_not_a_store_in_one_line(xor_store):
     for call in (lambda: fit_linear(123), lambda: readout_vs_sklearn(["s.h5"])):
         with pytest.raises(ReservoirError, match=r"^expected a store: a path \(.zarr or .h5\), a store URL or a "

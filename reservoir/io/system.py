@@ -19,10 +19,17 @@ __all__ = ["MAX_SECONDS", "MIN_SECONDS", "available_memory", "check_memory", "en
            "scratch_folder"]
 
 
+#: The largest pid a system gives (a signed 32-bit ``pid_t``): a record naming a larger one names no process.
+MAX_PID = 2**31 - 1
+
+
 def process_alive(pid: Any) -> bool:
-    """Whether process ``pid`` of this host exists (a pid that is not a positive integer counts as alive)."""
+    """Whether process ``pid`` of this host exists (a pid that is not a positive integer counts as alive; one beyond
+    what a pid can be, none does)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return True
+    if pid > MAX_PID:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

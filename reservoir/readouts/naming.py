@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from reservoir.errors import ReservoirError
+
 
 def result_stem(readout: str, pooling: str, final_norm: bool) -> str:
     """The name of a fit's files less ``-layer<K>.json``: the readout, then the pooling unless ``last``, then
@@ -34,8 +36,13 @@ def store_stem(store: object) -> str:
 
 
 def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
-    """The folder of ``results_dir`` that :func:`~reservoir.readouts.run.fit_linear` writes a store's results in."""
-    return Path(results_dir) / store_stem(store)
+    """The folder of ``results_dir`` that :func:`~reservoir.readouts.run.fit_linear` writes a store's results in;
+    a store whose name leaves no folder name inside ``results_dir`` (``...zarr``, ``..``) is refused in one line."""
+    stem = store_stem(store)
+    if stem in ("", ".", ".."):
+        raise ReservoirError(f"{store}: expected a store whose name (less its suffix) names its results folder inside "
+                             f"{results_dir}; found {stem!r} (rename the store)")
+    return Path(results_dir) / stem
 
 
 def same_store(a: str, b: str) -> bool:

@@ -57,7 +57,7 @@ from reservoir.store import layout as lay
 from reservoir.store import lock as locks
 from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format
 from reservoir.store.files import cause, store_path
-from reservoir.store.remote import StoreURL
+from reservoir.store.remote import StoreURL, request_failed
 
 
 SCHEMA = "reservoir.features/2"
@@ -279,14 +279,23 @@ class FeatureStore:
             try:
                 out[c] = np.asarray(self._b.read(name, slice(c, c + 1)))[0]
             except Exception as err:  # noqa: BLE001
+                self._check_request(name, err)
                 bad[c] = f"{name} of chunk {c} unreadable ({cause(err)})"
         return out, bad
+
+    def _check_request(self, name: str, err: BaseException) -> None:
+        """Raise (one line) a read that failed as an object store's request, not as its data: the store is not
+        damaged, and nothing is marked to re-extract."""
+        if isinstance(self.path, StoreURL) and request_failed(err):
+            raise ReservoirError(f"{self.path}: could not read {name} ({cause(err)}); the store is not damaged by "
+                                 "it: rerun when the object store answers") from None
 
     def read_fixed(self, name: str) -> np.ndarray:
         """``projection/weight`` or ``final_norm/{weight,bias}``, checked against its checksum."""
         try:
             value = np.asarray(self._b.read(name))
         except Exception as err:  # noqa: BLE001
+            self._check_request(name, err)
             raise checks.Damaged(self, f"{name} unreadable ({cause(err)})") from None
         if lay.crc(value, name) != self.attrs["checksums"]["fixed"][name]:
             raise checks.Damaged(self, f"{name} does not match its checksum")
@@ -319,6 +328,7 @@ class FeatureStore:
                 done, bad_done = self._by_chunk(f"{split}/done")
                 sums, bad_sums = self._by_chunk(f"{split}/checksums")
             except Exception as err:  # noqa: BLE001 - their metadata, say
+                self._check_request(f"{split}/done", err)
                 raise checks.Damaged(self, f"{split}/done or {split}/checksums unreadable ({cause(err)})") from None
             done = done.astype(bool)
             done[list({**bad_done, **bad_sums})] = False  # a chunk vouched for by nothing readable is not done
@@ -337,6 +347,7 @@ class FeatureStore:
         try:
             block = np.asarray(self._b.read(f"{split}/{name}", slice(lo, hi)))
         except Exception as err:  # noqa: BLE001 - a truncated or garbled chunk
+            self._check_request(f"{split}/{name}", err)
             raise checks.Damaged(self, f"{split}/{name} rows {lo}-{hi - 1} unreadable ({cause(err)})") from None
         done, sums = self.done_and_sums(split)
         col = self.row_arrays().index(name)

@@ -163,13 +163,29 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()
+        self._attempt: tuple[dict[str, Any] | None, float] = (None, 0.0)  # the last lease written, and its expiry
 
     def _put(self, obstore: Any, store: Any, mode: Any) -> None:
         """Write the lease with a new expiry (conditional on ``mode``); it is ours only once the write succeeded."""
         expires = time.time() + self.ttl  # taken before the write: the store's copy expires no earlier
         body = json.dumps({**self._record, "expires": expires}).encode()
+        self._attempt = (json.loads(body), expires)
         self._version = version_of(obstore.put(store, self.key, body, mode=mode))
         self._expires = expires
+
+    def _adopt(self) -> bool:
+        """After a conditional write was refused: whether the lease the store holds is exactly the one that write
+        sent (a response lost after the store applied it, and the client's retry refused: our own write), and if
+        so, take its version as ours."""
+        try:
+            record, ver = read(self.url)
+        except ReservoirError:
+            return False
+        sent, expires = self._attempt
+        if sent is None or record != sent or ver is None:
+            return False
+        self._version, self._expires = ver, expires
+        return True
 
     def _run_out(self) -> bool:
         """Whether the last confirmed expiry, less a quarter of the time to live, has passed."""
@@ -184,21 +200,8 @@ class Lease:
             try:
                 self._put(obstore, store, "create")
             except (FileExistsError, obstore.exceptions.AlreadyExistsError, obstore.exceptions.PreconditionError):
-                record, ver = read(self.url)
-                if record is None:  # released between our create and our read: try again from the start
-                    return self.acquire()
-                if not expired(record):
-                    raise busy(self.url, record) from None
-                if ver is None:
-                    raise ReservoirError(f"{self.url}: the object store gives its objects no version (ETag), so "
-                                         "an expired lease cannot be taken over by exactly one writer; refusing "
-                                         f"to write (delete {self.key} if its holder is gone)")
-                try:  # an expired lease: replace exactly the version read, so one taker wins
-                    self._put(obstore, store, ver)
-                except (obstore.exceptions.PreconditionError, FileExistsError, FileNotFoundError):
-                    now, _ = read(self.url)
-                    raise ReservoirError(f"{self.url} is being written by {describe(now)} (it took over the "
-                                         "expired lease first); wait for it to finish or pass another --out") from None
+                if not self._adopt() and not self._take_over(obstore, store):  # (adopted: our create applied)
+                    return self.acquire()  # released between our create and our read: again from the start
             self._check_conditional(obstore, store)
             if self._version is None:  # a lease that cannot be renewed conditionally cannot be held
                 obstore.delete(store, self.key)
@@ -212,6 +215,27 @@ class Lease:
         self._thread = threading.Thread(target=self._renew_loop, name="reservoir-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _take_over(self, obstore: Any, store: Any) -> bool:
+        """Take over the lease another writer holds once it has expired (refusing, one line, while it has not);
+        ``False`` when it was released meanwhile (take it from the start)."""
+        record, ver = read(self.url)
+        if record is None:
+            return False
+        if not expired(record):
+            raise busy(self.url, record) from None
+        if ver is None:
+            raise ReservoirError(f"{self.url}: the object store gives its objects no version (ETag), so an expired "
+                                 "lease cannot be taken over by exactly one writer; refusing to write (delete "
+                                 f"{self.key} if its holder is gone)")
+        try:  # an expired lease: replace exactly the version read, so one taker wins
+            self._put(obstore, store, ver)
+        except (obstore.exceptions.PreconditionError, FileExistsError, FileNotFoundError):
+            if not self._adopt():  # (adopted: our replacement applied, its response lost)
+                now, _ = read(self.url)
+                raise ReservoirError(f"{self.url} is being written by {describe(now)} (it took over the expired "
+                                     "lease first); wait for it to finish or pass another --out") from None
+        return True
 
     def _check_conditional(self, obstore: Any, store: Any) -> None:
         """Refuse a backend that ignores create-if-absent (a second create of the held lease must fail)."""
@@ -234,6 +258,8 @@ class Lease:
                 try:
                     self._put(obstore, self.url.bucket_store, self._version)
                 except (obstore.exceptions.PreconditionError, FileNotFoundError, FileExistsError):
+                    if self._adopt():  # our renewal applied, its response lost
+                        continue
                     self._lost = self._taker()
                     return
                 except obstore.exceptions.BaseError as err:

@@ -53,6 +53,11 @@ _ADLS_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}@[A-Za-z0-9][A-Za-z0
 _URL_KEY = re.compile(r"(?:.*_)?(?:endpoint|endpoint_url)|proxy_url")
 #: ``--storage-option`` keys that would put the objects in another bucket than the URL names (obstore's config).
 _PLACE_KEYS = re.compile(r"(?:aws_|google_|azure_(?:storage_)?)?(?:bucket|bucket_name|container|container_name)")
+#: ``--storage-option`` keys (any case) of an S3 endpoint, as obstore's config takes them.
+_S3_ENDPOINT_KEYS = ("endpoint", "aws_endpoint", "aws_endpoint_url", "endpoint_url")
+#: The environment variables of a scheme's credentials and settings that obstore reads.
+_ENV_PREFIX = {"s3": "AWS_", "s3a": "AWS_", "gs": "GOOGLE_", "az": "AZURE_", "abfs": "AZURE_", "abfss": "AZURE_",
+               "azure": "AZURE_", "adl": "AZURE_"}
 #: The most retries and the longest retry budget ``--storage-option`` may ask for.
 MAX_RETRIES, MAX_RETRY_SECONDS = 100, 24 * 3600.0
 #: Keys of ``--storage-option`` that set the HTTP client.
@@ -105,6 +110,24 @@ def _obstore() -> Any:
     return obstore
 
 
+def request_failed(err: BaseException) -> bool:
+    """Whether ``err`` (or what raised it) is an object store's request that failed (the service's refusal, a
+    timeout, a connection lost), not a chunk that reads back wrong: a missing object reads as Zarr's fill value,
+    so what a read of a store raises from obstore is the request."""
+    import sys
+
+    exceptions = getattr(sys.modules.get("obstore"), "exceptions", None)
+    base = getattr(exceptions, "BaseError", None)
+    seen: BaseException | None = err
+    for _ in range(8):  # a short chain: Zarr's or asyncio's wrapping
+        if seen is None:
+            return False
+        if base is not None and isinstance(seen, base):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class StoreURL:
     """A store's place on object storage: ``s3://bucket/prefix/name.zarr`` (no trailing slash).
 
@@ -115,22 +138,27 @@ class StoreURL:
 
     def __init__(self, url: str, options: dict[str, str] | None = None):
         m = _URL.match(url)
+        shown = _no_userinfo(url)  # a password before '@' is not echoed
         if m is None:
-            raise ReservoirError(f"expected a store URL like s3://bucket/prefix/name.zarr, found {url!r}")
+            raise ReservoirError(f"expected a store URL like s3://bucket/prefix/name.zarr, found {shown!r}")
         scheme = m.group(1).lower()
         if scheme not in SCHEMES:
-            raise ReservoirError(f"{url}: expected an object store URL ({', '.join(s + '://' for s in SCHEMES[:4])}"
+            raise ReservoirError(f"{shown}: expected an object store URL ({', '.join(s + '://' for s in SCHEMES[:4])}"
                                  f"...), found the scheme {scheme!r}")
         rest = url[m.end():].strip("/")
         bucket, _, key = rest.partition("/")
         if not bucket or not key or any(part in ("", ".", "..") for part in key.split("/")):
-            raise ReservoirError(f"expected a store URL like {scheme}://bucket/prefix/name.zarr, found {url!r}")
+            raise ReservoirError(f"expected a store URL like {scheme}://bucket/prefix/name.zarr, found {shown!r}")
         bad = _UNSAFE.search(rest)
         if bad is not None:
             raise ReservoirError(f"expected a store URL without {bad.group()!r} (escapes, queries, fragments and "
-                                 f"spaces are not taken), found {url!r}")
+                                 f"spaces are not taken), found {shown!r}")
         adls = scheme in ("abfs", "abfss") and _ADLS_BUCKET.fullmatch(bucket) is not None
-        if not (_BUCKET.fullmatch(bucket) or adls):  # user:password@, :port: one place, two names, a password echoed
+        if not (_BUCKET.fullmatch(bucket) or adls):  # user:password@, :port: one place, two names
+            before = bucket.partition("@")[0] if "@" in bucket else None
+            if before is not None and (scheme not in ("abfs", "abfss") or ":" in before):  # the password not echoed
+                raise ReservoirError(f"expected no user:password@ in a store URL (credentials go in the environment "
+                                     f"or --storage-option); found one before {bucket.rsplit('@', 1)[1]!r}")
             raise ReservoirError(f"expected a bucket name of letters, digits, '.', '-' and '_' in a store URL; found "
                                  f"{bucket!r} in {scheme}://... (credentials and endpoints go in the environment or "
                                  "--storage-option)")
@@ -188,14 +216,15 @@ class StoreURL:
                 else:
                     config[k] = v
             for k, v in [*config.items(), *client.items()]:
+                if isinstance(v, str):
+                    _check_text(f"--storage-option {k}", v)
                 if _URL_KEY.fullmatch(k.lower()) and "use_" not in k.lower():  # (use_fabric_endpoint: a flag)
                     _check_endpoint(f"--storage-option {k}", v)
-            given = any(k.lower() in ("endpoint", "aws_endpoint", "aws_endpoint_url", "endpoint_url") for k in config)
-            for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):  # what obstore reads unless an option overrides it
-                if os.environ.get(k) is not None and self.scheme in ("s3", "s3a") and not given:
-                    _check_endpoint(k, os.environ[k])
-            endpoint = config.get("endpoint", config.get("aws_endpoint", os.environ.get("AWS_ENDPOINT_URL", "")))
-            if str(endpoint).startswith("http://"):
+            for k, v in env:  # obstore's client panics on a control character in what it puts in a header
+                if k.startswith(_ENV_PREFIX.get(self.scheme, "AWS_")) and "SERVICE_ACCOUNT" not in k:
+                    _check_text(k, v)
+            endpoint = self._endpoint(config) if self.scheme in ("s3", "s3a") else None
+            if endpoint is not None and endpoint.startswith("http://"):
                 client.setdefault("allow_http", True)
             extra = {}
             profile = config.pop("profile", None) or os.environ.get("AWS_PROFILE")
@@ -208,6 +237,28 @@ class StoreURL:
             except obstore.exceptions.BaseError as err:
                 raise ReservoirError(f"{self.url}: could not set up the object store ({cause(err)})") from None
         return _stores[key]
+
+    def _endpoint(self, config: dict[str, Any]) -> str | None:
+        """The S3 endpoint obstore will use, each spelling checked: ``AWS_ENDPOINT_URL_S3`` (which obstore reads
+        over any option: one naming another endpoint is refused, not ignored), else the option, else
+        ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT``."""
+        given = [(k, str(v)) for k, v in config.items() if k.lower() in _S3_ENDPOINT_KEYS]
+        if len(given) > 1:
+            raise ReservoirError(f"--storage-option: expected one endpoint; found {given[0][0]} and {given[1][0]}")
+        s3_only = os.environ.get("AWS_ENDPOINT_URL_S3")
+        if s3_only is not None:
+            _check_endpoint("AWS_ENDPOINT_URL_S3", s3_only)
+            if given and given[0][1].rstrip("/") != s3_only.rstrip("/"):
+                raise ReservoirError(f"--storage-option {given[0][0]}: expected the endpoint obstore will use; found "
+                                     f"AWS_ENDPOINT_URL_S3 set to {_no_userinfo(s3_only)!r}, which it reads over any "
+                                     "option (unset it, or drop the option)")
+            return s3_only
+        if given:
+            return given[0][1]
+        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"):
+            if os.environ.get(k) is not None:
+                _check_endpoint(k, os.environ[k])
+        return os.environ.get("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT"))
 
     @property
     def objects(self) -> Any:
@@ -343,17 +394,35 @@ def _check_endpoint(where: str, value: str) -> None:
         parts = urlsplit(value)
         _ = parts.port  # a port that is not a number, or out of range: ValueError
         ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not (parts.query or parts.fragment)
+        userinfo = "@" in parts.netloc
     except ValueError:
-        ok = False
+        ok, userinfo = False, "@" in value
+    if userinfo:  # a password in the URL would be echoed by every error line naming a request
+        raise ReservoirError(f"{where}: expected an endpoint URL without user:password@ (credentials go in the "
+                             f"environment or a profile); found {_no_userinfo(value)!r}")
     if not ok or _UNSAFE.search(value):
         raise ReservoirError(f"{where}: expected an endpoint URL like https://host:port; found {value!r}")
+
+
+def _check_text(where: str, value: str) -> None:
+    """Refuse (one line, the value not echoed: it may be a secret) a setting holding a control character, such as
+    the line break a secret read from a file keeps: obstore's client panics on one in a header."""
+    bad = next((i for i, c in enumerate(value) if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ReservoirError(f"{where}: expected a value without control characters (a line break copied with a "
+                             f"secret?); found {value[bad]!r} at character {bad + 1} of {len(value)}")
+
+
+def _no_userinfo(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL in it left out."""
+    return re.sub(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*@", r"\1", text)
 
 
 def cause(err: BaseException) -> str:
     """An object-store error in one line: its first line, request timings dropped, and the service's own code and
     message when the response carried them (``<Code>NoSuchBucket</Code>``, which the first line leaves out)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    text = re.sub(r" in [0-9.]+\s*(?:ns|µs|us|ms|s)\b", "", text).strip()
+    text = _no_userinfo(re.sub(r" in [0-9.]+\s*(?:ns|µs|us|ms|s)\b", "", text).strip())
     said = [m.group(1).strip() for tag in ("Code", "Message")
             if (m := re.search(rf"<{tag}>([^<]{{1,300}})</{tag}>", str(err))) is not None]
     if said:
