@@ -36,7 +36,7 @@ def test_token_budget_plan_covers_every_row_within_budget():
     # a row cap still applies, and the default without a budget is 64 rows
     assert max(hi - lo for lo, hi in plan_order(lengths, batch_size=5, max_tokens=10_000)[1]) == 5
     assert [hi - lo for lo, hi in plan_order(lengths)[1]][:2] == [64, 64]
-    with pytest.raises(ReservoirError, match="--max-tokens must be >= 1, found 0"):
+    with pytest.raises(ReservoirError, match="--max-tokens must be an integer >= 1, found 0"):
         plan_order(lengths, max_tokens=0)
 
 
@@ -334,7 +334,7 @@ def test_default_batching_is_64_rows_on_the_cpu_and_a_width_scaled_token_budget_
     assert resolve_batching(None, None, "cuda", 4096) == (None, 16384)
     assert resolve_batching(32, None, "cuda", 768) == (32, None)  # given settings stand, on any device
     assert resolve_batching(None, 5000, "cpu", 768) == (None, 5000)
-    with pytest.raises(ReservoirError, match="--max-tokens must be >= 1"):
+    with pytest.raises(ReservoirError, match="--max-tokens must be an integer >= 1"):
         resolve_batching(None, 0, "cuda", 768)
     from reservoir.extract import prepare
 
