@@ -109,7 +109,8 @@ class _GivenEmbeddings(torch.nn.Module):
 
 
 def hf_forward(hf, embeds: torch.Tensor, mask: torch.Tensor | None, **kwargs):
-    """The Hugging Face model's forward from input embeddings ``(B, L, n_dim)`` (ViT: in place of its patch embedding)."""
+    """The Hugging Face model's forward from input embeddings ``(B, L, n_dim)`` (ViT: in place of its patch
+    embedding)."""
     if hf.config.model_type != "vit":
         return hf(inputs_embeds=embeds, attention_mask=mask, **kwargs)
     original = hf.embeddings

@@ -247,7 +247,8 @@ def fit_linear(
         raise ReservoirError(f"expected stream to be true, false or 'auto', found {stream!r}")
     sizes = _check_sizes(train_sizes)
     if sizes and stream is True:
-        raise ReservoirError("expected --train-sizes without --stream on (a learning curve refits in memory); found both")
+        raise ReservoirError("expected --train-sizes without --stream on (a learning curve refits in memory); "
+                             "found both")
     if save and results_dir is None:
         raise ReservoirError("expected a results_dir to save the probes beside their results; found none")
     if results_dir is not None:
@@ -353,8 +354,7 @@ def _check_owner(folder: Path, stem: str, source: str, fingerprint: dict[str, An
 def _extraction_difference(old: Any, new: dict[str, Any]) -> tuple[str, Any, Any] | None:
     """The first setting (dotted) whose value differs between two stores' fingerprints, leaving out what does not
     change a stored layer's features (which layers, up to which depth, and poolings were stored beside it, when, by
-    which version);
-    ``None`` for a result that recorded no fingerprint."""
+    which version); ``None`` for a result that recorded no fingerprint."""
     if not isinstance(old, dict) or not old:
         return None
 

@@ -114,15 +114,12 @@ def request_failed(err: BaseException) -> bool:
     """Whether ``err`` (or what raised it) is an object store's request that failed (the service's refusal, a
     timeout, a connection lost), not a chunk that reads back wrong: a missing object reads as Zarr's fill value,
     so what a read of a store raises from obstore is the request."""
-    import sys
-
-    exceptions = getattr(sys.modules.get("obstore"), "exceptions", None)
-    base = getattr(exceptions, "BaseError", None)
+    base = _obstore().exceptions.BaseError
     seen: BaseException | None = err
     for _ in range(8):  # a short chain: Zarr's or asyncio's wrapping
         if seen is None:
             return False
-        if base is not None and isinstance(seen, base):
+        if isinstance(seen, base):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -415,7 +415,8 @@ def _bad_cell(source: Path, field: str, cell: str, row: int) -> ReservoirError:
     odd = next((w for w in words if _NOT_FINITE.fullmatch(w)), None)
     if odd is not None:
         return _fail(source, field, "finite numbers in every cell", f"{odd!r} at row {row}")
-    return _fail(source, field, "a JSON list or numbers separated by spaces in every cell", f"{cell[:40]!r} at row {row}")
+    return _fail(source, field, "a JSON list or numbers separated by spaces in every cell",
+                 f"{cell[:40]!r} at row {row}")
 
 
 def label_array(source: Path, field: str, column: Any) -> np.ndarray:
