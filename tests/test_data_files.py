@@ -537,7 +537,7 @@ def test_a_uint64_label_beyond_int64_is_named_as_it_is(tmp_path):
 def test_csv_cells_parse_as_json_reads_them_and_what_json_refuses_is_refused(tmp_path):
     """Flat cells are parsed by pyarrow's kernels: every JSON number form (NaN and Infinity too) as Python's json
     reads it, ints staying ints unless a float is among them, and nothing json refuses taken."""
-    from reservoir.tasks.columns import sequence_arrays
+    from reservoir.tasks.cells import sequence_arrays
 
     pa = pytest.importorskip("pyarrow")
 

@@ -307,8 +307,9 @@ def test_damaged_chunk_is_refused_listed_and_re_extracted(tmp_path, reference, m
     else:
         _h5_corrupt(out, "train", name, 1)
 
-    line = assert_bad_input(invoke("fit-linear", out, "--layer", "2", "--results", tmp_path / "r"))
+    line = assert_bad_input(invoke("fit-linear", out, "--layer", "2", "--results", tmp_path / "r" / "fits"))
     assert "damaged store" in line and "train" in line
+    assert not (tmp_path / "r").exists()  # the folders the refused fit made are gone again
     verify = invoke("info", out, "--verify")
     assert verify.exit_code == 2
     assert "verify     train: 2/3 written chunks match their checksums" in verify.stdout

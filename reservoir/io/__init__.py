@@ -15,7 +15,8 @@ defines it.
 """
 
 from reservoir.io.paths import (MAX_NAME_BYTES, ZARR_MARKERS, check_inside, check_local, check_name, check_regular,
-                                file_kind, lookup, unwritable, within, writable_folder, zarr_store_around)
+                                file_kind, lookup, missing_folders, removed_if_failed, unwritable, within,
+                                writable_folder, zarr_store_around)
 from reservoir.io.reads import MAX_JSON_BYTES, ArrayHeader, load_npy, npy_header, read_json
 from reservoir.io.system import (MAX_SECONDS, MIN_SECONDS, available_memory, check_memory, env_seconds,
                                  process_alive, scratch_folder)
@@ -26,6 +27,6 @@ from reservoir.io.writes import (HDF5_MAGIC, atomic_write, fsync_dir, publish, r
 __all__ = ["HDF5_MAGIC", "MAX_JSON_BYTES", "MAX_NAME_BYTES", "MAX_SECONDS", "MIN_SECONDS", "ZARR_MARKERS",
            "ArrayHeader", "atomic_write", "available_memory", "cause", "check_inside", "check_local", "check_memory",
            "check_name", "check_regular", "control_char", "env_seconds", "file_kind", "first_sentence", "fsync_dir",
-           "load_npy", "lookup", "npy_header", "one_line", "process_alive", "publish", "read_json", "replaceable",
-           "request_stop", "save_figure", "scratch_folder", "size_text", "stop_deferred", "unwritable", "within",
-           "writable_folder", "zarr_store_around"]
+           "load_npy", "lookup", "missing_folders", "npy_header", "one_line", "process_alive", "publish", "read_json",
+           "removed_if_failed", "replaceable", "request_stop", "save_figure", "scratch_folder", "size_text",
+           "stop_deferred", "unwritable", "within", "writable_folder", "zarr_store_around"]

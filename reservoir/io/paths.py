@@ -3,17 +3,19 @@ names and folders checked before any work."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from reservoir.errors import ReservoirError
 from reservoir.io.text import control_char, one_line
 
 __all__ = ["MAX_NAME_BYTES", "ZARR_MARKERS", "check_inside", "check_local", "check_name", "check_regular",
-           "file_kind", "lookup", "unwritable", "within", "writable_folder", "zarr_store_around"]
+           "file_kind", "lookup", "missing_folders", "removed_if_failed", "unwritable", "within", "writable_folder", "zarr_store_around"]
 
 
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device",
@@ -158,6 +160,39 @@ def writable_folder(path: str | os.PathLike, for_path: str | os.PathLike | None 
     except OSError as err:
         raise unwritable(folder, err, for_path) from None
     return folder
+
+
+def missing_folders(path: str | os.PathLike | None) -> list[Path]:
+    """Folder ``path`` and those of its parents that do not exist, deepest first: what
+    :func:`writable_folder` will make, for :func:`removed_if_failed`."""
+    return [] if path is None else [p for p in (Path(path), *Path(path).parents) if not os.path.lexists(p)]
+
+
+@contextlib.contextmanager
+def removed_if_failed(folders: list[Path]) -> Iterator[None]:
+    """Remove ``folders`` (deepest first, from :func:`missing_folders`) again if the block fails and they are still
+    empty: a run refused after its results folder was made leaves no empty folder behind. A folder that holds
+    anything (a checkpoint to resume from, another writer's file) is kept, and so are those above it.
+
+    Examples
+    --------
+    >>> base = Path(tempfile.mkdtemp())
+    >>> made = missing_folders(base / "a" / "b")
+    >>> with contextlib.suppress(ValueError), removed_if_failed(made):
+    ...     _ = writable_folder(base / "a" / "b")
+    ...     raise ValueError
+    >>> (base / "a").exists()
+    False
+    """
+    try:
+        yield
+    except BaseException:
+        for folder in folders:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def unwritable(folder: Path, err: OSError, for_path: str | os.PathLike | None = None) -> ReservoirError:

@@ -22,7 +22,7 @@ import numpy as np
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import check_local, within, writable_folder
+from reservoir.io import check_local, missing_folders, removed_if_failed, within, writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
 from reservoir.readouts.naming import result_stem, results_folder, same_store
@@ -283,6 +283,7 @@ def fit_linear(
             if not isinstance(st.path, StoreURL) and within(folder, st.path):
                 raise ReservoirError(f"{results_dir}: expected a results folder outside the input {st.path}; found "
                                      "one inside it")
+            held.enter_context(removed_if_failed(missing_folders(folder)))  # a failed fit leaves no empty folder
             writable_folder(folder)
             lock = held.enter_context(run_folder_lock(folder))  # one writer: each results file beside its own probe
             _check_owner(folder, stem, source, st.fingerprint())

@@ -14,7 +14,7 @@ What ``path`` is decides how it is read:
     otherwise be ignored); other fields are ignored.
 a ``datasets`` ``save_to_disk`` folder, a ``.parquet`` or ``.csv`` file
     An input and a label column (``input_column``, ``label_column``); see
-    :mod:`reservoir.tasks.columns` for the layout and the splits.
+    :mod:`reservoir.tasks.columns` for the layout and the splits, :mod:`reservoir.tasks.cells` for the columns.
 
 The task is built by :func:`~reservoir.tasks.arrays.checked_task`, so it is
 checked and fingerprinted like a built-in one (from its name ``data``, its
@@ -290,7 +290,8 @@ def _vocab_size(source: Path, value: Any, splits: dict[str, tuple]) -> int | Non
 
 def _read_columnar(source: Path, input_column: str, label_column: str) -> dict[str, tuple]:
     """The splits of a Parquet or CSV file or a ``save_to_disk`` folder, each checked."""
-    from reservoir.tasks.columns import label_array, read_tables, sequence_arrays
+    from reservoir.tasks.cells import label_array, sequence_arrays
+    from reservoir.tasks.columns import read_tables
 
     tables = read_tables(source, input_column, label_column)
     if not {"train", "test"} <= set(tables):

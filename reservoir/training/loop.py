@@ -23,7 +23,7 @@ from torch import nn
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import fsync_dir, stop_deferred, writable_folder
+from reservoir.io import fsync_dir, missing_folders, removed_if_failed, stop_deferred, writable_folder
 from reservoir.store.lock import StoreLock, run_folder_lock
 from reservoir.results import Result
 from reservoir.runtime import cast_frozen_matmuls, compute_dtype
@@ -141,8 +141,9 @@ def _train(model: ReservoirClassifier, data: TrainData, settings: TrainConfig, c
     device = next(model.parameters()).device
     if settings.cuda_graphs == "on" and device.type != "cuda":  # before the folder is made
         raise ReservoirError(f"--cuda-graphs on needs a CUDA device; found {device.type}")
+    made = missing_folders(out)  # removed again if the run fails before writing in them
     folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
-    with run_folder_lock(folder) as lock:  # one writer per run folder
+    with removed_if_failed(made), run_folder_lock(folder) as lock:  # one writer per run folder
         steps = settings.total_steps(len(data.train))
         flags = (opt.param_groups[0]["fused"], opt.param_groups[0]["capturable"])
         state, identity = ckpt.new_state(), run_identity(model, data)

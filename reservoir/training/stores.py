@@ -22,7 +22,7 @@ from torch import nn
 
 from reservoir import options
 from reservoir.errors import ReservoirError
-from reservoir.io import writable_folder
+from reservoir.io import missing_folders, removed_if_failed, writable_folder
 from reservoir.store.lock import run_folder_lock
 from reservoir.runtime import resolve_device
 from reservoir.training import checkpoint as ckpt
@@ -212,9 +212,10 @@ def train_cached(config: TrainConfig, *, out: str | os.PathLike | None = None,
     counts = {"output": n_params, "trainable": n_params, "total": n_params}  # the run holds the head alone
     print(describe(counts))
     steps = config.total_steps(len(X))
-    folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
     identity = data_identity({"task": attrs["task"], "store": fingerprint})
-    with run_folder_lock(folder) as lock:  # one writer per run folder
+    made = missing_folders(out)  # removed again if the run fails before writing in them
+    folder = None if out is None else writable_folder(out)  # before training: never lose a run to its folder
+    with removed_if_failed(made), run_folder_lock(folder) as lock:  # one writer per run folder
         if folder is not None:
             _check_cached_folder(folder, config, identity)
             retire_results(folder)
