@@ -5,10 +5,10 @@ See :mod:`reservoir.store.feature_store` for the layout and what it guarantees, 
 :mod:`reservoir.store.writable` for writing one.
 """
 
-from reservoir.store.backends import detect_format
 from reservoir.store.checks import Damaged
 from reservoir.store.feature_store import KEY_FIELDS, SCHEMA, FeatureStore, first_difference, store_key
 from reservoir.store.files import MIN_CHUNK_BYTES, remove, rows_per_chunk, store_path
+from reservoir.store.formats import detect_format
 from reservoir.store.remote import StoreURL, is_url
 from reservoir.store.writable import WritableStore
 

@@ -55,7 +55,8 @@ from reservoir.options import shown
 from reservoir.store import checks
 from reservoir.store import layout as lay
 from reservoir.store import lock as locks
-from reservoir.store.backends import BACKENDS, Backend, Format, Mode, detect_format
+from reservoir.store.backends import BACKENDS, Backend, Mode
+from reservoir.store.formats import Format, detect_format
 from reservoir.store.files import cause, store_path
 from reservoir.store.remote import StoreURL, request_failed
 

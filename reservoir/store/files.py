@@ -23,7 +23,8 @@ from reservoir import __version__
 from reservoir.errors import ReservoirError
 from reservoir.io import cause, check_name
 from reservoir.store import layout as lay
-from reservoir.store.backends import BACKENDS, Backend, Format
+from reservoir.store.backends import BACKENDS, Backend
+from reservoir.store.formats import Format
 from reservoir.store.remote import StoreURL, is_url
 
 #: Smallest chunk (bytes of one row array's block); a split smaller than that is one chunk.

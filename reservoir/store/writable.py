@@ -26,7 +26,8 @@ from reservoir.io import fsync_dir
 from reservoir.store import checks
 from reservoir.store import layout as lay
 from reservoir.store import lock as locks
-from reservoir.store.backends import BACKENDS, Backend, Format, detect_format, remove_partial_chunks
+from reservoir.store.backends import BACKENDS, Backend, remove_partial_chunks
+from reservoir.store.formats import Format, detect_format
 from reservoir.store.feature_store import KEY_FIELDS, FeatureStore, first_difference, store_key
 from reservoir.store.files import build, cause, close_quietly, create_array, remove, remove_temporaries, store_path
 from reservoir.store.remote import StoreURL
