@@ -76,20 +76,20 @@ def write_result(path: str | os.PathLike, result: dict[str, Any]) -> Path:
     except OSError as err:
         raise unwritable(p.parent, err) from None
     with atomic_write(p, "the results", text=True) as f:
-        json.dump(_strict(payload), f, indent=2, sort_keys=False, allow_nan=False)
+        json.dump(plain_json(payload), f, indent=2, sort_keys=False, allow_nan=False)
         f.write("\n")
     return p
 
 
-def _strict(value: Any) -> Any:
+def plain_json(value: Any) -> Any:
     """``value`` as strict JSON holds it: a non-finite number (no validation accuracy, say) is ``null``,
     numpy scalars and arrays are Python numbers and lists."""
     if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
+        return {k: plain_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
+        return [plain_json(v) for v in value]
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # a numpy scalar or array
-        return _strict(value.tolist())
+        return plain_json(value.tolist())
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     return value

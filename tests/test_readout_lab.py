@@ -373,6 +373,35 @@ def test_probe_predicts_another_store_and_refuses_another_backbone(stores, tmp_p
     assert runner.invoke(main, ["predict", str(probe), str(stores["a"]), "--split", "test"]).exit_code == 0
 
 
+def test_a_probe_json_edited_after_saving_is_refused_and_an_older_probe_still_loads(stores, tmp_path):
+    """The weights' sha256 in the JSON covers the weights file, whose header keeps the fields saying how the weights
+    apply: a JSON whose layer was edited would apply layer 2's weights to layer 1's features without a word."""
+    import hashlib
+
+    from safetensors.numpy import load as st_load, save as st_save
+
+    runner = CliRunner()
+    res = runner.invoke(main, ["fit-linear", str(stores["a"]), "--layer", "2", "--save", "--results", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    info, weights = tmp_path / "a" / "logistic-layer2.probe.json", tmp_path / "a" / "logistic-layer2.safetensors"
+    meta = json.loads(info.read_text())
+    for key, value in (("layer", 1), ("pooling", "first"), ("final_norm", False)):
+        info.write_text(json.dumps({**meta, key: value}))
+        refused = runner.invoke(main, ["predict", str(info), str(stores["a"]), "--out", str(tmp_path / "p.npz")])
+        assert refused.exit_code == 2 and not (tmp_path / "p.npz").exists()
+        assert refused.output.strip().splitlines() == [
+            f"Error: {info}: expected {key} = {meta[key]!r}, as the probe's weights were saved with; found {value!r} "
+            "(the JSON was changed after it was saved); save the probe again"]
+    # a probe saved before the header kept its fields: the weights alone, the JSON's sha256 of them
+    blob = st_save(st_load(weights.read_bytes()))
+    weights.write_bytes(blob)
+    info.write_text(json.dumps({**meta, "weights_sha256": hashlib.sha256(blob).hexdigest()}))
+    taken = runner.invoke(main, ["predict", str(info), str(stores["a"]), "--split", "test", "--out",
+                                 str(tmp_path / "p.npz")])
+    assert taken.exit_code == 0, taken.output
+    assert f"accuracy {meta['fit']['test_accuracy']:.2%}" in taken.output
+
+
 def test_a_probe_gives_no_accuracy_on_labels_it_was_never_fitted_on(tmp_path):
     """A probe of classes {0, 7} on a store labelled {0, 1}: it cannot be right on class 1, so the accuracy it would
     print (22%) says nothing; the predictions are still written."""

@@ -8,7 +8,10 @@ store, the layer, whether the final norm was applied, the pooling, and the
 store's backbone, projection and fingerprint, plus the sha256 of the weights
 file). Nothing in either file is executed: safetensors holds raw arrays and
 the JSON is data; a weights file whose sha256 differs from the JSON's is
-refused.
+refused. The JSON's fields that say how the weights apply (:data:`BOUND`: the
+layer, pooling, backbone, ...) are also kept in the weights file's header,
+which that sha256 covers, so a JSON edited after it was saved is refused,
+naming the field.
 
 :func:`predict_store` applies a probe to a store of the same backbone and
 projection (another split, another task's store, a store extracted later) and
@@ -19,6 +22,7 @@ feature width differ.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -42,6 +46,11 @@ FORMAT = "reservoir.probe/1"
 #: store of the same model holds the same layers).
 BACKBONE_KEYS = ("id", "family", "init", "seed", "n_layer", "n_dim", "weights_sha256", "revision",
                  "final_norm_eps", "final_norm_kind")
+#: The JSON's fields that say how the weights apply: kept in the weights file too (its header's metadata, under
+#: :data:`BOUND_KEY`), where the JSON's ``weights_sha256`` covers them.
+BOUND = ("readout", "params", "alpha", "n_features", "n_heads", "classes", "layer", "final_norm", "pooling",
+         "n_out_tokens", "backbone", "projection")
+BOUND_KEY = "reservoir.probe"
 
 
 def _files(base: str | os.PathLike) -> tuple[Path, Path]:
@@ -62,7 +71,7 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
     from sklearn.utils.validation import check_is_fitted
 
     from reservoir.io import atomic_write
-    from reservoir.results import write_result
+    from reservoir.results import plain_json, write_result
 
     check_is_fitted(est)
     weights, info = _files(base)
@@ -76,15 +85,45 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
                                      "classes": np.ascontiguousarray(classes, np.int64)}
     if hasattr(est, "mean_"):
         arrays["mean"] = _as_fitted(est.mean_)
-    blob = st_save(arrays)
-    with atomic_write(weights, "the probe") as f:
-        f.write(blob)
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in est.get_params().items()}
-    write_result(info, {
+    record = plain_json({
         "format": FORMAT, "readout": type(est).__name__, "params": params, "alpha": est.alpha_,
         "n_features": int(est.n_features_in_), "n_heads": int(est.n_heads_), "classes": est.classes_.tolist(),
-        "weights": weights.name, "weights_sha256": hashlib.sha256(blob).hexdigest(), **(meta or {})})
+        "weights": weights.name, **(meta or {})})
+    bound = json.dumps({k: record[k] for k in BOUND if k in record}, sort_keys=True, allow_nan=False)
+    blob = st_save(arrays, metadata={BOUND_KEY: bound})
+    with atomic_write(weights, "the probe") as f:
+        f.write(blob)
+    write_result(info, {**record, "weights_sha256": hashlib.sha256(blob).hexdigest()})
     return info
+
+
+def _check_bound(meta: dict[str, Any], blob: bytes, info: Path, weights: Path) -> None:
+    """Refuse (one line) a JSON whose fields in :data:`BOUND` differ from those its weights were saved with. A
+    weights file without them (a probe saved before they were kept) is taken as it is."""
+    size = int.from_bytes(blob[:8], "little")  # safetensors: a little-endian u64, then that many bytes of JSON header
+    header = json.loads(blob[8:8 + size])  # already parsed by safetensors' loader: well formed and in bounds
+    text = (header.get("__metadata__") or {}).get(BOUND_KEY)
+    if text is None:
+        return
+    try:
+        saved = json.loads(text)
+    except ValueError:
+        saved = None
+    if not isinstance(saved, dict):
+        raise ReservoirError(f"{weights}: expected the probe's fields as a JSON object in its header's "
+                             f"{BOUND_KEY!r}; found {_short(text)}")
+    missing = object()
+
+    def shown(value: Any) -> str:
+        return "none" if value is missing else _short(value)
+
+    for key in BOUND:
+        was, now = saved.get(key, missing), meta.get(key, missing)
+        if was != now:
+            raise ReservoirError(f"{info}: expected {key} = {shown(was)}, as the probe's weights were saved with; "
+                                 f"found {shown(now)} (the JSON was changed after it was saved); save the probe "
+                                 "again")
 
 
 def _as_fitted(a: Any) -> np.ndarray:
@@ -134,6 +173,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     except (SafetensorError, ValueError, KeyError) as err:  # KeyError: a dtype numpy lacks (BF16, F8_*)
         raise ReservoirError(f"{weights}: expected safetensors weights of float and int64 arrays; found "
                              f"{err}") from None
+    _check_bound(meta, blob, info, weights)
     cls = kinds[meta["readout"]]
     params = {k: v for k, v in (meta.get("params") or {}).items() if k in cls().get_params()}
     est = cls(**params)
