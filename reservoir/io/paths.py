@@ -15,7 +15,8 @@ from reservoir.errors import ReservoirError
 from reservoir.io.text import control_char, one_line
 
 __all__ = ["MAX_NAME_BYTES", "ZARR_MARKERS", "check_inside", "check_local", "check_name", "check_regular",
-           "file_kind", "lookup", "missing_folders", "removed_if_failed", "unwritable", "within", "writable_folder", "zarr_store_around"]
+           "file_kind", "lookup", "missing_folders", "removed_if_failed", "unwritable", "within", "writable_folder",
+           "zarr_store_around"]
 
 
 _KINDS = {stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device",

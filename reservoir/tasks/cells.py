@@ -83,7 +83,8 @@ def sequence_arrays(source: Path, field: str, column: Any) -> tuple[np.ndarray, 
         raise column_error(source, field, what, f"a missing value at row {row}")
     lengths = pa.compute.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)  # (N,)
     if len(lengths) and lengths.min() < 1:
-        raise column_error(source, field, "at least one position per row", f"an empty sequence at row {np.argmin(lengths)}")
+        raise column_error(source, field, "at least one position per row",
+                           f"an empty sequence at row {np.argmin(lengths)}")
     values = contiguous(pa, arr.flatten())
     d = None
     if _is_list(pa, values.type):  # one vector per position
@@ -92,7 +93,7 @@ def sequence_arrays(source: Path, field: str, column: Any) -> tuple[np.ndarray, 
         sizes = pa.compute.list_value_length(values).to_numpy(zero_copy_only=False)
         if len(sizes) and (sizes.min() != sizes.max() or sizes.min() < 1):
             raise column_error(source, field, "vectors of one size d >= 1 at every position",
-                        f"sizes {sizes.min()} to {sizes.max()}")
+                               f"sizes {sizes.min()} to {sizes.max()}")
         d = int(sizes[0]) if len(sizes) else 1
         values = contiguous(pa, values.flatten())
     t = values.type
@@ -177,7 +178,7 @@ def _bad_cell(source: Path, field: str, cell: str, row: int) -> ReservoirError:
     if odd is not None:
         return column_error(source, field, "finite numbers in every cell", f"{odd!r} at row {row}")
     return column_error(source, field, "a JSON list or numbers separated by spaces in every cell",
-                 f"{cell[:40]!r} at row {row}")
+                        f"{cell[:40]!r} at row {row}")
 
 
 def label_array(source: Path, field: str, column: Any) -> np.ndarray:

@@ -101,7 +101,7 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
         for name in single:
             if table.column_names.count(name) > 1:
                 raise column_error(source, f"column {name!r}", "it once in the header row",
-                            f"it {table.column_names.count(name)} times")
+                                   f"it {table.column_names.count(name)} times")
             if pa.types.is_binary(table[name].type):  # text pyarrow could not read as UTF-8 is bytes, not refused
                 raise ReservoirError(f"{source}: expected a CSV file of UTF-8 text; found {_not_utf8(source)}")
         # parsed whole, before the rows are split: tokens or numbers is one decision for the file (a writer that
@@ -161,7 +161,8 @@ def _check_contained(source: Path) -> None:
     paths = sorted(source.rglob("*"))
     for path in paths:
         if path.is_symlink() and not inside(path):
-            raise column_error(source, str(path.relative_to(source)), "files inside the folder", f"a link to {path.resolve()}")
+            raise column_error(source, str(path.relative_to(source)), "files inside the folder",
+                               f"a link to {path.resolve()}")
     for path in paths:
         where = str(path.relative_to(source))
         if path.name not in ("state.json", "dataset_dict.json") or not path.is_file():
@@ -185,7 +186,7 @@ def _has_columns(source: Path, where: str, names: list[str], wanted: dict[str, s
     for name, hint in wanted.items():
         if name not in names:
             raise column_error(source, f"{where}column {name!r}", f"a column of that name ({hint})",
-                        f"columns {', '.join(names) or '(none)'}")
+                               f"columns {', '.join(names) or '(none)'}")
 
 
 def _named_splits(source: Path, splits: dict[str, Any], wanted: dict[str, str]) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def _split_column(source: Path, table: Any) -> dict[str, Any]:
     unknown = [v for v in present if v not in SPLIT_NAMES]
     if unknown:
         raise column_error(source, field, f"split names among {', '.join(SPLIT_NAMES)}",
-                    ", ".join(repr(v) for v in unknown[:5]))
+                           ", ".join(repr(v) for v in unknown[:5]))
     if "val" in present and "validation" in present:  # two names of one split: rows of one kept apart, not merged
         raise column_error(source, field, "one name for the validation split", "both 'val' and 'validation'")
     table = table.drop_columns([SPLIT_COLUMN])
