@@ -173,7 +173,6 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
     except (SafetensorError, ValueError, KeyError) as err:  # KeyError: a dtype numpy lacks (BF16, F8_*)
         raise ReservoirError(f"{weights}: expected safetensors weights of float and int64 arrays; found "
                              f"{err}") from None
-    _check_bound(meta, blob, info, weights)
     cls = kinds[meta["readout"]]
     params = {k: v for k, v in (meta.get("params") or {}).items() if k in cls().get_params()}
     est = cls(**params)
@@ -181,6 +180,7 @@ def load(base: str | os.PathLike) -> tuple[LogisticReadout | RidgeReadout, dict[
         est._check_params()
     except ValueError as err:
         raise ReservoirError(f"{info}: expected the readout's parameters; found {err}") from None
+    _check_bound(meta, blob, info, weights)  # after the checks of each field's type and range, which say more
     d, H = meta["n_features"], meta["n_heads"]
     names = ("coef", "intercept", "classes", *(("mean",) if cls is LogisticReadout else ()))
     missing = [name for name in names if name not in arrays]
