@@ -17,26 +17,37 @@ over the rows where the two differ
 (:func:`reservoir.readouts.intervals.paired_difference`), and marks those both
 resolve (the interval excludes zero and the test rejects no difference at 5%).
 With several seeds, a row's per-row results are summed over its seeds first.
+
+"Everything else equal" means the runs' whole settings (what their results
+files record: steps, batch size, dtype, store depth, projection, ...), not
+only the report's label, and the same seeds. Two rows that differ in the
+compared key and also in another setting or their seeds are not a pair; each
+such pair gets a line saying what else differs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from reservoir.readouts.intervals import Difference, paired_difference
+from reservoir.settings import first_difference
 
 
 @dataclass
 class Scored:
-    """A report row's per-row results: correct heads summed over seeds ``(N,)``, heads per row times seeds."""
+    """A report row's per-row results: correct heads summed over seeds ``(N,)``, heads per row times seeds; the
+    settings of its runs (all but the seed) and its seeds."""
 
     label: dict[str, Any]
     fingerprint: str
     correct: np.ndarray
     heads: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()
 
 
 @dataclass
@@ -53,18 +64,48 @@ def _key(label: dict[str, Any], without: str) -> tuple:
     return tuple((k, v) for k, v in label.items() if k != without)
 
 
+def _seeds(seeds: tuple[int, ...]) -> str:
+    return ",".join(map(str, seeds)) or "none"
+
+
+def why_not_paired(a: Scored, b: Scored, compared: str) -> str | None:
+    """What keeps ``a`` and ``b`` (which differ in ``compared``) from being a pair, in a few words; ``None`` when
+    nothing does: the same settings but ``compared``, the same seeds, the same test rows and heads.
+
+    Examples
+    --------
+    >>> ones = np.ones(4, int)
+    >>> a = Scored({"init": "pretrained"}, "f", ones, 1, {"init": "pretrained", "steps": 100}, (0,))
+    >>> b = Scored({"init": "random"}, "f", ones, 1, {"init": "random", "steps": 10}, (0,))
+    >>> why_not_paired(a, b, "init")
+    'other settings: steps 100 against 10'
+    """
+    diff = first_difference({k: v for k, v in a.settings.items() if k != compared},
+                            {k: v for k, v in b.settings.items() if k != compared})
+    if diff is not None:
+        key, mine, theirs = diff
+        return f"other settings: {key} {mine!r:.40} against {theirs!r:.40}"
+    if a.seeds != b.seeds:
+        return f"other seeds: {_seeds(a.seeds)} against {_seeds(b.seeds)}"
+    if a.fingerprint != b.fingerprint or a.correct.shape != b.correct.shape:
+        return "scored on other test rows (the task's data differs)"
+    if a.heads != b.heads:
+        return f"{a.heads} against {b.heads} scores a test row"
+    return None
+
+
 def compare(rows: list[Scored], unpaired: list[str] | None = None) -> list[Comparison]:
-    """Every init-vs-pretrained, layer-vs-layer-below and unfrozen-vs-frozen pair among ``rows`` that shares its
-    test rows; ``unpaired`` gets a line for each pair on the same test rows left out because its rows were scored
-    by different numbers of seeds (or heads)."""
+    """Every init-vs-pretrained, layer-vs-layer-below and unfrozen-vs-frozen pair among ``rows`` with everything
+    else equal (:func:`why_not_paired`); ``unpaired`` gets a line for each pair of rows whose labels differ only
+    in the compared key but whose runs differ in more (another setting, other seeds, other test rows)."""
     out: list[Comparison] = []
 
-    def paired(a: Scored, b: Scored, what: str) -> None:
-        if a.fingerprint == b.fingerprint and a.correct.shape == b.correct.shape:
-            if a.heads == b.heads:
-                out.append(Comparison(a, b, what, paired_difference(a.correct, b.correct, a.heads)))
-            elif unpaired is not None:
-                unpaired.append(f"{what} ({a.label.get('task')}: {a.heads} against {b.heads} scores a test row)")
+    def paired(a: Scored, b: Scored, what: str, compared: str) -> None:
+        why = why_not_paired(a, b, compared)
+        if why is None:
+            out.append(Comparison(a, b, what, paired_difference(a.correct, b.correct, a.heads)))
+        elif unpaired is not None:
+            unpaired.append(f"{what} ({a.label.get('task')}: {why})")
 
     by_init: dict[tuple, dict[str, Scored]] = {}
     for r in rows:
@@ -73,22 +114,23 @@ def compare(rows: list[Scored], unpaired: list[str] | None = None) -> list[Compa
         base = group.get("pretrained")
         for init, r in group.items():
             if base is not None and init != "pretrained":
-                paired(base, r, f"pretrained − {init}")
+                paired(base, r, f"pretrained − {init}", "init")
     by_layer: dict[tuple, list[Scored]] = {}
-    for r in rows:
+    for r in rows:  # the layers of one store (each store's settings hold its depth): a step up that store
         if r.label.get("kind") == "fit-linear" and isinstance(r.label.get("layer"), int):
-            by_layer.setdefault(_key(r.label, "layer"), []).append(r)
+            store = json.dumps(r.settings, sort_keys=True, default=str)
+            by_layer.setdefault((*_key(r.label, "layer"), store), []).append(r)
     for group in by_layer.values():
         group.sort(key=lambda r: r.label["layer"])
         for lower, upper in zip(group, group[1:]):
-            paired(upper, lower, f"layer {upper.label['layer']} − layer {lower.label['layer']}")
+            paired(upper, lower, f"layer {upper.label['layer']} − layer {lower.label['layer']}", "layer")
     by_groups: dict[tuple, dict[str, Scored]] = {}
     for r in rows:
         if r.label.get("kind") == "train":
             by_groups.setdefault(_key(r.label, "finetune"), {})[str(r.label.get("finetune"))] = r
     for group in by_groups.values():
         if "all" in group and "fpt" in group:
-            paired(group["all"], group["fpt"], "unfrozen − frozen (all − fpt)")
+            paired(group["all"], group["fpt"], "unfrozen − frozen (all − fpt)", "finetune")
     return out
 
 

@@ -23,6 +23,7 @@ from reservoir.recipes import Recipe, list_recipes, load_recipe, plan, run_recip
 from reservoir.recipes.runner import store_for
 from reservoir.store import FeatureStore
 from reservoir.report import report
+from reservoir.report.plots import depth_lines
 
 TINY = textwrap.dedent("""\
     name: tiny
@@ -494,6 +495,27 @@ def test_paired_differences_show_a_rows_text_as_written():
     assert "./m&lt;i&gt;\\[x\\](y)" in md and "<i>" not in md and "[x](y)" not in md
 
 
+def test_training_everything_is_compared_with_fpt_only_at_the_same_steps_and_rate():
+    import numpy as np
+
+    from reservoir.pairs import Scored, compare
+
+    label = {"kind": "train", "task": "bit-xor", "tag": None, "backbone": "gpt2", "init": "pretrained", "layer": "all",
+             "readout": None, "lr": 1e-3}
+    settings = {"kind": "train", "init": "pretrained", "lr": 1e-3, "steps": 1000, "batch_size": 16}
+    rng = np.random.default_rng(0)
+
+    def row(finetune, **changed):
+        return Scored({**label, "finetune": finetune}, "f", rng.integers(0, 2, 50), 1,
+                      {**settings, "finetune": finetune, **changed}, (0, 1))
+
+    unpaired: list[str] = []
+    assert [c.what for c in compare([row("all"), row("fpt")], unpaired)] == ["unfrozen − frozen (all − fpt)"]
+    assert unpaired == []
+    assert compare([row("all", steps=50), row("fpt")], unpaired) == []
+    assert unpaired == ["unfrozen − frozen (all − fpt) (bit-xor: other settings: steps 50 against 1000)"]
+
+
 def test_a_report_shows_the_recipes_text_as_written_and_missing_seeds(tmp_path, monkeypatch):
     """A description holding a table, HTML or an image link, and a tag or a source holding markup, were rendered:
     a recipe could put numbers in the report that no results file holds. A row short of its seeds said only how
@@ -595,6 +617,41 @@ def test_lr_sweeps_of_two_inits_are_compared_on_their_chosen_runs_test_rows(tmp_
     assert "pretrained − random" not in rep.markdown and "unfrozen − frozen" not in rep.markdown
     for lo, hi in intervals:
         assert f"% [{100 * lo:.2f}, {100 * hi:.2f}] |" in rep.markdown
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("metrics.test_accuracies", [0.5, 0.5, 0.5], "expected metrics.test_accuracies to hold one accuracy per seed (2); "
+                                                 "found 3"),
+    ("metrics.test_accuracies", [], "expected metrics.test_accuracies to hold one accuracy per seed (2); found 0"),
+    ("mean_val_by_lr", {"0.001": -0.5, "0.01": 0.5}, "expected mean_val_by_lr to map learning rates > 0 to "
+                                                     "accuracies in [0, 1]; found"),
+    ("mean_val_by_lr", {"0.001": 10 ** 400, "0.01": 0.5}, "expected mean_val_by_lr to hold finite numbers"),
+    ("best_lr", 0.5, "expected best_lr to be one of the swept rates (0.001, 0.01); found 0.5"),
+    ("best_lr", 10 ** 400, "expected best_lr to be a number in [0, 1e15]; found 1000000000000000000000000"),
+    ("metrics.test_interval", [float("nan"), float("nan")], None),  # no interval, as results files may say
+])
+def test_a_sweeps_numbers_that_do_not_fit_together_are_one_line_in_the_report(tmp_path, field, value, expected):
+    data = {"name": "sweep", "defaults": {"backbone": "tiny-gpt2", "task_params": {"n_train": 40, "n_test": 16}},
+            "cells": [{"kind": "train", "task": "bit-xor", "lr_sweep": "1e-3:1e-2:2", "seeds": [0, 1], "steps": 2,
+                       "eval_every": 2, "batch_size": 8}]}
+    out = tmp_path / "sweep"
+    run_recipe(make(data), out=out, device="cpu", progress=False)
+    (path,) = out.glob("train__*/sweep.json")
+    saved = json.loads(path.read_text())
+    *parents, last = field.split(".")
+    node = saved
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    path.write_text(json.dumps(saved))
+    r = invoke("report", out, "--no-plots")
+    if expected is None:
+        assert r.exit_code == 0, r.output
+        mean = 100 * saved["metrics"]["test_accuracy_mean"]
+        assert f"| {mean:.2f} ± " in (out / "report.md").read_text()
+    else:
+        assert r.exit_code == 2 and expected in r.output and "Traceback" not in r.output, r.output
+        assert str(path) in r.output
 
 
 def test_unknown_task_and_task_parameter_are_caught_at_load():
@@ -1010,13 +1067,49 @@ def test_pairs_of_other_seed_counts_are_named_and_figures_of_rows_gone_are_remov
     run_recipe(make({"cells": [{**cell, "seeds": [0, 1]}, {**cell, "init": "random"}]}), out=out, progress=False,
                cache_dir=tmp_path / "c")
     md = report(out).markdown
-    assert "pretrained − random" not in md.split("Not compared")[0].split("## Paired differences")[-1]
-    assert ("Not compared: 1 pair(s) of rows on the same test rows but with different numbers of seeds, e.g. "
-            "pretrained − random (bit-xor: 10 against 5 scores a test row)") in md  # 5 output bits, 2 and 1 seeds
+    assert "## Paired differences" not in md
+    assert "**Not compared:** 1 pair(s) or row(s)" in md
+    assert "- pretrained − random (bit-xor: other seeds: 0,1 against 0)" in md
+    seed1 = out / "fit-linear__bit-xor__tiny-gpt2__pretrained__d1__seed1" / "logistic-layer1.json"
+    kept = json.loads(seed1.read_text())
+    del kept["rows"]  # as a results file written before per-row results were kept
+    seed1.write_text(json.dumps(kept))
+    md = report(out).markdown
+    assert "- fit-linear bit-xor tiny-gpt2 pretrained layer 1 logistic (1 of its 2 seeds kept which test rows they " \
+           "got right)" in md and "| 2 |" in md  # the row itself is shown, with both seeds
     for name in ("curves.png", "depth.png"):  # figures of an earlier render: no train rows now, one layer fitted
         (out / name).write_bytes(b"an earlier render's figure")
     assert report(out).files == [out / "report.md"]
     assert not (out / "curves.png").exists() and not (out / "depth.png").exists()
+
+
+def test_rows_are_paired_only_when_their_runs_agree_in_every_setting_and_seed(tmp_path):
+    """Labels say task, backbone, init, layer and readout; runs also differ in their store's depth and dtype, and
+    their seeds. A pair differing in any of those besides what it compares is named, not compared."""
+    cell = {"kind": "fit-linear", "task": "bit-xor", "backbone": "tiny-gpt2", "task_params": {"n_train": 32,
+                                                                                            "n_test": 16}}
+    cells = [{**cell, "layers": 2, "fit_layers": [1, 2]},  # layers 1 and 2 from a depth-2 store
+             {**cell, "layers": 1, "fit_layers": [0]},  # layer 0 from a depth-1 store: no step up to layer 1
+             {**cell, "layers": 2, "fit_layers": [1, 2], "init": "random", "dtype": "float32"},  # other dtype
+             {**cell, "layers": 1, "fit_layers": [0], "init": "random", "seeds": [1]}]  # other seed
+    out = tmp_path / "out"
+    run_recipe(make({"cells": cells}), out=out, progress=False, cache_dir=tmp_path / "c")
+    md = report(out).markdown
+    table = md.split("## Paired differences")[1].split("**Not compared:**")[0]
+    assert "| pretrained, logistic | — | layer 2 − layer 1 |" in table  # the one store's own step
+    assert "| random, logistic | — | layer 2 − layer 1 |" in table
+    assert "layer 1 − layer 0" not in table and "pretrained − random" not in table
+    assert "**Not compared:** 3 pair(s) or row(s)" in md
+    for line in ("- pretrained − random (bit-xor: other settings: dtype 'float16' against 'float32')",
+                 "- pretrained − random (bit-xor: other seeds: 0 against 1)"):
+        assert line in md
+    assert md.count("- pretrained − random (bit-xor: other settings: dtype") == 2  # layers 1 and 2
+    lines = {legend: [r.label["layer"] for r in rs]
+             for legend, rs in depth_lines(report(out).rows, "bit-xor").items()}  # depth.png: a line per store
+    assert lines == {"tiny-gpt2 pretrained, store depth 2, dtype float16": [1, 2],
+                     "tiny-gpt2 pretrained, store depth 1, dtype float16": [0],
+                     "tiny-gpt2 random, store depth 2, dtype float32": [1, 2],
+                     "tiny-gpt2 random, store depth 1, dtype float16": [0]}
 
 
 def _interrupted_at_the_second_validation(monkeypatch, run) -> None:

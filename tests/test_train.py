@@ -714,6 +714,24 @@ def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_pa
         run(replace(config, amp="bf16"), progress=False)  # the Python API refuses what the CLI refuses
 
 
+def test_a_head_trained_from_a_store_reads_its_last_token_features_whatever_it_pools_first(tmp_path):
+    def store(name, pooling):
+        return run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", task_params=XOR, pooling=pooling,
+                                         out=str(tmp_path / name)), progress=False)
+
+    def train(path, out):
+        return run(config_for_store(path, finetune="output", steps=4, eval_every=2, device="cpu",
+                                    out=str(tmp_path / out)), progress=False)
+
+    last = train(store("last.zarr", ["last"]), "a")
+    both = train(store("both.zarr", ["mean", "last"]), "b")  # the store's first pooling is the mean
+    assert both.metrics["test_accuracy"] == last.metrics["test_accuracy"]
+    assert both.curve == last.curve
+    with pytest.raises(ReservoirError, match="expected a store with last-token features .*; found mean pooling only"):
+        train(store("mean.zarr", ["mean"]), "c")
+    assert not (tmp_path / "c").exists()
+
+
 def test_a_head_trained_on_stored_features_that_diverges_stops_in_one_line(tmp_path, monkeypatch):
     import reservoir.training.cached as cached
 

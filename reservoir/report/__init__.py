@@ -29,7 +29,10 @@ from reservoir.io import atomic_write, check_inside, check_name
 from reservoir.pairs import compare, markdown_pairs, markdown_text as _text
 from reservoir.recipes import load_recipe
 from reservoir.report.plots import plot_curves, plot_depth, plot_sweeps
-from reservoir.report.rows import Row, collect, markdown_table
+from reservoir.report.rows import Row, collect, markdown_table, row_name
+
+#: Lines of the "Not compared" list shown in full.
+_SHOWN = 10
 
 __all__ = ["Report", "Row", "collect", "markdown_table", "plot_curves", "plot_depth", "plot_sweeps", "report"]
 
@@ -90,18 +93,23 @@ def report(results_dir: str | Path, plots: bool = True) -> Report:
         parts += [f"**Not current:** {len(outdated)} results file(s) hold another run's results, or this recipe's "
                   "with other settings (the recipe was edited since), and show as not run; `reservoir recipe run` "
                   f"redoes them. First: {_text(outdated[0])}.", ""]
-    unpaired: list[str] = []
+    unpaired = [f"{row_name(r.label)} ({why})" for r in rows if (why := r.unscored()) is not None]
     comparisons = compare([sc for r in rows if (sc := r.scored()) is not None], unpaired)
     if comparisons:
         parts += ["## Paired differences", "",
-                  "Rows scored on the same test rows: pretrained against each other init, each layer against "
-                  "the one below, and training everything against the FPT groups, in points of test accuracy "
-                  "with the 95% paired bootstrap interval over test rows and the exact sign test over the rows "
-                  "where the two differ (McNemar's, for one label a row); `resolved` where the interval excludes "
-                  "zero and p < 0.05.", "", markdown_pairs(comparisons), ""]
+                  "Rows scored on the same test rows, from runs with the same settings and seeds but for what is "
+                  "compared: pretrained against each other init, each layer against the one below, and training "
+                  "everything against the FPT groups, in points of test accuracy with the 95% paired bootstrap "
+                  "interval over test rows and the exact sign test over the rows where the two differ (McNemar's, "
+                  "for one label a row); `resolved` where the interval excludes zero and p < 0.05.", "",
+                  markdown_pairs(comparisons), ""]
     if unpaired:
-        parts += [f"Not compared: {len(unpaired)} pair(s) of rows on the same test rows but with different numbers "
-                  f"of seeds, e.g. {_text(unpaired[0])}; give both rows the same seeds to compare them.", ""]
+        shown = [f"- {_text(line)}" for line in unpaired[:_SHOWN]]
+        if len(unpaired) > _SHOWN:
+            shown.append(f"- and {len(unpaired) - _SHOWN} more")
+        parts += [f"**Not compared:** {len(unpaired)} pair(s) or row(s) whose runs differ in more than what is "
+                  "compared, or whose seeds were scored apart; give them the same settings and seeds to compare "
+                  "them.", "", *shown, ""]
     parts += [f"![{p.stem}]({p.name})" for p in figures]
     md = "\n".join(parts).rstrip() + "\n"
     with atomic_write(d / "report.md", "the report", text=True) as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +38,35 @@ def _error_bars(rows: list[Row]) -> np.ndarray:
     return np.maximum(np.array(bars).T, 0.0)
 
 
+def depth_lines(rows: list[Row], task: str) -> dict[str, list[Row]]:
+    """The lines of ``task``'s depth panel by legend text, each its rows in layer order: one line per backbone,
+    init, readout and store (a store's settings: its depth, dtype, ...), never the layers of two stores joined.
+
+    The legend names backbone and init, the readout when not logistic, and any store setting that differs between
+    the panel's lines (``store depth 2``, ``dtype float32``).
+    """
+    lines: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.label["kind"] == "fit-linear" and r.accs and _task_name(r.label) == task:
+            store = json.dumps(r.settings, sort_keys=True, default=str)
+            lines.setdefault((r.label["backbone"], r.label["init"], r.label["readout"], store), []).append(r)
+    firsts = [rs[0].settings for rs in lines.values()]
+    apart = _varying(firsts, tuple(dict.fromkeys(k for f in firsts for k in f if k not in ("init", "backbone"))))
+    out = {}
+    for (bb, init, readout, _), rs in lines.items():
+        also = "".join(f", {_SETTING_NAMES.get(k, k)} {rs[0].settings.get(k)}" for k in apart)
+        legend = f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})") + also
+        out[legend] = sorted(rs, key=lambda r: r.label["layer"])
+    return out
+
+
+#: Store settings as a depth panel's legend names them.
+_SETTING_NAMES = {"layers": "store depth"}
+
+
 def plot_depth(rows: list[Row], path: Path) -> Path | None:
-    """Test accuracy vs layer (bars: 95% intervals), one panel per task, one line per backbone/init/readout."""
+    """Test accuracy vs layer (bars: 95% intervals), one panel per task, one line per backbone/init/readout and
+    store (:func:`depth_lines`)."""
     from matplotlib.ticker import MaxNLocator
 
     fl = [r for r in rows if r.label["kind"] == "fit-linear" and r.accs]
@@ -48,20 +76,12 @@ def plot_depth(rows: list[Row], path: Path) -> Path | None:
     if not tasks:
         return None
     fig, axes = _figure(len(tasks))
+    styles = {"pretrained": "-", "random": "--", "stats": ":"}
     for ax, task in zip(axes, tasks):
-        lines: dict[tuple, list[Row]] = {}
-        for r in fl:
-            if _task_name(r.label) == task:
-                lines.setdefault((r.label["backbone"], r.label["init"], r.label["readout"]), []).append(r)
-        colours: dict[tuple, str] = {}
-        styles = {"pretrained": "-", "random": "--", "stats": ":"}
-        for (bb, init, readout), rs in lines.items():
-            rs = sorted(rs, key=lambda r: r.label["layer"])
-            x = [r.label["layer"] for r in rs]
-            colour = colours.setdefault((bb, init, readout), f"C{len(colours) % 10}")
-            ax.errorbar(x, [100 * r.mean for r in rs], yerr=_error_bars(rs), marker="o", capsize=3,
-                        color=colour, linestyle=styles.get(init, "-"),
-                        label=f"{bb} {init}" + ("" if readout == "logistic" else f" ({readout})"))
+        for i, (legend, rs) in enumerate(depth_lines(fl, task).items()):
+            init, colour = rs[0].label["init"], f"C{i % 10}"
+            ax.errorbar([r.label["layer"] for r in rs], [100 * r.mean for r in rs], yerr=_error_bars(rs),
+                        marker="o", capsize=3, color=colour, linestyle=styles.get(init, "-"), label=legend)
             paper = [(r.label["layer"], r.paper.value) for r in rs if r.paper]
             if paper:
                 px, py = zip(*paper)

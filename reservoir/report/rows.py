@@ -34,6 +34,7 @@ class Row:
     fingerprints: set[str] = field(default_factory=set)  # the task(s) whose test rows were scored
     unsettled: int = 0  # train seeds whose last validation ended more than 1 point below their best
     expected: int = 0  # seeds the recipe asks of this row
+    settings: dict[str, Any] = field(default_factory=dict)  # its runs' settings but the seed (one per row: recipes)
 
     @property
     def paper(self) -> PaperValue | None:
@@ -46,12 +47,22 @@ class Row:
 
     def scored(self) -> Scored | None:
         """Per-row results summed over seeds, when every seed kept them on one task's test rows."""
-        if not self.per_row or len(self.per_row) != len(self.accs) or len(self.fingerprints) != 1:
-            return None
-        if len({(len(c), h) for c, h in self.per_row}) != 1:
+        if self.unscored() is not None or not self.per_row:
             return None
         total = np.sum([c for c, _ in self.per_row], axis=0)
-        return Scored(self.label, next(iter(self.fingerprints)), total, self.per_row[0][1] * len(self.per_row))
+        return Scored(self.label, next(iter(self.fingerprints)), total, self.per_row[0][1] * len(self.per_row),
+                      self.settings, tuple(sorted(self.seeds)))
+
+    def unscored(self) -> str | None:
+        """Why a row whose seeds kept per-row results cannot be compared with another, in a few words; ``None``
+        when it can, or when no seed kept them (results written before per-row results were kept)."""
+        if not self.per_row:
+            return None
+        if len(self.per_row) != len(self.accs):
+            return f"{len(self.per_row)} of its {len(self.accs)} seeds kept which test rows they got right"
+        if len(self.fingerprints) != 1 or len({(len(c), h) for c, h in self.per_row}) != 1:
+            return "its seeds were scored on different test rows"
+        return None
 
     def interval(self) -> list[float] | None:
         """The 95% interval of the row's test accuracy (of the mean over seeds: rows resampled, seeds summed)."""
@@ -100,7 +111,7 @@ def _field(res: dict[str, Any], path: Path, dotted: str, kind: type | tuple[type
     if isinstance(value, bool) or not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise ReservoirError(f"{path}: expected {dotted} to be {names}; found {type(value).__name__} {value!r:.40}")
-    if isinstance(value, (int, float)) and not (math.isfinite(value) and 0 <= value <= 1e15):
+    if isinstance(value, (int, float)) and not 0 <= value <= 1e15:  # (NaN fails it; an int of any size compares)
         # accuracies, steps, learning rates, speedups: none is negative, none astronomic
         raise ReservoirError(f"{path}: expected {dotted} to be a number in [0, 1e15]; found {options.shown(value)}")
     return value
@@ -115,7 +126,7 @@ def _numbers(values, path: Path, what: str, at_least: int = 0) -> list[float]:
             numbers = [float(v) for v in values]
             if len(numbers) >= at_least and all(math.isfinite(v) for v in numbers):
                 return numbers
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float's range
         pass
     some = f"at least {at_least} " if at_least else ""
     raise ReservoirError(f"{path}: expected {what} to hold {some}finite numbers; found {values!r:.60}")
@@ -151,7 +162,8 @@ def collect(results_dir: Path, recipe: Recipe,
 
     def add(label: dict[str, Any], acc: float | None = None, seed: int | None = None) -> Row:
         key = tuple(label.items())
-        row = rows.setdefault(key, Row(label))
+        settings = {k: v for k, v in run.settings().items() if k not in ("seed", "seeds")}
+        row = rows.setdefault(key, Row(label, settings=settings))
         row.expected += len(run.cell.seeds) if run.cell.lr_sweep else 1
         if acc is not None:
             row.accs.append(float(acc))
@@ -180,6 +192,7 @@ def collect(results_dir: Path, recipe: Recipe,
                     accs = _numbers(_field(res, path, "metrics.test_accuracies", list), path, "metrics.test_accuracies")
                     _field(res, path, "best_lr"), _field(res, path, "mean_val_by_lr", dict)
                     sweep = _typed(SweepResult, res, path)
+                    _check_sweep(sweep, accs, len(run.cell.seeds), path)
                     row.accs += accs
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
                     row.best_lr.append(sweep.best_lr)
@@ -190,11 +203,11 @@ def collect(results_dir: Path, recipe: Recipe,
                         if seed_res is not None:
                             _keep_rows(row, _typed(TrainResult, seed_res, seed_path), seed_path)
                     pooled = sweep.metrics.get("test_interval")
-                    if pooled is not None and None not in pooled:  # sweeps written before intervals have none
+                    if _an_interval(pooled):  # sweeps written before intervals have none
                         row.pooled.append(_numbers(pooled, path, "metrics.test_interval"))
                     by_lr = sweep.mean_val_by_lr
                     sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr", 1),
-                                   "val": _numbers(by_lr.values(), path, "mean_val_by_lr"), "best_lr": sweep.best_lr})
+                                   "val": list(by_lr.values()), "best_lr": sweep.best_lr})
             else:  # fit-linear, fit-raw, train: one test accuracy per seed
                 if res is not None:
                     _field(res, path, "metrics.test_accuracy")
@@ -217,10 +230,33 @@ def collect(results_dir: Path, recipe: Recipe,
     return out, curves, sweeps
 
 
+def _an_interval(value: Any) -> bool:
+    """Whether a result's ``test_interval`` (checked when read: :func:`~reservoir.results.check_accuracies`) holds
+    one: ``null``, ``[null, null]`` or ``[NaN, NaN]`` is none (no test rows; results written before intervals)."""
+    return isinstance(value, list) and not any(v is None or (isinstance(v, float) and math.isnan(v)) for v in value)
+
+
+def _check_sweep(sweep, accs: list[float], n_seeds: int, path: Path) -> None:
+    """Refuse (one line) a sweep's numbers that do not fit together: one test accuracy per seed of the recipe's,
+    a mean validation accuracy in [0, 1] per positive learning rate, the best rate among them."""
+    if len(accs) != n_seeds:
+        raise ReservoirError(f"{path}: expected metrics.test_accuracies to hold one accuracy per seed ({n_seeds}); "
+                             f"found {len(accs)}")
+    by_lr = sweep.mean_val_by_lr
+    lrs = _numbers(by_lr, path, "the keys of mean_val_by_lr", 1)
+    vals = _numbers(by_lr.values(), path, "mean_val_by_lr")
+    if not all(lr > 0 for lr in lrs) or not all(0 <= v <= 1 for v in vals):
+        raise ReservoirError(f"{path}: expected mean_val_by_lr to map learning rates > 0 to accuracies in [0, 1]; "
+                             f"found {options.shown(by_lr)}")
+    if not any(math.isclose(lr, sweep.best_lr, rel_tol=1e-9) for lr in lrs):
+        raise ReservoirError(f"{path}: expected best_lr to be one of the swept rates ({', '.join(map(str, by_lr))}); "
+                             f"found {options.shown(sweep.best_lr)}")
+
+
 def _keep_rows(row: Row, res, path: Path) -> None:
     """A result's 95% interval and per-row results (files written before intervals existed have neither)."""
     interval = res.metrics.get("test_interval")
-    if interval is not None and None not in interval:  # null: no interval (no test rows)
+    if _an_interval(interval):
         row.intervals.append(_numbers(interval, path, "metrics.test_interval"))
     record = (res.rows or {}).get("test") if isinstance(res.rows, dict) else None
     task = res.task if isinstance(res.task, dict) and res.task else \
@@ -229,6 +265,24 @@ def _keep_rows(row: Row, res, path: Path) -> None:
     if record is not None and fingerprint is not None:
         row.per_row.append(decode_rows(record, str(path)))
         row.fingerprints.add(str(fingerprint))
+
+
+def row_name(label: dict[str, Any]) -> str:
+    """A report row in a few words: its label's values, the seed aside.
+
+    Examples
+    --------
+    >>> row_name({"kind": "fit-linear", "task": "bit-xor", "tag": None, "backbone": "gpt2", "init": "random",
+    ...           "layer": 2, "readout": "logistic", "finetune": None, "lr": None})
+    'fit-linear bit-xor gpt2 random layer 2 logistic'
+    """
+    said = [str(label[k]) for k in ("kind", "task", "tag", "backbone", "init") if label.get(k) is not None]
+    if label.get("layer") is not None:
+        said.append(f"layer {label['layer']}")
+    said += [str(label[k]) for k in ("readout", "finetune") if label.get(k) is not None]
+    if label.get("lr") is not None:
+        said.append(f"lr {label['lr']}")
+    return " ".join(said)
 
 
 def _setting(label: dict[str, Any], row: Row) -> str:

@@ -279,7 +279,11 @@ def _resident_splits(config: TrainConfig, device) -> tuple[dict[str, tuple[torch
     with FeatureStore.open(config.from_store) as st:
         K = max(st.layers) if config.layers is None else config.layers
         st.layer_index(K)  # refuses a layer the store does not hold
-        splits = {s: resident(*load_layer(st, s, K), st.n_out_tokens, device) for s in st.splits}
+        if "last" not in st.poolings:  # live training's head reads the last tokens, whatever else a store pools
+            raise ReservoirError(f"{config.from_store}: expected a store with last-token features (extract "
+                                 f"--pooling last), as live training's head reads; found {', '.join(st.poolings)} "
+                                 "pooling only")
+        splits = {s: resident(*load_layer(st, s, K, pooling="last"), st.n_out_tokens, device) for s in st.splits}
         attrs, fingerprint = st.attrs, st.fingerprint()
     if "val" not in splits:
         X, Y = splits["train"]
