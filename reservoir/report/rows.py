@@ -192,7 +192,7 @@ def collect(results_dir: Path, recipe: Recipe,
                     accs = _numbers(_field(res, path, "metrics.test_accuracies", list), path, "metrics.test_accuracies")
                     _field(res, path, "best_lr"), _field(res, path, "mean_val_by_lr", dict)
                     sweep = _typed(SweepResult, res, path)
-                    _check_sweep(sweep, accs, len(run.cell.seeds), path)
+                    lrs, vals = _check_sweep(sweep, accs, len(run.cell.seeds), path)
                     row.accs += accs
                     row.seeds += list(range(run.seed, run.seed + len(accs)))
                     row.best_lr.append(sweep.best_lr)
@@ -205,9 +205,7 @@ def collect(results_dir: Path, recipe: Recipe,
                     pooled = sweep.metrics.get("test_interval")
                     if _an_interval(pooled):  # sweeps written before intervals have none
                         row.pooled.append(_numbers(pooled, path, "metrics.test_interval"))
-                    by_lr = sweep.mean_val_by_lr
-                    sweeps.append({"label": label, "lrs": _numbers(by_lr, path, "the keys of mean_val_by_lr", 1),
-                                   "val": list(by_lr.values()), "best_lr": sweep.best_lr})
+                    sweeps.append({"label": label, "lrs": lrs, "val": vals, "best_lr": sweep.best_lr})
             else:  # fit-linear, fit-raw, train: one test accuracy per seed
                 if res is not None:
                     _field(res, path, "metrics.test_accuracy")
@@ -236,9 +234,10 @@ def _an_interval(value: Any) -> bool:
     return isinstance(value, list) and not any(v is None or (isinstance(v, float) and math.isnan(v)) for v in value)
 
 
-def _check_sweep(sweep, accs: list[float], n_seeds: int, path: Path) -> None:
-    """Refuse (one line) a sweep's numbers that do not fit together: one test accuracy per seed of the recipe's,
-    a mean validation accuracy in [0, 1] per positive learning rate, the best rate among them."""
+def _check_sweep(sweep, accs: list[float], n_seeds: int, path: Path) -> tuple[list[float], list[float]]:
+    """A sweep's learning rates and their mean validation accuracies; numbers that do not fit together are one
+    line: one test accuracy per seed of the recipe's, a mean validation accuracy in [0, 1] per positive learning
+    rate, the best rate among them."""
     if len(accs) != n_seeds:
         raise ReservoirError(f"{path}: expected metrics.test_accuracies to hold one accuracy per seed ({n_seeds}); "
                              f"found {len(accs)}")
@@ -251,6 +250,7 @@ def _check_sweep(sweep, accs: list[float], n_seeds: int, path: Path) -> None:
     if not any(math.isclose(lr, sweep.best_lr, rel_tol=1e-9) for lr in lrs):
         raise ReservoirError(f"{path}: expected best_lr to be one of the swept rates ({', '.join(map(str, by_lr))}); "
                              f"found {options.shown(sweep.best_lr)}")
+    return lrs, vals
 
 
 def _keep_rows(row: Row, res, path: Path) -> None:
