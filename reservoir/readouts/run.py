@@ -154,6 +154,56 @@ def wanted_layers(store: FeatureStore, layers: str | int | list[int]) -> list[in
     return wanted
 
 
+def _check_sizes_fit(st: FeatureStore, sizes: list[int | None] | None) -> None:
+    """Refuse (one line) learning-curve sizes the store cannot give: more rows than it has, too few to carve a
+    validation split from (without a ``val`` split), or its row count beside ``all`` (one size twice)."""
+    n = st.n_rows("train")
+    largest = max((s for s in sizes or [] if s is not None), default=0)
+    if largest > n:
+        raise ReservoirError(f"{st.path}: expected train sizes up to the store's {n:,} training rows; found "
+                             f"{largest:,}")
+    smallest = min((s for s in sizes or [] if s is not None), default=None)
+    if smallest is not None and smallest < MIN_CARVE_ROWS and "val" not in st.splits:
+        raise ReservoirError(f"{st.path}: expected train sizes of at least {MIN_CARVE_ROWS} rows on a store "
+                             "without a val split (the validation rows that choose the L2 strength are carved "
+                             f"from the training rows, and fewer than {MIN_CARVE_ROWS} are never carved); found "
+                             f"{smallest}")
+    if sizes and None in sizes and n in sizes:
+        raise ReservoirError(f"{st.path}: expected distinct train sizes; found {n:,} and 'all', which are both the "
+                             f"store's {n:,} training rows")
+
+
+def _fit_result(fit, common: dict[str, Any], has_val: bool, fingerprint: Any) -> FitResult:
+    """One layer's fit (:func:`~reservoir.readouts.sweep.sweep`) as its result; ``common`` holds the config
+    fields every layer shares."""
+    est = fit.estimator
+    # what the readout did: without a val split it carves one, or (too few rows) scores no strength at all
+    validation = "store val split" if has_val else "carved from train" if est.val_scores_ else \
+        f"none (fewer than {MIN_CARVE_ROWS} training rows: the weakest strength is fitted)"
+    metrics = dict(fit.metrics)
+    if fit.curve:
+        metrics["learning_curve"] = fit.curve
+    config = {**common, "layer": fit.layer, "alphas": sorted(est.val_scores_), "validation": validation}
+    order = ("store", "layer", "readout", "seed", "final_norm", "alphas", "validation", "stream", "train_sizes",
+             "pooling")  # as results files have always listed them
+    return FitResult(kind="fit-linear", config={k: config[k] for k in order}, store=fingerprint, metrics=metrics,
+                     timings=fit.timings, rows={"test": encode_rows(fit.test_correct, fit.heads)})
+
+
+def _keep(result: FitResult, fit, path: Path, st: FeatureStore, save: bool) -> None:
+    """Write ``result`` to ``path``, and its probe beside it when ``save``; without, remove an earlier fit's probe
+    there, which would no longer be the one its results file describes."""
+    result.write(path)
+    if save:
+        from reservoir.readouts.probes import save_probe
+
+        save_probe(fit.estimator, path.with_suffix(""), st, fit.layer, result.config["final_norm"], result,
+                   result.config["pooling"])
+    else:
+        for old in (path.with_suffix(".safetensors"), path.with_suffix(".probe.json")):
+            old.unlink(missing_ok=True)
+
+
 def fit_linear(
     store: FeatureStore | StoreURL | str | os.PathLike,
     layers: str | int | list[int] = "all",
@@ -262,19 +312,7 @@ def fit_linear(
         wanted = wanted_layers(st, layers)
         pooled = st.pooling(pooling)  # refused now if the store lacks it
         _check_classes(st)
-        largest = max((s for s in sizes or [] if s is not None), default=0)
-        if largest > st.n_rows("train"):
-            raise ReservoirError(f"{st.path}: expected train sizes up to the store's {st.n_rows('train'):,} training "
-                                 f"rows; found {largest:,}")
-        smallest = min((s for s in sizes or [] if s is not None), default=None)
-        if smallest is not None and smallest < MIN_CARVE_ROWS and "val" not in st.splits:
-            raise ReservoirError(f"{st.path}: expected train sizes of at least {MIN_CARVE_ROWS} rows on a store "
-                                 "without a val split (the validation rows that choose the L2 strength are carved "
-                                 f"from the training rows, and fewer than {MIN_CARVE_ROWS} are never carved); found "
-                                 f"{smallest}")
-        if sizes and None in sizes and st.n_rows("train") in sizes:
-            raise ReservoirError(f"{st.path}: expected distinct train sizes; found {st.n_rows('train'):,} and 'all', "
-                                 f"which are both the store's {st.n_rows('train'):,} training rows")
+        _check_sizes_fit(st, sizes)
         source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
         stem = result_stem(readout, pooled, final_norm)
         folder = None if results_dir is None else results_folder(results_dir, st.path)
@@ -293,37 +331,17 @@ def fit_linear(
         if streamed and sizes:
             raise ReservoirError(f"{st.path}: a layer's train features exceed {STREAM_AUTO_BYTES / 1024**3:.0f} GiB, "
                                  "so they are streamed; a learning curve (--train-sizes) needs them in memory")
-        has_val = "val" in st.splits
+        common = {"store": source, "readout": readout, "seed": seed, "final_norm": final_norm, "stream": streamed,
+                  "train_sizes": None if not sizes else ["all" if s is None else s for s in sizes],
+                  "pooling": pooled}
         results = []
         for fit in sweep(st, wanted, readout, seed=seed, device=device, final_norm=final_norm, streamed=streamed,
                          train_sizes=sizes, pooling=pooled):
-            est = fit.estimator
-            # what the readout did: without a val split it carves one, or (too few rows) scores no strength at all
-            validation = "store val split" if has_val else "carved from train" if est.val_scores_ else \
-                f"none (fewer than {MIN_CARVE_ROWS} training rows: the weakest strength is fitted)"
-            metrics = dict(fit.metrics)
-            if fit.curve:
-                metrics["learning_curve"] = fit.curve
-            result = FitResult(
-                kind="fit-linear",
-                config={"store": source, "layer": fit.layer, "readout": readout, "seed": seed,
-                        "final_norm": final_norm, "alphas": sorted(est.val_scores_),
-                        "validation": validation, "stream": streamed,
-                        "train_sizes": None if not sizes else ["all" if s is None else s for s in sizes],
-                        "pooling": pooled},
-                store=st.fingerprint(), metrics=metrics, timings=fit.timings,
-                rows={"test": encode_rows(fit.test_correct, fit.heads)})
+            result = _fit_result(fit, common, "val" in st.splits, st.fingerprint())
             if folder is not None:
                 if lock is not None:
                     lock.check()  # the folder's lock file still this fit's: no second fit writes beside it
-                path = result.write(folder / f"{stem}-layer{fit.layer}.json")
-                if save:
-                    from reservoir.readouts.probes import save_probe
-
-                    save_probe(est, path.with_suffix(""), st, fit.layer, final_norm, result, pooled)
-                else:  # an earlier fit's probe would no longer be the one its results file describes
-                    for old in (path.with_suffix(".safetensors"), path.with_suffix(".probe.json")):
-                        old.unlink(missing_ok=True)
+                _keep(result, fit, folder / f"{stem}-layer{fit.layer}.json", st, save)
             results.append(result)
             if on_result is not None:
                 on_result(result)
