@@ -449,8 +449,13 @@ def test_fit_linear_refuses_one_train_class_warns_of_unseen_test_classes_and_kee
     assert not (tmp_path / "r").exists()
     unseen = store("unseen", sign[:200], sign[200:] + 2 * (np.arange(100) < 25))  # 25 test rows of class 2 or 3
     with caplog.at_level("WARNING", logger="reservoir"):
-        fit_linear(unseen, layers=[1])
+        (fitted,) = fit_linear(unseen, layers=[1], results_dir=tmp_path / "u", save=True)
     assert "split 'test' holds class(es) 2, 3 that the train split lacks: no readout predicts them" in caplog.text
+    taken = CliRunner().invoke(main, ["predict", str(tmp_path / "u" / "unseen" / "logistic-layer1"), str(unseen),
+                                      "--split", "test"])  # the probe on its own store: fit-linear's accuracy
+    assert taken.exit_code == 0, taken.output
+    assert (f"test: 100 rows, accuracy {fitted.metrics['test_accuracy']:.2%}" in taken.output and
+            "rows of class(es) 2, 3, which the train split lacks, count as wrong" in taken.output)
 
     fine = store("fine", sign[:200], sign[200:])
     fit_linear(fine, layers=[1], results_dir=tmp_path / "r", save=True)

@@ -231,6 +231,20 @@ def test_fit_raw_and_train_refuse_a_train_split_of_one_class():
         TrainData.from_task(task)
 
 
+def test_fit_raw_refuses_splits_of_other_lengths_in_one_line(tmp_path):
+    """Each split flattened to its own width: a test split of 9 positions against train's 6 was a scikit-learn
+    traceback from the fitted readout, from the CLI and a recipe alike."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", train_inputs=rng.normal(size=(40, 6, 2)).astype(np.float32),
+             train_labels=rng.integers(0, 3, 40), test_inputs=rng.normal(size=(20, 9, 2)).astype(np.float32),
+             test_labels=rng.integers(0, 3, 20))
+    r = CliRunner().invoke(main, ["fit-raw", "--data", str(tmp_path / "d.npz"), "--out", str(tmp_path / "f.json")])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert ("a raw-input baseline needs inputs of one shape per row in every split of 'data-d' (positions x "
+            "numbers); found train 6 x 2, test 9 x 2") in r.output
+    assert not (tmp_path / "f.json").exists()
+
+
 def test_a_result_without_validation_is_strict_json_and_reads_back(tmp_path):
     """Too few rows to hold out validation: the file says null (strict JSON), and reads, reports and skips."""
     from reservoir.recipes.state import finished
@@ -268,6 +282,33 @@ def test_stores_of_one_name_do_not_mix_their_results(xor_store, tmp_path):
     assert str(twin) in str(err.value) and "\n" not in str(err.value)
     assert FitResult.read(results / "s" / "logistic-layer2.json").config["store"] == str(xor_store)
     fit_linear(twin, layers=[2], results_dir=tmp_path / "r2")  # another folder: fine
+
+
+def test_the_same_store_is_refitted_from_any_working_folder(xor_store, tmp_path, monkeypatch):
+    """A results file recorded the store's path as typed (``s/xor.zarr``): fitted again from inside ``s``, or by its
+    absolute path, the same store was refused as another store of the same name. Results record it absolute."""
+    import json
+    import shutil
+
+    store = tmp_path / "s" / "xor.h5"
+    store.parent.mkdir()
+    shutil.copy(xor_store, store)
+    monkeypatch.chdir(tmp_path)
+    fit_linear("s/xor.h5", layers=[2], results_dir="res")
+    path = tmp_path / "res" / "xor" / "logistic-layer2.json"
+    assert FitResult.read(path).config["store"] == str(store)
+    monkeypatch.chdir(tmp_path / "s")
+    fit_linear("xor.h5", layers=[2], results_dir="../res")
+    fit_linear(str(store), layers=[2], results_dir=tmp_path / "res")
+    saved = json.loads(path.read_text())
+    saved["config"]["store"] = "s/xor.h5"  # as earlier versions recorded it, relative to a folder unknown now
+    path.write_text(json.dumps(saved))
+    fit_linear("xor.h5", layers=[2], results_dir="../res")
+    other = tmp_path / "other" / "xor.h5"  # another store of the same name is still refused
+    other.parent.mkdir()
+    shutil.copy(store, other)
+    with pytest.raises(ReservoirError, match="another store of the same name"):
+        fit_linear(other, layers=[2], results_dir=tmp_path / "res")
 
 
 def test_results_of_another_extraction_at_the_same_path_are_refused_not_mixed(tmp_path):

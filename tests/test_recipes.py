@@ -79,6 +79,9 @@ def test_unknown_cell_key_is_named_with_its_place():
     msg = error_of({"cells": [{"kind": "fit-linear", "task": "bit-xor", "layers": 2, "readouts": "logistic"}]})
     assert "unknown key 'readouts' in cells[0] (kind fit-linear); expected one of: " in msg
     assert "readout" in msg and "fit_layers" in msg
+    assert error_of({"cells": [{"kind": "fit-linear", "task": "bit-xor"}]}).endswith(
+        "layers in cells[0] must be one store depth K for fit-linear (choose the fitted layers with fit_layers), "
+        "found none given")
 
 
 def test_key_of_another_kind_is_refused():
@@ -652,6 +655,16 @@ def test_a_sweeps_numbers_that_do_not_fit_together_are_one_line_in_the_report(tm
     else:
         assert r.exit_code == 2 and expected in r.output and "Traceback" not in r.output, r.output
         assert str(path) in r.output
+
+
+def test_a_raw_baseline_a_late_cell_cannot_fit_is_refused_before_the_first_run(tmp_path):
+    sizes = {"n_train": 64, "n_test": 32}
+    data = {"name": "raw", "cells": [{"kind": "fit-raw", "task": "bit-xor", "task_params": sizes},
+                                     {"kind": "fit-raw", "task": "bit-memory", "task_params": sizes}]}
+    with pytest.raises(ReservoirError, match=r"^cells\[1\]: a raw-input baseline needs a continuous task with one "
+                                             r"output token; found 'bit-memory'"):
+        run_recipe(make(data), out=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # nothing written: the first cell did not run
 
 
 def test_unknown_task_and_task_parameter_are_caught_at_load():

@@ -146,7 +146,7 @@ def predict(probe, store, splits, out):
     import numpy as np
 
     from reservoir.readouts.probes import predict_store
-    from reservoir.readouts.naming import store_stem
+    from reservoir.readouts.naming import store_location, store_stem
 
     base = probe.removesuffix(".probe.json").removesuffix(".safetensors")
     target = Path(out) if out is not None else Path(f"{base}-{store_stem(store)}.predictions.npz")
@@ -154,17 +154,18 @@ def predict(probe, store, splits, out):
     if target.suffix.lower() != ".npz":  # a results file or a probe named here was replaced by an archive
         raise click.BadParameter(f"expected a .npz file for the predictions; found {out}", param_hint="--out")
     if out is None:
-        _check_predictions_owner(target, str(store))
+        _check_predictions_owner(target, store_location(str(store)))
     found = predict_store(base, store, list(splits) or None)
     for split, res in found.items():
-        if res["accuracy"] is None:  # labels the probe cannot predict: no accuracy to speak of
-            shown = ", ".join(map(str, res["unseen"][:10])) + (", ..." if len(res["unseen"]) > 10 else "")
+        shown = ", ".join(map(str, res["unseen"][:10])) + (", ..." if len(res["unseen"]) > 10 else "")
+        if res["accuracy"] is None:  # another task's labels the probe cannot predict: no accuracy to speak of
             click.echo(f"{split}: {res['rows']:,} rows, no accuracy: its labels include classes the probe was not "
                        f"fitted on ({shown})")
         else:
-            click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}")
+            unseen = f"; rows of class(es) {shown}, which the train split lacks, count as wrong" if shown else ""
+            click.echo(f"{split}: {res['rows']:,} rows, accuracy {res['accuracy']:.2%} {ci(res['interval'])}{unseen}")
     _write_npz(target, {**{f"{split}_predictions": res["predictions"] for split, res in found.items()},
-                        "store": np.array(str(store))})
+                        "store": np.array(store_location(str(store)))})
     click.echo(f"predictions in {target}")
 
 

@@ -45,8 +45,24 @@ def results_folder(results_dir: str | os.PathLike, store: object) -> Path:
     return Path(results_dir) / stem
 
 
-def same_store(a: str, b: str) -> bool:
-    """Whether two store paths (or URLs) name one store."""
-    if "://" in a or "://" in b:
-        return a.rstrip("/") == b.rstrip("/")
-    return Path(a).resolve() == Path(b).resolve()
+def store_location(store: str) -> str:
+    """A store's path or URL as results record it: a URL as given, a local path made absolute (the results file,
+    read from another folder, still names the store).
+
+    Examples
+    --------
+    >>> store_location("s3://bucket/x.zarr"), store_location("/data/x.zarr")
+    ('s3://bucket/x.zarr', '/data/x.zarr')
+    """
+    return store if "://" in store else os.path.abspath(store)
+
+
+def same_store(recorded: str, store: str) -> bool:
+    """Whether a store path (or URL) a results file recorded names ``store``. A relative path, as earlier versions
+    recorded, says nothing of the folder it was relative to: it names ``store`` when their file names agree (two
+    stores of one name in different folders then show as one; their fingerprints are still compared)."""
+    if "://" in recorded or "://" in store:
+        return recorded.rstrip("/") == store.rstrip("/")
+    if not os.path.isabs(recorded):
+        return Path(recorded).name == Path(store).name
+    return Path(recorded).resolve() == Path(store).resolve()

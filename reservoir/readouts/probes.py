@@ -313,14 +313,22 @@ def _heads(n: int) -> str:
     return "one label per row" if n == 0 else f"{n} label heads"
 
 
+def _task_fingerprint(attrs: Any) -> str | None:
+    """The task fingerprint a store's attributes (or a probe's record of them) hold, if any."""
+    task = attrs.get("task") if isinstance(attrs, dict) else None
+    found = task.get("fingerprint") if isinstance(task, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathLike,
                   splits: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Apply a saved probe to a store: per split, the predictions and the accuracy with its interval.
 
     Returns ``{split: {"predictions": ndarray (N * n_out_tokens, ...), "accuracy": float,
-    "interval": [low, high], "rows": N, "unseen": [...]}}``; where the split's labels include classes the probe
-    never saw (``unseen``: a store of another task), it cannot be right on them, and ``accuracy`` and
-    ``interval`` are ``None``.
+    "interval": [low, high], "rows": N, "unseen": [...]}}``. Where the split's labels include classes the probe
+    never saw (``unseen``), it cannot be right on them: on the task it was fitted on (a test split holding a class
+    the train split lacks) those rows count as wrong, as ``fit-linear`` counted them; on a store of another task
+    ``accuracy`` and ``interval`` are ``None`` (the labels are not the probe's).
 
     Examples
     --------
@@ -353,7 +361,9 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
             n_out = st.n_out_tokens
             hit = (pred == y).reshape(len(y) // n_out, -1) if len(y) else np.zeros((0, 1), bool)
             unseen = sorted(int(c) for c in np.setdiff1d(np.unique(y), est.classes_))
-            acc = None if unseen else int(hit.sum()) / hit.size if hit.size else float("nan")  # as fit-linear's
+            fitted_on = _task_fingerprint(meta.get("store"))
+            scored = not unseen or (fitted_on is not None and fitted_on == _task_fingerprint(st.attrs))
+            acc = None if not scored else int(hit.sum()) / hit.size if hit.size else float("nan")  # as fit-linear's
             out[split] = {"predictions": pred, "accuracy": acc, "rows": len(hit), "unseen": unseen,
                           "interval": None if acc is None else list(accuracy_interval(hit.sum(1), hit.shape[1]))}
     return out

@@ -15,6 +15,24 @@ if TYPE_CHECKING:
     from reservoir.tasks import TaskData
 
 
+def check_raw(data: TaskData) -> None:
+    """Refuse (one line) a task no raw-input baseline can fit: a token task or one of several output tokens, inputs
+    of other shapes in different splits (one weight per input number), a train split of one class."""
+    from reservoir.tasks.arrays import train_classes
+    from reservoir.tasks.base import task_label
+
+    name = task_label(data.name, data.params)
+    train_classes(data.splits["train"].labels, f"task {name!r}")
+    if data.kind != "continuous" or data.n_out_tokens != 1:
+        raise ReservoirError(f"a raw-input baseline needs a continuous task with one output token; found "
+                             f"{name!r} ({data.kind}, {data.n_out_tokens} output tokens)")
+    shapes = {split: tuple(s.inputs.shape[1:]) for split, s in data.splits.items()}
+    if len(set(shapes.values())) > 1:
+        found = ", ".join(f"{split} {' x '.join(map(str, shape))}" for split, shape in shapes.items())
+        raise ReservoirError(f"a raw-input baseline needs inputs of one shape per row in every split of {name!r} "
+                             f"(positions x numbers); found {found}")
+
+
 def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, readout: str = "logistic", *,
             seed: int = 0, device: str = "cpu") -> FitResult:
     """The no-backbone baseline: the same readout on a continuous task's flattened raw inputs.
@@ -53,12 +71,7 @@ def fit_raw(task: str | TaskData, task_params: dict[str, Any] | None = None, rea
                              f"task_params {task_params!r} (build the task with them instead)")
     else:
         data = task
-    from reservoir.tasks.arrays import train_classes
-
-    train_classes(data.splits["train"].labels, f"task {data.name!r}")
-    if data.kind != "continuous" or data.n_out_tokens != 1:
-        raise ReservoirError(f"a raw-input baseline needs a continuous task with one output token; found "
-                             f"{data.name!r} ({data.kind}, {data.n_out_tokens} output tokens)")
+    check_raw(data)
     tr, te = data.splits["train"], data.splits["test"]
     X, Xt = tr.inputs.reshape(len(tr), -1), te.inputs.reshape(len(te), -1)
     val = None

@@ -25,7 +25,7 @@ from reservoir.errors import ReservoirError
 from reservoir.io import check_local, missing_folders, removed_if_failed, within, writable_folder
 from reservoir.readouts.features import layer_bytes, opened
 from reservoir.readouts.intervals import encode_rows
-from reservoir.readouts.naming import result_stem, results_folder, same_store
+from reservoir.readouts.naming import result_stem, results_folder, same_store, store_location
 from reservoir.readouts.stats import MIN_CARVE_ROWS
 from reservoir.results import Result
 from reservoir.runtime import check_seed, resolve_device
@@ -313,7 +313,7 @@ def fit_linear(
         pooled = st.pooling(pooling)  # refused now if the store lacks it
         _check_classes(st)
         _check_sizes_fit(st, sizes)
-        source = os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path)
+        source = store_location(os.fspath(store) if isinstance(store, (str, os.PathLike)) else str(st.path))
         stem = result_stem(readout, pooled, final_norm)
         folder = None if results_dir is None else results_folder(results_dir, st.path)
         lock = None

@@ -57,6 +57,24 @@ def _checked(recipe: Recipe, out_dir: Path) -> list[Run]:
     return runs
 
 
+def _check_raw_tasks(runs: list[Run]) -> None:
+    """The tasks of ``runs`` (fit-raw) built, or read from the task cache, and checked for a raw-input baseline
+    (:func:`~reservoir.readouts.raw.check_raw`) before anything is written: a token task in a late cell is refused
+    now, not after the runs before it."""
+    from reservoir.readouts.raw import check_raw
+    from reservoir.tasks import load_task
+
+    seen = set()
+    for run in runs:
+        key = json.dumps([run.task, run.cell.task_params], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            try:
+                check_raw(load_task(run.task, dict(run.cell.task_params)))
+            except ReservoirError as err:
+                raise ReservoirError(f"{run.cell.where}: {err}") from None
+
+
 def _check_cache(cache: Path | StoreURL) -> None:
     """Refuse (one line) a local store cache inside a Zarr store (whose rebuild would delete every store in it),
     before the results folder is written."""
@@ -293,6 +311,7 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     runs = _checked(recipe, out_dir)
     with run_folder_lock(out_dir) as lock:  # one recipe run per results folder
         checked = _states(runs, out_dir)  # as they are now that no other run of this folder is under way
+        _check_raw_tasks([run for run, state, _ in checked if run.kind == "fit-raw" and (force or state != "done")])
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
             f.write(_copy_text(recipe))

@@ -117,8 +117,9 @@ class Cell:
                                  f"trains the top block), found {self.layers}")
         if self.kind == "fit-linear":
             if len(self.layers) != 1 or self.layers[0] is None:
+                found = "none given" if self.layers == [None] else str(self.layers)
                 raise ReservoirError(f"layers in {w} must be one store depth K for fit-linear (choose the fitted "
-                                     f"layers with fit_layers), found {self.layers}")
+                                     f"layers with fit_layers), found {found}")
             if self.fit_layers != "all":
                 self.fit_layers = [integer(v, f"fit_layers in {w}") for v in as_list(self.fit_layers)]
                 once(self.fit_layers, "fit_layers", w)
