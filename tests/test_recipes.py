@@ -667,6 +667,16 @@ def test_a_raw_baseline_a_late_cell_cannot_fit_is_refused_before_the_first_run(t
     assert not (tmp_path / "out").exists()  # nothing written: the first cell did not run
 
 
+def test_groups_that_train_nothing_on_a_built_in_backbone_are_refused_before_the_first_run(tmp_path):
+    cell = {"kind": "train", "task": "bit-xor", "backbone": "tiny-bert", "steps": 2, "eval_every": 2,
+            "task_params": {"n_train": 64, "n_test": 32}}
+    data = {"name": "groups", "cells": [cell, {**cell, "finetune": ["output", "recurrent"]}]}
+    with pytest.raises(ReservoirError, match=r"^cells\[1\]: --finetune recurrent: expected parameters to train in "
+                                             r"backbone 'tiny-bert' \(bert\); found the group recurrent empty"):
+        run_recipe(make(data), out=tmp_path / "out", progress=False, device="cpu")
+    assert not (tmp_path / "out").exists()  # the first cell did not run
+
+
 def test_unknown_task_and_task_parameter_are_caught_at_load():
     assert "unknown task 'bit-xxor' in cells[0]; expected one of: bit-memory, bit-xor" in error_of(
         {"cells": [{"kind": "fit-raw", "task": "bit-xxor"}]})

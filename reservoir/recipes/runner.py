@@ -75,6 +75,30 @@ def _check_raw_tasks(runs: list[Run]) -> None:
                 raise ReservoirError(f"{run.cell.where}: {err}") from None
 
 
+def _check_train_groups(runs: list[Run]) -> None:
+    """Each train run's groups on its backbone when that is built in (its architecture known without a download,
+    built here from its config alone): groups that hold no parameter there (``recurrent`` of a transformer) are
+    refused before anything is written, not when the run's turn comes."""
+    from torch import nn
+
+    from reservoir.backbones import load_backbone
+    from reservoir.backbones.names import builtin_layers
+    from reservoir.training.freeze import check_trains_something, parameter_groups, parse_groups
+
+    built: dict[tuple, tuple[nn.Module, dict[str, list[nn.Parameter]]]] = {}  # each backbone and depth built once
+    for run in runs:
+        if run.backbone is None or run.finetune is None or builtin_layers(run.backbone) is None:
+            continue
+        key = (run.backbone, run.layers)
+        if key not in built:
+            backbone = load_backbone(run.backbone, init="random", d_in=1, depth=run.layers)
+            built[key] = backbone, parameter_groups(backbone, nn.Linear(1, 1))
+        try:
+            check_trains_something(*built[key], parse_groups(run.finetune))
+        except ReservoirError as err:
+            raise ReservoirError(f"{run.cell.where}: {err}") from None
+
+
 def _check_cache(cache: Path | StoreURL) -> None:
     """Refuse (one line) a local store cache inside a Zarr store (whose rebuild would delete every store in it),
     before the results folder is written."""
@@ -311,7 +335,9 @@ def run_recipe(recipe: Recipe | str | os.PathLike, out: str | os.PathLike | None
     runs = _checked(recipe, out_dir)
     with run_folder_lock(out_dir) as lock:  # one recipe run per results folder
         checked = _states(runs, out_dir)  # as they are now that no other run of this folder is under way
-        _check_raw_tasks([run for run, state, _ in checked if run.kind == "fit-raw" and (force or state != "done")])
+        todo = [run for run, state, _ in checked if force or state != "done"]
+        _check_raw_tasks([run for run in todo if run.kind == "fit-raw"])
+        _check_train_groups([run for run in todo if run.kind == "train"])
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(out_dir / "recipe.yaml", "the recipe's copy", text=True) as f:
             f.write(_copy_text(recipe))

@@ -143,20 +143,28 @@ def apply_freeze(backbone: nn.Module, head: nn.Module, groups: tuple[str, ...], 
             raise ReservoirError(f"backbone {backbone.info.id!r}: expected every parameter in exactly one freeze "
                                  f"group, found {len(seen) - len(set(seen))} in two and "
                                  f"{len(everything - set(seen))} in none")
-    counts = {g: sum(p.numel() for p in ps) for g, ps in by_group.items()}
+    counts = check_trains_something(backbone, by_group, groups, first_block)
     trainable = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()] if p.requires_grad)
-    if trainable == 0:  # an optimizer over no parameters cannot step
-        where = f" above layer {first_block}" if first_block > 0 else ""
-        named = "the group " + groups[0] if len(groups) == 1 else "the groups " + ", ".join(groups)
-        raise ReservoirError(f"--finetune {','.join(groups)}: expected parameters to train in backbone "
-                             f"{backbone.info.id!r} ({backbone.info.family}); found {named} empty{where} (groups with "
-                             f"parameters here: {', '.join(g for g in GROUPS if counts[g])})")
     if "positions" in groups and not by_group["positions"]:
         rotary = getattr(backbone, "rotary", None) is not None
         log.warning("backbone %s (%s) has no learned position table%s: the positions group is empty and trains "
                     "nothing", backbone.info.id, backbone.info.family, " (rotary positions)" if rotary else "")
     total = sum(p.numel() for p in [*backbone.parameters(), *head.parameters()])
     return {"trainable": trainable, "total": total, **counts}
+
+
+def check_trains_something(backbone: nn.Module, by_group: dict[str, list[nn.Parameter]], groups: tuple[str, ...],
+                           first_block: int = 0) -> dict[str, int]:
+    """Each group's parameter count (:func:`parameter_groups`' ``by_group``); a choice of ``groups`` that holds
+    none of them is refused in one line (an optimizer over no parameters cannot step)."""
+    counts = {g: sum(p.numel() for p in ps) for g, ps in by_group.items()}
+    if not any(counts[g] for g in groups):
+        where = f" above layer {first_block}" if first_block > 0 else ""
+        named = "the group " + groups[0] if len(groups) == 1 else "the groups " + ", ".join(groups)
+        raise ReservoirError(f"--finetune {','.join(groups)}: expected parameters to train in backbone "
+                             f"{backbone.info.id!r} ({backbone.info.family}); found {named} empty{where} (groups with "
+                             f"parameters here: {', '.join(g for g in GROUPS if counts[g])})")
+    return counts
 
 
 def describe(counts: dict[str, int]) -> str:
