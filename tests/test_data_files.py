@@ -342,6 +342,13 @@ def _bad_npz_cases(tmp_path):
                                      ["expected token ids below 1,048,576", "found id 9,223,372,036,854,775,808"]),
         "a huge label": (_npz(tmp_path / "huge_label.npz", **{**ok, "train_labels": np.full(20, 10**8)}),
                          ["expected labels below 100,000", "found 100,000,000"]),
+        "a split named valid": (_npz(tmp_path / "valid.npz", **ok, valid_inputs=xt, valid_labels=yt),  # was dropped
+                                ["valid_inputs: expected the fields of the splits train, val and test",
+                                 "a validation split is named val", "found 'valid_inputs'"]),
+        "a split in capitals": (_npz(tmp_path / "VAL.npz", **ok, VAL_inputs=xt, VAL_labels=yt),
+                                ["VAL_inputs: expected the fields of the splits", "found 'VAL_inputs'"]),
+        "one train class": (_npz(tmp_path / "one.npz", **{**ok, "train_labels": np.ones(20, np.int64)}),
+                            ["expected at least two classes in the train split; found only class 1"]),
     }
 
 
@@ -401,7 +408,7 @@ def test_archives_numpy_never_writes_are_one_line(tmp_path, case):
 
 BAD_NPZ = ["missing split", "no field of ours", "labels not integers", "lengths beyond L", "NaN in inputs",
            "inf in inputs", "mismatched row counts", "a misspelt field", "beyond float32", "a huge token id",
-           "a uint64 id beyond int64", "a huge label"]
+           "a uint64 id beyond int64", "a huge label", "a split named valid", "a split in capitals", "one train class"]
 
 
 @pytest.mark.parametrize("case", BAD_NPZ)

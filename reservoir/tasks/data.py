@@ -10,8 +10,10 @@ What ``path`` is decides how it is read:
     + 1); numeric inputs ``(N, L, d)`` are vectors. Ragged sequences are
     right-padded, with lengths ``(N,)`` in ``1..L`` (default ``L``). Labels are
     integers ``(N, ...)`` ``>= 0``. A field named ``train_``/``val_``/
-    ``validation_``/``test_`` + anything else is refused (a typo would
-    otherwise be ignored); other fields are ignored.
+    ``validation_``/``test_`` + anything else, or any other split's
+    ``*_inputs``/``*_labels``/``*_lengths`` (``valid_inputs``,
+    ``VAL_labels``), is refused (a typo would otherwise be ignored); other
+    fields are ignored.
 a ``datasets`` ``save_to_disk`` folder, a ``.parquet`` or ``.csv`` file
     An input and a label column (``input_column``, ``label_column``); see
     :mod:`reservoir.tasks.columns` for the layout and the splits, :mod:`reservoir.tasks.cells` for the columns.
@@ -37,7 +39,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.io import ArrayHeader, check_local, check_memory, file_kind, lookup, npy_header, one_line
-from reservoir.tasks.arrays import MAX_VOCAB, checked_task
+from reservoir.tasks.arrays import MAX_VOCAB, checked_task, train_classes
 from reservoir.tasks.base import TaskData, TaskSpec, register
 
 __all__ = ["build_data", "check_split", "read_npz"]
@@ -47,6 +49,8 @@ SPLITS = ("train", "val", "test")
 PARTS = ("inputs", "labels", "lengths")
 COLUMNAR = (".parquet", ".pq", ".csv")
 _OURS = re.compile(r"(train|val|validation|test)_(.*)")
+#: Any other split's field (``valid_inputs``, ``dev_labels``, ``VAL_inputs``): refused, never dropped unread.
+_SPLIT_FIELD = re.compile(r"(.+)_(inputs|labels|lengths)", re.IGNORECASE)
 
 
 def build_data(path: str | None = None, input_column: str = "inputs", label_column: str = "label") -> TaskData:
@@ -80,9 +84,12 @@ def build_data(path: str | None = None, input_column: str = "inputs", label_colu
         splits, vocab_size = _read_columnar(source, input_column, label_column), None
         params = {"path": str(source), "input_column": input_column, "label_column": label_column}
     try:
-        return checked_task(NAME, splits, d_in=vocab_size, params=params)
+        task = checked_task(NAME, splits, d_in=vocab_size, params=params)
     except ReservoirError as err:  # what only the whole task shows (one class, kinds or sizes that differ by split)
         raise ReservoirError(f"{source}: {err}") from None
+    # a train split of one class: no readout or training can use the store, refused before its pass
+    train_classes(task.splits["train"].labels, str(source))
+    return task
 
 
 def _kind_of(source: Path) -> str:
@@ -182,6 +189,10 @@ def _npz_headers(source: Path, expected: str) -> dict[str, tuple[ArrayHeader, zi
                     split = "val" if m.group(1) == "validation" else m.group(1)
                     raise ReservoirError(f"{source}: {name}: expected {split}_inputs, {split}_labels or "
                                          f"{split}_lengths (the fields of split {split!r}); found {name!r}")
+                if not m and _SPLIT_FIELD.fullmatch(name):
+                    raise ReservoirError(f"{source}: {name}: expected the fields of the splits train, val and test "
+                                         f"(train_inputs, val_labels, ...: a validation split is named val); found "
+                                         f"{name!r}")
                 if not m and name != "vocab_size":
                     continue
                 if name in out:
