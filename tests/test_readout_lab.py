@@ -456,6 +456,10 @@ def test_fit_linear_refuses_one_train_class_warns_of_unseen_test_classes_and_kee
     assert taken.exit_code == 0, taken.output
     assert (f"test: 100 rows, accuracy {fitted.metrics['test_accuracy']:.2%}" in taken.output and
             "rows of class(es) 2, 3, which the train split lacks, count as wrong" in taken.output)
+    from reservoir.readouts.probes import predict_store
+
+    (split,) = predict_store(tmp_path / "u" / "unseen" / "logistic-layer1", unseen, "test")  # a name, not letters
+    assert split == "test"
 
     fine = store("fine", sign[:200], sign[200:])
     fit_linear(fine, layers=[1], results_dir=tmp_path / "r", save=True)

@@ -1,6 +1,7 @@
 """The readouts' Python API: typed results out, store and task objects in, files written only when asked."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -422,3 +423,60 @@ def test_layers_are_read_in_blocks_of_the_stored_dtypes_bytes(tmp_path, monkeypa
             features.read_layers(st, "train", [1])
             monkeypatch.setattr(CheckedArray, "__getitem__", real)
             assert st.chunk_rows("train") == 1 and reads[np.dtype(dtype).itemsize] == 64
+
+
+def test_a_store_opened_to_write_is_refused_before_zarr_empties_it(tmp_path):
+    """``FeatureStore.open(path, mode="w")`` went to Zarr, which emptied the store before the schema check."""
+    from reservoir.extract import ExtractConfig, run as run_extract
+
+    store = run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", layers=1, out=str(tmp_path / "s.zarr"),
+                                      task_params={"n_train": 40, "n_test": 20}), progress=False)
+    for mode in ("w", "r+", "a"):
+        with pytest.raises(ReservoirError, match=rf"expected mode 'r' .*; found '{re.escape(mode)}'"):
+            FeatureStore.open(store, mode=mode)
+    with FeatureStore.open(store) as st:  # whole: it reads as before
+        assert st.complete and st.verify() == {}
+        view = st.features("train")
+    with pytest.raises(ReservoirError, match="expected an open store; found it closed") as err:
+        view[:5]  # read after close: the plain line, not a damaged store to extract again
+    assert "damaged" not in str(err.value)
+
+
+def test_readouts_score_only_labels_of_their_predictions_shape(tmp_path):
+    """Labels ``(N, 1)`` against predictions ``(N,)`` were compared by broadcasting, an ``(N, N)`` table: 0.50
+    where the readout scored 0.95; a label column of one label a row is read as the labels."""
+    from reservoir import LogisticReadout, RidgeReadout
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 8)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    for cls in (LogisticReadout, RidgeReadout):
+        est = cls().fit(X[:300], y[:300])
+        right = est.score(X[300:], y[300:])
+        assert est.score(X[300:], y[300:, None]) == right
+        with pytest.raises(ValueError, match=r"expected labels of shape \(100,\), one per prediction; found \(1,\)"):
+            est.score(X[300:], y[300:301])
+    est = LogisticReadout().fit(X[:300], y[:300])
+    with pytest.raises(ReservoirError, match="found 'alpha', 'readout', which the probe records itself"):
+        est.save(tmp_path / "p", readout="RidgeReadout", alpha=123.0)
+    assert not (tmp_path / "p.safetensors").exists()
+    import torch
+
+    device = LogisticReadout(device=torch.device("cpu")).fit(X[:300], y[:300])  # a torch.device: kept by name
+    assert LogisticReadout.load(device.save(tmp_path / "d")).get_params()["device"] == "cpu"
+
+
+def test_python_calls_with_values_of_the_wrong_kind_are_one_line(xor_store):
+    from reservoir.readouts import load_layer
+    from reservoir.training import TrainConfig
+
+    with pytest.raises(ReservoirError, match=r"expected train_sizes as a list of integers >= 2 or 'all'"):
+        fit_linear(xor_store, [2], train_sizes=100)
+    for layer in (True, 2.0, "2"):  # read as layer 1, layer 2, or said as "found 2"
+        with pytest.raises(ReservoirError, match=rf"expected a layer among \[0, 1, 2\], found {layer!r}"):
+            load_layer(xor_store, "train", layer)
+    for rows in (-1, 0, 7.5):
+        with pytest.raises(ReservoirError, match=rf"rows read at a time \(chunk_rows\) .*; found {rows!r}"):
+            load_layer(xor_store, "train", 2, chunk_rows=rows)
+    with pytest.raises(ReservoirError, match="expected steps or epochs, not both; found steps 20 and epochs 3"):
+        TrainConfig(task="bit-xor", backbone="tiny-gpt2", steps=20, epochs=3.0)

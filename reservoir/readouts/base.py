@@ -82,9 +82,17 @@ class LinearReadout(ClassifierMixin, BaseEstimator):
         return self.classes_[idx[:, 0] if self.n_heads_ == 0 else idx]
 
     def hits(self, X, y) -> np.ndarray:
-        """Which heads of each row are predicted right: bool ``(n, n_heads or 1)``."""
+        """Which heads of each row are predicted right: bool ``(n, n_heads or 1)``. Labels of another shape than
+        the predictions (other rows, heads, or a column ``(n, 1)`` for one label a row) are one line, never
+        compared by broadcasting."""
         y = np.asarray(y)
-        return (np.asarray(self.predict(X)) == y).reshape(len(y), -1)
+        pred = np.asarray(self.predict(X))
+        if y.shape != pred.shape:
+            if y.ndim == 2 and y.shape[1] == 1 and y.shape[:1] == pred.shape:  # one label a row, as a column
+                y = y[:, 0]
+            else:
+                raise ValueError(f"expected labels of shape {pred.shape}, one per prediction; found {y.shape}")
+        return (pred == y).reshape(len(y), -1)
 
     def score(self, X, y, sample_weight=None):
         """Mean accuracy over rows and heads (each bit counts once); unweighted, the ratio of counts (the same

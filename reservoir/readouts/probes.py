@@ -85,11 +85,17 @@ def save(est: LogisticReadout | RidgeReadout, base: str | os.PathLike, meta: dic
                                      "classes": np.ascontiguousarray(classes, np.int64)}
     if hasattr(est, "mean_"):
         arrays["mean"] = _as_fitted(est.mean_)
-    params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in est.get_params().items()}
-    record = plain_json({
-        "format": FORMAT, "readout": type(est).__name__, "params": params, "alpha": est.alpha_,
-        "n_features": int(est.n_features_in_), "n_heads": int(est.n_heads_), "classes": est.classes_.tolist(),
-        "weights": weights.name, **(meta or {})})
+    # a device given as a torch.device is kept by its name, as a string would have been given
+    params = {k: list(v) if isinstance(v, tuple) else v if v is None or isinstance(v, (str, int, float, list))
+              else str(v) for k, v in est.get_params().items()}
+    own = {"format": FORMAT, "readout": type(est).__name__, "params": params, "alpha": est.alpha_,
+           "n_features": int(est.n_features_in_), "n_heads": int(est.n_heads_), "classes": est.classes_.tolist(),
+           "weights": weights.name}
+    clash = sorted(set(meta or {}) & {*own, "weights_sha256"})
+    if clash:  # the probe's own fields say how its weights apply: another value would load another model
+        raise ReservoirError(f"{info}: expected fields beside the probe's own; found {', '.join(map(repr, clash))}, "
+                             "which the probe records itself (name them otherwise)")
+    record = plain_json({**own, **(meta or {})})
     bound = json.dumps({k: record[k] for k in BOUND if k in record}, sort_keys=True, allow_nan=False)
     blob = st_save(arrays, metadata={BOUND_KEY: bound})
     with atomic_write(weights, "the probe") as f:
@@ -321,7 +327,7 @@ def _task_fingerprint(attrs: Any) -> str | None:
 
 
 def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathLike,
-                  splits: list[str] | None = None) -> dict[str, dict[str, Any]]:
+                  splits: str | list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Apply a saved probe to a store: per split, the predictions and the accuracy with its interval.
 
     Returns ``{split: {"predictions": ndarray (N * n_out_tokens, ...), "accuracy": float,
@@ -343,9 +349,11 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
     if "layer" not in meta:
         raise ReservoirError(f"{where}: expected a probe saved from a store (fit-linear --save); found one "
                              "without its layer")
+    if isinstance(splits, str):  # one split by name, not its letters
+        splits = [splits]
     twice = options.repeated(splits or [])
     if twice is not None:  # not predicted (and printed) twice, nor dropped without a word
-        raise ReservoirError(f"--split: expected each split once; found {twice!r} twice")
+        raise ReservoirError(f"splits (--split): expected each split once; found {twice!r} twice")
     out = {}
     with opened(store) as st:
         if not st.complete:

@@ -392,6 +392,9 @@ def _check_sizes(sizes) -> list[int | None] | None:
     """``train_sizes`` checked: positive integers or ``None`` (every row), no repeats."""
     if sizes is None:
         return None
+    if isinstance(sizes, (str, bytes, int, np.integer)) or not hasattr(sizes, "__iter__"):
+        raise ReservoirError(f"expected train_sizes as a list of integers >= 2 or 'all' (e.g. [100, 'all']); "
+                             f"found {sizes!r}")
     out: list[int | None] = []
     for s in sizes:
         if s is None or s == "all":

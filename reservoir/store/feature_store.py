@@ -142,7 +142,13 @@ class FeatureStore:
 
         A store being written, or left unfinished by an interrupted run, is
         refused unless ``allow_incomplete`` (what ``reservoir info`` uses).
+        ``mode`` is ``"r"``: a store is written by ``extract`` alone (``"r+"``
+        is its writers', under the lock they hold; ``"w"``, which would empty
+        the store, is refused before anything is opened).
         """
+        if mode not in ("r", "r+") or (mode == "r+" and _lock is None):
+            raise ReservoirError(f"expected mode 'r' (a store is opened to be read; extract writes it); found "
+                                 f"{mode!r}")
         p = store_path(path)
         # on object storage, one listing says whether anything is there and refuses oversized metadata objects
         # before Zarr reads them whole (as detect_format's check of the files of a store on disk does)
@@ -285,8 +291,11 @@ class FeatureStore:
         return out, bad
 
     def _check_request(self, name: str, err: BaseException) -> None:
-        """Raise (one line) a read that failed as an object store's request, not as its data: the store is not
+        """Raise (one line) a read that failed as an object store's request, or because the store was closed under
+        it (a view read after ``close``, another thread's ``with`` block ending), not as its data: the store is not
         damaged, and nothing is marked to re-extract."""
+        if self._backend is None:
+            self._b  # noqa: B018 - raises the closed store's one line
         if isinstance(self.path, StoreURL) and request_failed(err):
             raise ReservoirError(f"{self.path}: could not read {name} ({cause(err)}); the store is not damaged by "
                                  "it: rerun when the object store answers") from None
@@ -312,8 +321,10 @@ class FeatureStore:
 
     def layer_index(self, layer: int) -> int:
         """Position of ``layer`` along the store's layer axis."""
-        if layer not in self.layers:
-            raise ReservoirError(f"{self.path}: expected a layer among {self.layers}, found {layer}")
+        integer = isinstance(layer, (int, np.integer)) and not isinstance(layer, bool)  # not True, 2.0 or "2"
+        if not integer or layer not in self.layers:
+            raise ReservoirError(f"{self.path}: expected a layer among {self.layers}, found "
+                                 f"{int(layer) if integer else repr(layer)}")
         return self.layers.index(layer)
 
     def fingerprint(self) -> dict[str, Any]:

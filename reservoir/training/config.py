@@ -96,6 +96,9 @@ class TrainConfig:
         if isinstance(self.out, os.PathLike):  # a Path as its text (what the run's settings write)
             self.out = os.fspath(self.out)
         options.check_fields(self)
+        if self.steps is not None and self.epochs is not None:  # one length of run, as the command line takes
+            raise ReservoirError(f"expected steps or epochs, not both; found steps {self.steps} and epochs "
+                                 f"{self.epochs:g}")
         options.check_projection(self.projection, self.projection_gain)
         parse_groups(self.finetune)
 
