@@ -504,6 +504,72 @@ def test_one_long_row_that_would_pad_beyond_memory_is_refused_before_padding(tmp
                     "available; found 45.8 MiB")
 
 
+def test_small_token_ids_are_checked_against_memory_as_the_int64_they_become(tmp_path, monkeypatch):
+    """int8 ids of 3 MB (compressed to a few KiB) become 24 MB of int64: the check counted the 3 MB alone."""
+    import reservoir.io.system as rio
+
+    np.savez_compressed(tmp_path / "small.npz", train_inputs=np.zeros((3000, 1000), np.int8),
+                        train_labels=np.arange(3000) % 2, test_inputs=np.zeros((10, 1000), np.int8),
+                        test_labels=np.arange(10) % 2)
+    monkeypatch.setattr(rio, "available_memory", lambda: 16 * 2**20)
+    assert_one_line(invoke("extract", "--data", tmp_path / "small.npz", *TINY, "--out", tmp_path / "s.zarr"),
+                    "expected arrays read and converted (token ids to int64, numbers to float32) that fit in the "
+                    "16.0 MiB of memory available")
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_save_to_disk_folders_whose_arrow_data_or_names_mislead_the_reader_are_one_line(tmp_path):
+    """Offsets past a column's buffers crashed the process in pyarrow's kernels (exit 139); a folder named with
+    '::' was read by datasets as the folder before it; a shard listed twice gave its rows twice."""
+    datasets = pytest.importorskip("datasets")
+    import json
+    import shutil
+
+    def saved(path, first=0):
+        datasets.Dataset.from_dict({"inputs": [[1, 2, 3], [2, 3]] * 6, "label": [first, 1 - first] * 6,
+                                    "split": ["train"] * 8 + ["test"] * 4}).save_to_disk(str(path))
+        return path
+
+    bad = saved(tmp_path / "bad")
+    (arrow,) = bad.glob("*.arrow")
+    raw = bytearray(arrow.read_bytes())
+    offsets = np.array([0, 3, 5, 8], np.int32).tobytes()  # the inputs column's first offsets, as written
+    at = raw.find(offsets)
+    assert at > 0
+    raw[at + 8:at + 12] = np.array([-5], np.int32).tobytes()
+    arrow.write_bytes(bytes(raw))
+    assert_one_line(invoke("extract", "--data", bad, *TINY, "--out", tmp_path / "b.zarr"),
+                    "expected Arrow data as datasets writes it", "non-monotonic offset")
+    saved(tmp_path / "my", 0)
+    shutil.move(saved(tmp_path / "other", 1), tmp_path / "my::data")
+    assert_one_line(invoke("extract", "--data", tmp_path / "my::data", *TINY, "--out", tmp_path / "c.zarr"),
+                    "expected a folder path without '::' (datasets would read another folder")
+    twice = saved(tmp_path / "twice")
+    state = json.loads((twice / "state.json").read_text())
+    state["_data_files"] *= 2
+    (twice / "state.json").write_text(json.dumps(state))
+    assert_one_line(invoke("extract", "--data", twice, *TINY, "--out", tmp_path / "t.zarr"),
+                    "state.json: _data_files: expected each name once")
+    assert not any(tmp_path.glob("*.zarr"))
+
+
+def test_csv_cells_quoted_over_several_lines_read_in_a_file_of_many_blocks(tmp_path):
+    """pyarrow reads a CSV file in blocks of about 1 MB and split quoted cells holding line breaks at a block's
+    end: a file of such cells was refused past 1 MB ("expected a CSV file with a header row")."""
+    pytest.importorskip("pyarrow")
+    import json
+
+    rng = np.random.default_rng(0)
+    rows = [(rng.integers(0, 5, 40).tolist(), i % 2, "train" if i < 10000 else "test") for i in range(12000)]
+    text = "inputs,label,split\n" + "".join(f'"{json.dumps(x, indent=1)}",{y},{s}\n' for x, y, s in rows)
+    assert len(text) > 2_000_000
+    (tmp_path / "big.csv").write_text(text)
+    from reservoir.tasks.data import build_data
+
+    task = build_data(str(tmp_path / "big.csv"))
+    assert task.splits["train"].inputs.shape == (10000, 40) and task.splits["test"].labels.tolist() == [0, 1] * 1000
+
+
 def test_a_table_that_would_decode_beyond_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
     """A Parquet column of one repeated run is a few KiB on disk and 32 MB decoded: its footer is checked against
     memory before pyarrow decodes it (and a CSV file's size before pyarrow reads it)."""

@@ -72,7 +72,7 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
                              f"{SPLIT_COLUMN!r}, which names each row's split in a single table")
     if folder:
         _has_columns(source, "", loaded.column_names, single)
-        table = loaded.select_columns(list(single)).with_format("arrow")[:]
+        table = _validated(source, "", loaded.select_columns(list(single)).with_format("arrow")[:])
     elif source.suffix.lower() in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 
@@ -91,7 +91,8 @@ def read_tables(source: Path, inputs: str, labels: str) -> dict[str, Any]:
                      "columns read as a table (about twice the file's size)")
         _check_utf8_start(source)
         try:  # the inputs as text, parsed below: a cell of one number is a sequence of one, not an int column
-            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types={inputs: pa.string()}))
+            table = pacsv.read_csv(source, parse_options=pacsv.ParseOptions(newlines_in_values=True),  # quoted cells
+                                   convert_options=pacsv.ConvertOptions(column_types={inputs: pa.string()}))
         except (OSError, pa.ArrowException) as err:
             if "invalid UTF8" in str(err):
                 found = _not_utf8(source)
@@ -136,6 +137,9 @@ def _load_from_disk(source: Path) -> Any:
     except ImportError:
         raise ReservoirError(f"{source}: expected the optional package datasets to read a save_to_disk folder; found "
                              f"it not installed ({INSTALL})") from None
+    if "::" in str(source):  # fsspec reads "a::b" as a chain of filesystems and opens folder "a"
+        raise ReservoirError(f"{source}: expected a folder path without '::' (datasets would read another folder, "
+                             "the part before it); rename or move the folder")
     _check_contained(source)
     try:
         return datasets.load_from_disk(str(source))
@@ -175,10 +179,27 @@ def _check_contained(source: Path) -> None:
         if key == "_data_files" and not listed:  # datasets writes no file for a split of no rows
             split = "the dataset" if path.parent == source else f"split {str(path.parent.relative_to(source))!r}"
             raise column_error(source, split, "at least one row", "none (its state.json lists no data files)")
+        names = []
         for item in listed:
             name = item.get(field) if field and isinstance(item, dict) else item
-            if not isinstance(name, str) or not name or not inside(path.parent / name):
+            if not isinstance(name, str) or not name or "::" in name or not inside(path.parent / name):
                 raise column_error(source, f"{where}: {key}", "names of files inside the folder", repr(name)[:200])
+            if name in names:  # a shard read twice: its rows twice, a split of one split
+                raise column_error(source, f"{where}: {key}", "each name once", f"{name!r} twice")
+            names.append(name)
+
+
+def _validated(source: Path, where: str, table: Any) -> Any:
+    """A table read from a ``save_to_disk`` folder's Arrow files (mapped, their buffers checked lightly by the
+    reader) checked whole: offsets or lengths that point outside its buffers would have the compute kernels read
+    outside them (a crash, not an error)."""
+    pa = require_pyarrow(source)
+    try:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as err:
+        raise ReservoirError(f"{source}: {where}expected Arrow data as datasets writes it; found {one_line(err)}") \
+            from None
+    return table
 
 
 def _has_columns(source: Path, where: str, names: list[str], wanted: dict[str, str]) -> None:
@@ -199,7 +220,7 @@ def _named_splits(source: Path, splits: dict[str, Any], wanted: dict[str, str]) 
         if ours in out:
             raise column_error(source, "splits", "one validation split", "both 'val' and 'validation'")
         _has_columns(source, f"split {name!r}, ", ds.column_names, wanted)
-        out[ours] = ds.select_columns(list(wanted)).with_format("arrow")[:]
+        out[ours] = _validated(source, f"split {name!r}: ", ds.select_columns(list(wanted)).with_format("arrow")[:])
     skipped = [name for name in splits if name not in SPLIT_NAMES]
     if skipped:
         log.info("data %s: skipped split(s) %s (reading train, val or validation, test)", source, ", ".join(skipped))

@@ -39,7 +39,7 @@ import numpy as np
 
 from reservoir.errors import ReservoirError
 from reservoir.io import ArrayHeader, check_local, check_memory, file_kind, lookup, npy_header, one_line
-from reservoir.tasks.arrays import MAX_VOCAB, checked_task, train_classes
+from reservoir.tasks.arrays import MAX_VOCAB, TOKEN_DTYPES, checked_task, train_classes
 from reservoir.tasks.base import TaskData, TaskSpec, register
 
 __all__ = ["build_data", "check_split", "read_npz"]
@@ -164,7 +164,8 @@ def _npz_fields(source: Path) -> dict[str, np.ndarray]:
         if names["inputs"] in headers and names["labels"] in headers:
             check_layout(source, names, *(headers[names[p]][0] if names[p] in headers else None
                                           for p in ("inputs", "lengths", "labels")))
-    check_memory(str(source), sum(h.nbytes for h, _ in headers.values()))
+    check_memory(str(source), sum(_resident(h) for h, _ in headers.values()),
+                 "arrays read and converted (token ids to int64, numbers to float32)")
     out = {}
     try:
         with zipfile.ZipFile(source) as archive:
@@ -203,6 +204,16 @@ def _npz_headers(source: Path, expected: str) -> dict[str, tuple[ArrayHeader, zi
     except (OSError, EOFError, RuntimeError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as err:
         raise ReservoirError(f"{source}: expected {expected}; found {one_line(err)}") from None
     return out
+
+
+def _resident(header: ArrayHeader) -> int:
+    """Bytes an array takes read, plus its converted copy where the task keeps another dtype (int8, bool, uint16
+    or uint32 ids as int64: 8 bytes each however small the file's; float16 or float64 numbers as float32)."""
+    n = int(np.prod(header.shape, dtype=object))
+    dtype = np.dtype(header.dtype)
+    if dtype.kind == "f":
+        return header.nbytes + (0 if dtype == np.float32 else 4 * n)
+    return header.nbytes + (0 if dtype in TOKEN_DTYPES else 8 * n)
 
 
 def check_layout(source: Path, names: dict[str, str], inputs: Any, lengths: Any, labels: Any) -> None:
