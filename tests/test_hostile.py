@@ -421,7 +421,8 @@ def test_an_npz_is_checked_from_its_headers_before_it_is_decompressed(tmp_path, 
     monkeypatch.setattr(reservoir.io.system, "available_memory", lambda: 4 << 20)  # a machine with 4 MiB free
     r = invoke("extract", "--data", path, "--backbone", "tiny-gpt2", "--layers", 1, "--out", tmp_path / "x.zarr")
     assert_bad_input(r)
-    assert "zeros.npz: expected arrays that fit in the 4.0 MiB of memory available; found 8.0 MiB" in r.stderr
+    assert ("zeros.npz: expected arrays read and converted (token ids to int64, numbers to float32) that fit in "
+            "the 4.0 MiB of memory available; found 8.0 MiB") in r.stderr
     assert not loads
 
 
