@@ -714,6 +714,21 @@ def test_head_trained_from_a_last_token_store_prints_and_keeps_its_counts(tmp_pa
         run(replace(config, amp="bf16"), progress=False)  # the Python API refuses what the CLI refuses
 
 
+def test_a_run_of_another_projection_is_never_taken_up_and_one_of_the_same_groups_is(tmp_path):
+    """A key leaves the default projection out: a finished ``--projection normal`` run was taken up by the same run
+    of the default projection (its head tested under another input map, its results relabelled). ``fpt`` and its
+    groups written out are one run, not a refusal."""
+    base = dict(task="bit-xor", backbone="tiny-gpt2", task_params={"n_train": 40, "n_test": 20, "n_bits": 2},
+                steps=2, eval_every=2, device="cpu")
+    run(TrainConfig(**base, finetune="output", projection="normal", out=str(tmp_path / "p")), progress=False)
+    with pytest.raises(ReservoirError, match="holds a run with projection='normal', this run has 'orthogonal'"):
+        run(TrainConfig(**base, finetune="output", out=str(tmp_path / "p")), progress=False)
+    first = run(TrainConfig(**base, finetune="fpt", out=str(tmp_path / "f")), progress=False)
+    again = run(TrainConfig(**base, finetune="output,layernorm,input,positions", out=str(tmp_path / "f")),
+                progress=False)
+    assert again.metrics["test_accuracy"] == first.metrics["test_accuracy"]
+
+
 def test_a_head_trained_from_a_store_reads_its_last_token_features_whatever_it_pools_first(tmp_path):
     def store(name, pooling):
         return run_extract(ExtractConfig(task="bit-xor", backbone="tiny-gpt2", task_params=XOR, pooling=pooling,

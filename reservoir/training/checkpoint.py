@@ -155,8 +155,10 @@ def _inflated_bytes(path: Path) -> int:
 
 def differing(saved: Any, config: TrainConfig) -> str | None:
     """``"lr=0.01, this run has 0.001"``: the first setting a checkpoint's saved settings differ in (None: none)."""
-    new = config.key()
-    diff = settings.first_difference(saved if isinstance(saved, dict) else {}, new, keys=new)
+    from reservoir.training.config import comparable
+
+    new = comparable(config.key())
+    diff = settings.first_difference(comparable(saved), new, keys=new)
     return None if diff is None else settings.describe_difference(diff)
 
 

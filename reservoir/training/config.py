@@ -140,6 +140,29 @@ class TrainConfig:
         return json.loads(json.dumps(d, default=float))
 
 
+def comparable(key: Any) -> dict[str, Any]:
+    """A run's settings (a :meth:`TrainConfig.key`, a checkpoint's or a results file's ``config``) as two runs are
+    compared: the projection a key leaves out at its default filled in, and the groups in their one spelling
+    (``fpt`` and ``input,positions,layernorm,output`` are one run). Without it a saved ``projection: normal``
+    went unseen by a new run of the default, which took the run up under another input map.
+
+    Examples
+    --------
+    >>> comparable({"finetune": "output,layernorm"})
+    {'finetune': 'layernorm,output', 'projection': 'orthogonal'}
+    """
+    from reservoir.training.freeze import parse_groups
+
+    out = dict(key) if isinstance(key, dict) else {}
+    out.setdefault("projection", options.PROJECTIONS[0])
+    if isinstance(out.get("finetune"), str):
+        try:
+            out["finetune"] = ",".join(parse_groups(out["finetune"]))
+        except ReservoirError:
+            pass  # not groups of this version: compared as written
+    return out
+
+
 #: The constraint of every number of :class:`TrainConfig` (recipes check their cells against it too).
 BOUNDS: dict[str, options.Constraint] = {
     f.name: f.metadata["setting"].constraint for f in dataclasses.fields(TrainConfig)

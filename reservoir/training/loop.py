@@ -29,7 +29,7 @@ from reservoir.results import Result
 from reservoir.runtime import cast_frozen_matmuls, compute_dtype
 from reservoir.training import checkpoint as ckpt
 from reservoir.training.classifier import ReservoirClassifier
-from reservoir.training.config import TrainConfig
+from reservoir.training.config import TrainConfig, comparable
 from reservoir.training.data import TrainData
 from reservoir.training.evaluate import evaluate, evaluate_rows, scored_metrics, steps_to_converge
 from reservoir.training.freeze import apply_freeze, describe, parse_groups
@@ -214,7 +214,7 @@ def _check_folder(folder: Path, settings: TrainConfig, identity: dict[str, Any])
         except ReservoirError:
             old = None  # unreadable: replaced, as any damaged result
         if isinstance(old, dict):
-            key = settings.key()
+            key, old = comparable(settings.key()), comparable(old)
             diff = first_difference({k: old.get(k) for k in key}, key)
             if diff is not None or raw.cached:
                 what = "a head trained on stored features" if raw.cached else f"a run with {diff[0]}={diff[1]!r}"
