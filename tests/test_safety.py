@@ -117,6 +117,7 @@ def test_malicious_best_pt_is_refused_by_plot_attention(finished_run, tmp_path, 
 
 @pytest.mark.parametrize("case, found", [
     ("garbage", "found a file torch.load(weights_only=True) refuses: Unsupported operand"),
+    ("text", "refuses: not a file torch writes (KeyError 174812789)"),  # was the bare number
     ("truncated", "refuses: PytorchStreamReader failed reading zip archive: failed finding central directory"),
     ("empty", "found an empty file"),
     ("a list", "found a list"),
@@ -130,6 +131,8 @@ def test_unreadable_last_pt_is_one_line(finished_run, tmp_path, case, found):
     last = out / "last.pt"
     if case == "garbage":
         last.write_bytes(b"\x80\x02not a checkpoint\x00\xff" * 10)
+    elif case == "text":
+        last.write_text("junk\n")
     elif case == "truncated":
         last.write_bytes((finished_run / "last.pt").read_bytes()[:2000])
     elif case == "empty":

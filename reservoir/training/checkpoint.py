@@ -95,7 +95,10 @@ def _refusal(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     if len(lines) > 2 and lines[0].startswith("Weights only load failed"):  # advice, ..., reason, link to the docs
         lines = lines[-2:-1]
-    return first_sentence(lines[0]) if lines else type(err).__name__
+    reason = first_sentence(lines[0]) if lines else ""
+    if not any(c.isalpha() for c in reason):  # a bare key or number (a file of text: KeyError '174812789')
+        return f"not a file torch writes ({type(err).__name__} {reason})".replace(" )", ")")
+    return reason
 
 
 def load(path: str | os.PathLike, keys: tuple[str, ...], device: str | torch.device = "cpu"
