@@ -64,6 +64,11 @@ def _key(label: dict[str, Any], without: str) -> tuple:
     return tuple((k, v) for k, v in label.items() if k != without)
 
 
+def settings_key(settings: dict[str, Any]) -> str:
+    """Runs' settings as one hashable text: the layers of one store share it (its depth, dtype, ...)."""
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
 def _seeds(seeds: tuple[int, ...]) -> str:
     return ",".join(map(str, seeds)) or "none"
 
@@ -118,8 +123,7 @@ def compare(rows: list[Scored], unpaired: list[str] | None = None) -> list[Compa
     by_layer: dict[tuple, list[Scored]] = {}
     for r in rows:  # the layers of one store (each store's settings hold its depth): a step up that store
         if r.label.get("kind") == "fit-linear" and isinstance(r.label.get("layer"), int):
-            store = json.dumps(r.settings, sort_keys=True, default=str)
-            by_layer.setdefault((*_key(r.label, "layer"), store), []).append(r)
+            by_layer.setdefault((*_key(r.label, "layer"), settings_key(r.settings)), []).append(r)
     for group in by_layer.values():
         group.sort(key=lambda r: r.label["layer"])
         for lower, upper in zip(group, group[1:]):

@@ -622,6 +622,18 @@ def test_lr_sweeps_of_two_inits_are_compared_on_their_chosen_runs_test_rows(tmp_
         assert f"% [{100 * lo:.2f}, {100 * hi:.2f}] |" in rep.markdown
 
 
+def _tamper(path, field: str, value) -> dict:
+    """Set the dotted ``field`` of the JSON file at ``path`` to ``value``; the edited object."""
+    saved = json.loads(path.read_text())
+    *parents, last = field.split(".")
+    node = saved
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    path.write_text(json.dumps(saved))
+    return saved
+
+
 @pytest.mark.parametrize("field, value, expected", [
     ("metrics.test_accuracies", [0.5, 0.5, 0.5], "expected metrics.test_accuracies to hold one accuracy per seed (2); "
                                                  "found 3"),
@@ -640,13 +652,7 @@ def test_a_sweeps_numbers_that_do_not_fit_together_are_one_line_in_the_report(tm
     out = tmp_path / "sweep"
     run_recipe(make(data), out=out, device="cpu", progress=False)
     (path,) = out.glob("train__*/sweep.json")
-    saved = json.loads(path.read_text())
-    *parents, last = field.split(".")
-    node = saved
-    for key in parents:
-        node = node[key]
-    node[last] = value
-    path.write_text(json.dumps(saved))
+    saved = _tamper(path, field, value)
     r = invoke("report", out, "--no-plots")
     if expected is None:
         assert r.exit_code == 0, r.output
@@ -1185,13 +1191,7 @@ def test_a_tampered_results_file_is_one_line_in_the_report_and_redone_by_the_run
                                                                                   value, expected):
     shutil.copytree(tiny_run[0] / "results", tmp_path / "results")
     path = tmp_path / "results" / name
-    saved = json.loads(path.read_text())
-    *parents, last = field.split(".")
-    node = saved
-    for key in parents:
-        node = node[key]
-    node[last] = value
-    path.write_text(json.dumps(saved))
+    _tamper(path, field, value)
     r = invoke("report", tmp_path / "results", "--no-plots")
     assert r.exit_code == 2 and expected in r.output and "Traceback" not in r.output, r.output
     if "interval" in field:  # what the run reads as not done: computed again

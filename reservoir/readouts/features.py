@@ -91,7 +91,7 @@ def iter_layer(store: FeatureStore, split: str, layer: int, final_norm: bool = T
     >>> for X, y in iter_layer(FeatureStore.open("cache/xor.zarr"), "train", 2):  # doctest: +SKIP
     ...     print(X.shape, y.shape)
     """
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1):
+    if rows is not None and not (options.is_int(rows) and rows >= 1):
         raise ReservoirError(f"expected the rows read at a time (chunk_rows) to be an integer >= 1; found {rows!r}")
     k = store.layer_index(layer)
     feats, labels = store.features(split, pooling), store.labels(split, lazy=True)

@@ -359,6 +359,8 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
         if not st.complete:
             raise ReservoirError(f"{st.path}: expected a complete store, found an unfinished extraction (rerun it)")
         check_store(meta, st, where)
+        fitted_on = _task_fingerprint(meta.get("store"))
+        same_task = fitted_on is not None and fitted_on == _task_fingerprint(st.attrs)
         for split in splits or st.splits:
             X, y = load_layer(st, split, int(meta["layer"]), bool(meta.get("final_norm", True)),
                               pooling=meta["pooling"])
@@ -369,9 +371,7 @@ def predict_store(probe: str | os.PathLike, store: FeatureStore | str | os.PathL
             n_out = st.n_out_tokens
             hit = (pred == y).reshape(len(y) // n_out, -1) if len(y) else np.zeros((0, 1), bool)
             unseen = sorted(int(c) for c in np.setdiff1d(np.unique(y), est.classes_))
-            fitted_on = _task_fingerprint(meta.get("store"))
-            scored = not unseen or (fitted_on is not None and fitted_on == _task_fingerprint(st.attrs))
-            acc = None if not scored else int(hit.sum()) / hit.size if hit.size else float("nan")  # as fit-linear's
+            acc = None if unseen and not same_task else int(hit.sum()) / hit.size if hit.size else float("nan")  # as fit-linear's
             out[split] = {"predictions": pred, "accuracy": acc, "rows": len(hit), "unseen": unseen,
                           "interval": None if acc is None else list(accuracy_interval(hit.sum(1), hit.shape[1]))}
     return out

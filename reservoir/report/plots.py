@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from reservoir.io import save_figure
+from reservoir.pairs import settings_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from reservoir.report.rows import Row
@@ -48,8 +48,8 @@ def depth_lines(rows: list[Row], task: str) -> dict[str, list[Row]]:
     lines: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.label["kind"] == "fit-linear" and r.accs and _task_name(r.label) == task:
-            store = json.dumps(r.settings, sort_keys=True, default=str)
-            lines.setdefault((r.label["backbone"], r.label["init"], r.label["readout"], store), []).append(r)
+            key = (r.label["backbone"], r.label["init"], r.label["readout"], settings_key(r.settings))
+            lines.setdefault(key, []).append(r)
     firsts = [rs[0].settings for rs in lines.values()]
     apart = _varying(firsts, tuple(dict.fromkeys(k for f in firsts for k in f if k not in ("init", "backbone"))))
     out = {}

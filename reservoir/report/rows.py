@@ -162,8 +162,9 @@ def collect(results_dir: Path, recipe: Recipe,
 
     def add(label: dict[str, Any], acc: float | None = None, seed: int | None = None) -> Row:
         key = tuple(label.items())
-        settings = {k: v for k, v in run.settings().items() if k not in ("seed", "seeds")}
-        row = rows.setdefault(key, Row(label, settings=settings))
+        if key not in rows:  # its settings but the seed, once (one per row: recipes refuse two)
+            rows[key] = Row(label, settings={k: v for k, v in run.settings().items() if k not in ("seed", "seeds")})
+        row = rows[key]
         row.expected += len(run.cell.seeds) if run.cell.lr_sweep else 1
         if acc is not None:
             row.accs.append(float(acc))

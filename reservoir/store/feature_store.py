@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from reservoir import settings
+from reservoir import options, settings
 from reservoir.errors import ReservoirError
 from reservoir.io import MAX_JSON_BYTES
 from reservoir.options import shown
@@ -321,7 +321,7 @@ class FeatureStore:
 
     def layer_index(self, layer: int) -> int:
         """Position of ``layer`` along the store's layer axis."""
-        integer = isinstance(layer, (int, np.integer)) and not isinstance(layer, bool)  # not True, 2.0 or "2"
+        integer = options.is_int(layer)  # not True, 2.0 or "2"
         if not integer or layer not in self.layers:
             raise ReservoirError(f"{self.path}: expected a layer among {self.layers}, found "
                                  f"{int(layer) if integer else repr(layer)}")

@@ -97,7 +97,7 @@ def _refusal(err: BaseException) -> str:
         lines = lines[-2:-1]
     reason = first_sentence(lines[0]) if lines else ""
     if not any(c.isalpha() for c in reason):  # a bare key or number (a file of text: KeyError '174812789')
-        return f"not a file torch writes ({type(err).__name__} {reason})".replace(" )", ")")
+        return f"not a file torch writes ({f'{type(err).__name__} {reason}'.strip()})"
     return reason
 
 
